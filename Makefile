@@ -1,0 +1,35 @@
+# jobqueue — the commands a developer needs. `make run` and `make test` are the two that matter.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast lint bench bench-api bench-compare chaos clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip uv
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'
+	touch $(STAMP)
+
+# Starts PostgreSQL if needed (local server, else embedded under .devdb/),
+# applies migrations, runs the API and the worker until Ctrl-C.
+run: install
+	$(BIN)/python scripts/run.py
+
+test: install
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not e2e and not chaos" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared/jobcore services
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

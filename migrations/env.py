@@ -1,0 +1,56 @@
+"""Alembic environment: migrates the database named by DATABASE_URL.
+
+Runs every migration inside one transaction that first takes an advisory lock,
+so several `alembic upgrade head` started together apply each revision once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from logging.config import fileConfig
+
+import sqlalchemy as sa
+from alembic import context
+from jobcore.db import make_engine
+from jobcore.schema import metadata
+from sqlalchemy.engine import Connection
+
+# Any constant shared by all migrators; "jobqueue" spelled in hex.
+MIGRATION_LOCK = 0x6A6F6271756575
+
+config = context.config
+if config.config_file_name is not None and not config.attributes.get("skip_logging"):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = metadata
+
+
+def database_url() -> str:
+    return config.attributes.get("database_url") or os.environ.get(
+        "DATABASE_URL", "postgresql://localhost:5432/jobqueue"
+    )
+
+
+def migrate(connection: Connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        context.run_migrations()
+
+
+async def run_online() -> None:
+    engine = make_engine(database_url(), pool_size=1, application_name="jobqueue-migrate")
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(migrate)
+    finally:
+        await engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    asyncio.run(run_online())

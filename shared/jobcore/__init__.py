@@ -1,0 +1,33 @@
+"""jobcore: the job state machine, its SQL, and what both services share.
+
+Importing jobcore performs no I/O. Handler authors need only:
+
+    from jobcore import handler, PermanentError, JobContext
+"""
+
+from jobcore.backoff import backoff
+from jobcore.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    JobqueueError,
+    LeaseLost,
+    PermanentError,
+    SchemaNotAtHead,
+)
+from jobcore.registry import JobContext, handler
+from jobcore.states import OPERATIONS, TRANSITIONS, Status
+
+__all__ = [
+    "OPERATIONS",
+    "TRANSITIONS",
+    "ConfigError",
+    "IdempotencyConflict",
+    "JobContext",
+    "JobqueueError",
+    "LeaseLost",
+    "PermanentError",
+    "SchemaNotAtHead",
+    "Status",
+    "backoff",
+    "handler",
+]

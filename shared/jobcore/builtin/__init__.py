@@ -1,0 +1,1 @@
+"""Handlers every installation has: `sleep` and `webhook`. Heavy imports are deferred."""

@@ -1,0 +1,102 @@
+"""Per-test PostgreSQL databases, cloned from a migrated template.
+
+The template is built once per schema version (its name hashes the migrations),
+under an advisory lock so parallel test workers build it once. Each test then
+gets `CREATE DATABASE ... TEMPLATE`, which takes tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import uuid
+from pathlib import Path
+
+import psycopg
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+_LOCK = 0x6A7174657374  # any constant shared by test workers
+
+
+def _devdb():
+    spec = importlib.util.spec_from_file_location("devdb", ROOT / "scripts" / "devdb.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def server_url() -> str:
+    """URL of the maintenance database of the server tests run on."""
+    import os
+
+    return os.environ.get("TEST_DATABASE_URL") or _devdb().server_template().format(db="postgres")
+
+
+def with_database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def _admin(url: str) -> psycopg.Connection:
+    u = make_url(url)
+    kwargs = {
+        "host": u.query.get("host") or u.host or "127.0.0.1",
+        "port": u.port or 5432,
+        "dbname": u.database or "postgres",
+        "autocommit": True,
+    }
+    if u.username:
+        kwargs["user"] = u.username
+    if u.password:
+        kwargs["password"] = u.password
+    return psycopg.connect(**kwargs)
+
+
+def alembic_config(url: str) -> Config:
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    config.attributes["database_url"] = url
+    config.attributes["skip_logging"] = True
+    return config
+
+
+def migrations_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "migrations").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def ensure_template(server: str) -> str:
+    name = f"jq_tpl_{migrations_hash()}"
+    with _admin(server) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK,))
+        try:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
+            if not exists:
+                building = f"{name}_build"
+                conn.execute(f'DROP DATABASE IF EXISTS "{building}"')
+                conn.execute(f'CREATE DATABASE "{building}"')
+                command.upgrade(alembic_config(with_database(server, building)), "head")
+                conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
+    return name
+
+
+def create_database(server: str, template: str | None) -> str:
+    name = f"jq_t_{uuid.uuid4().hex[:12]}"
+    with _admin(server) as conn:
+        clause = f' TEMPLATE "{template}"' if template else ""
+        conn.execute(f'CREATE DATABASE "{name}"{clause}')
+    return name
+
+
+def drop_database(server: str, name: str) -> None:
+    with _admin(server) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
