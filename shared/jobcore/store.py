@@ -290,7 +290,7 @@ async def recover_expired(conn: AsyncConnection) -> list[tuple[UUID, Status]]:
 
 MANUAL_RETRY = (
     sa.update(jobs)
-    .where(c.id == sa.bindparam("id"), c.status == _lit(source("manual_retry")))
+    .where(c.id == sa.bindparam("job_id"), c.status == _lit(source("manual_retry")))
     .values(
         status=_lit(Status.PENDING),
         attempts=0,
@@ -303,5 +303,5 @@ MANUAL_RETRY = (
 
 async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:
     """dead_letter -> pending with a fresh attempt budget; None if the job is not dead-lettered."""
-    row = (await conn.execute(MANUAL_RETRY, {"id": job_id})).mappings().first()
+    row = (await conn.execute(MANUAL_RETRY, {"job_id": job_id})).mappings().first()
     return _job(row) if row is not None else None
