@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import random
-
-# 2.0 ** 1024 raises OverflowError; any base worth using reaches the cap long before.
-_MAX_EXPONENT = 1000
 
 
 def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Seconds to wait after failed attempt `attempt` (1-based).
 
-    Uniform in [c/2, c] with c = min(base * 2**(attempt-1), cap).
+    Uniform in [c/2, c] with c = min(base * 2**(attempt-1), cap). The cap is
+    detected by comparing exponents, so no attempt number can overflow.
     """
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
-    ceiling = min(base * 2.0 ** min(attempt - 1, _MAX_EXPONENT), cap)
+    if base <= 0 or cap <= base:
+        ceiling = max(min(base, cap), 0.0)
+    elif attempt - 1 >= math.log2(cap / base):
+        ceiling = cap
+    else:
+        ceiling = base * 2.0 ** min(attempt - 1, 1023)
     return (rng or random).uniform(ceiling / 2, ceiling)

@@ -1,0 +1,114 @@
+"""The hot queries read the partial indexes built for them, in custom and generic plans.
+
+A future edit that stops the planner from proving the index predicate (a status
+sent as a parameter, an OR, a different ORDER BY) turns a claim into a scan of
+the whole table; these tests catch that.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from jobcore import store
+from jobcore.ids import new_id
+from jobcore.schema import jobs
+
+
+def _sql(statement) -> str:
+    return str(statement.compile(dialect=postgresql.asyncpg.dialect()))
+
+
+async def _fill(engine) -> None:
+    """Mostly finished rows, some pending, a few processing: a realistic hot table."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                """
+                INSERT INTO jobs (id, type, payload, status, attempts, max_attempts,
+                                  locked_until, run_at)
+                SELECT gen_random_uuid(), 'sleep', '{}',
+                       CASE WHEN i % 50 = 0 THEN 'pending'
+                            WHEN i % 97 = 0 THEN 'processing' ELSE 'completed' END,
+                       1, 3,
+                       CASE WHEN i % 50 <> 0 AND i % 97 = 0 THEN now() + interval '1 minute' END,
+                       now() - interval '1 second'
+                FROM generate_series(1, 20000) AS i
+                """
+            )
+        )
+        await conn.execute(sa.text("ANALYZE jobs"))
+
+
+async def _plan(engine, statement, params: dict, generic: bool) -> str:
+    async with engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        asyncpg_conn = raw.driver_connection
+        await asyncpg_conn.execute(
+            f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}"
+        )
+        sql = _sql(statement)
+        ordered = [
+            params[name]
+            for name in statement.compile(dialect=postgresql.asyncpg.dialect()).positiontup
+        ]
+        rows = await asyncpg_conn.fetch(f"EXPLAIN (FORMAT JSON) {sql}", *ordered)
+        await conn.rollback()
+    plan = rows[0][0]
+    return plan if isinstance(plan, str) else json.dumps(plan)
+
+
+def _index_scans(plan: str) -> set[str]:
+    found = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "Index Name" in node:
+                found.add(node["Index Name"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(plan))
+    return found
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_claim_reads_the_partial_claim_index(engine, generic):
+    await _fill(engine)
+    plan = await _plan(
+        engine,
+        store.CLAIM,
+        {"n": 10, "lease_seconds": 60.0, "attempts_1": 1, "lease_token_1": 1},
+        generic,
+    )
+    assert "jobs_claim_idx" in _index_scans(plan), plan
+    assert '"Seq Scan"' not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_recovery_reads_the_partial_lease_index(engine, generic):
+    await _fill(engine)
+    plan = await _plan(engine, store.RECOVER_EXPIRED, {"concat_1": "x"}, generic)
+    assert "jobs_lease_idx" in _index_scans(plan), plan
+    assert '"Seq Scan"' not in plan, plan
+
+
+async def test_submit_with_a_key_uses_the_idempotency_index(engine):
+    await _fill(engine)
+    async with engine.begin() as conn:
+        await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1, "k"))
+        _, created = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1, "k"))
+    assert created is False
+    plan = await _plan(
+        engine,
+        sa.select(jobs.c.id).where(jobs.c.idempotency_key == sa.bindparam("k")),
+        {"k": "k"},
+        True,
+    )
+    assert "jobs_idempotency_key_idx" in _index_scans(plan), plan

@@ -1,0 +1,210 @@
+"""Store guarantees under concurrency and crashes (SPEC §3, §10), on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import sqlalchemy as sa
+
+from jobcore import store
+from jobcore.errors import IdempotencyConflict
+from jobcore.ids import new_id
+from jobcore.schema import jobs
+from jobcore.states import Status
+
+TINY_LEASE = 0.001  # expires before the next statement runs
+
+
+async def _submit_many(engine, count: int, **fields) -> list:
+    async with engine.begin() as conn:
+        rows = [
+            {"id": new_id(), "type": "sleep", "payload": {"n": i}, "max_attempts": 3, **fields}
+            for i in range(count)
+        ]
+        await conn.execute(sa.insert(jobs), rows)
+    return [row["id"] for row in rows]
+
+
+async def _wait_expired(engine, job_id) -> None:
+    """Poll the database clock until the job's lease has run out."""
+    for _ in range(200):
+        async with engine.connect() as conn:
+            expired = await conn.scalar(
+                sa.select(jobs.c.locked_until < sa.func.clock_timestamp()).where(
+                    jobs.c.id == job_id
+                )
+            )
+        if expired:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("lease never expired")
+
+
+async def test_concurrent_claimers_never_receive_the_same_job(engine):
+    ids = set(await _submit_many(engine, 2000))
+    claimed: list = []
+
+    async def claimer(seed: int) -> None:
+        rng = random.Random(seed)
+        while True:
+            async with engine.begin() as conn:
+                batch = await store.claim(conn, rng.randint(1, 25), 60)
+            if not batch:
+                return
+            claimed.extend(job.id for job in batch)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(claimer(seed) for seed in range(10)))
+    assert len(claimed) == len(ids), "some job was claimed twice or never"
+    assert set(claimed) == ids
+    async with engine.connect() as conn:
+        tokens = (await conn.execute(sa.select(jobs.c.attempts, jobs.c.lease_token))).all()
+    assert set(tokens) == {(1, 1)}
+
+
+async def test_claim_returns_at_most_n_jobs_in_run_at_order_and_skips_future_ones(engine):
+    delays = (-1, -3, 3600, -2)
+    ids = {delay: new_id() for delay in delays}
+    async with engine.begin() as conn:
+        rows = [
+            {
+                "id": ids[delay],
+                "type": "sleep",
+                "payload": {},
+                "max_attempts": 1,
+                "run_at": sa.func.now() + sa.text(f"interval '{delay} seconds'"),
+            }
+            for delay in delays
+        ]
+        await conn.execute(sa.insert(jobs).values(rows))
+    async with engine.begin() as conn:
+        first = await store.claim(conn, 2, 60)
+        second = await store.claim(conn, 5, 60)
+    assert {job.id for job in first} == {ids[-3], ids[-2]}
+    assert [job.id for job in second] == [ids[-1]]
+
+
+async def test_stale_worker_cannot_overwrite_newer_claim(engine):
+    (job_id,) = await _submit_many(engine, 1)
+    async with engine.begin() as conn:
+        (old,) = await store.claim(conn, 1, TINY_LEASE)
+    await _wait_expired(engine, job_id)
+    async with engine.begin() as conn:
+        assert await store.recover_expired(conn) == [(job_id, Status.PENDING)]
+        (new,) = await store.claim(conn, 1, 60)
+    assert new.lease_token > old.lease_token
+    async with engine.begin() as conn:
+        assert await store.complete(conn, [old.lease]) == [old.lease]
+        assert await store.fail(conn, [old.lease], ["stale"]) == [old.lease]
+        job = await store.get(conn, job_id)
+    assert job.status is Status.PROCESSING and job.lease_token == new.lease_token
+    async with engine.begin() as conn:
+        assert await store.complete(conn, [new.lease]) == []
+
+
+async def test_stale_worker_cannot_overwrite_newer_claim_after_manual_retry(engine):
+    (job_id,) = await _submit_many(engine, 1, max_attempts=1)
+    async with engine.begin() as conn:
+        (old,) = await store.claim(conn, 1, TINY_LEASE)
+    await _wait_expired(engine, job_id)
+    async with engine.begin() as conn:
+        assert await store.recover_expired(conn) == [(job_id, Status.DEAD_LETTER)]
+        assert (await store.manual_retry(conn, job_id)).attempts == 0
+        (new,) = await store.claim(conn, 1, 60)
+    # The attempt number repeats after a manual retry; the lease token does not.
+    assert new.attempts == old.attempts == 1
+    assert new.lease_token > old.lease_token
+    async with engine.begin() as conn:
+        assert await store.dead_letter(conn, [old.lease], ["stale"]) == [old.lease]
+        assert await store.complete(conn, [new.lease]) == []
+
+
+async def test_recovery_returns_expired_leases_to_pending_or_dead_letter_on_the_last_attempt(
+    engine,
+):
+    retry_id, last_id, live_id = (
+        (await _submit_many(engine, 1, max_attempts=2))[0],
+        (await _submit_many(engine, 1, max_attempts=1))[0],
+        (await _submit_many(engine, 1, max_attempts=1))[0],
+    )
+    async with engine.begin() as conn:
+        expiring = await store.claim(conn, 2, TINY_LEASE)
+        await conn.execute(  # push the live job to the back of the queue, then lease it for long
+            sa.update(jobs).where(jobs.c.id == live_id).values(run_at=sa.func.now())
+        )
+    assert {job.id for job in expiring} == {retry_id, last_id}
+    async with engine.begin() as conn:
+        (live,) = await store.claim(conn, 1, 60)
+    assert live.id == live_id
+    for job in expiring:
+        await _wait_expired(engine, job.id)
+    async with engine.begin() as conn:
+        recovered = dict(await store.recover_expired(conn))
+    assert recovered == {retry_id: Status.PENDING, last_id: Status.DEAD_LETTER}
+    async with engine.connect() as conn:
+        retry_job = await store.get(conn, retry_id)
+        live_job = await store.get(conn, live_id)
+    assert retry_job.attempts == 1 and retry_job.locked_until is None
+    assert "lease expired" in retry_job.last_error
+    assert live_job.status is Status.PROCESSING
+
+
+async def test_retry_later_schedules_by_the_database_clock(engine):
+    await _submit_many(engine, 1)
+    async with engine.begin() as conn:
+        (job,) = await store.claim(conn, 1, 60)
+        assert await store.retry_later(conn, [job.lease], ["flaky"], [30.0]) == []
+        delay = await conn.scalar(
+            sa.select(sa.func.extract("epoch", jobs.c.run_at - sa.func.now()))
+        )
+        assert await store.claim(conn, 1, 60) == []  # not due yet
+    assert 29.9 < float(delay) <= 30.0
+
+
+async def test_concurrent_duplicate_submissions_create_one_job(engine):
+    new = store.NewJob(new_id(), "sleep", {"b": [1, 2], "a": 1}, 4, "order-42")
+
+    async def submit(i: int):
+        async with engine.begin() as conn:
+            # Same request each time, with a fresh id and reordered keys (jsonb equality).
+            payload = dict(reversed(list(new.payload.items()))) if i % 2 else new.payload
+            return await store.submit(
+                conn, store.NewJob(new_id(), "sleep", payload, 4, new.idempotency_key)
+            )
+
+    results = await asyncio.gather(*(submit(i) for i in range(40)))
+    created = [job for job, was_created in results if was_created]
+    assert len(created) == 1
+    assert {job.id for job, _ in results} == {created[0].id}
+    async with engine.connect() as conn:
+        assert await conn.scalar(sa.select(sa.func.count()).select_from(jobs)) == 1
+
+
+@pytest.mark.parametrize(
+    "different",
+    [
+        {"type": "webhook"},
+        {"payload": {"a": 2}},
+        {"max_attempts": 5},
+    ],
+)
+async def test_a_different_request_with_a_used_key_is_a_conflict(engine, different):
+    base = {"type": "sleep", "payload": {"a": 1}, "max_attempts": 4}
+    async with engine.begin() as conn:
+        await store.submit(conn, store.NewJob(new_id(), idempotency_key="k", **base))
+    with pytest.raises(IdempotencyConflict):
+        async with engine.begin() as conn:
+            await store.submit(
+                conn, store.NewJob(new_id(), idempotency_key="k", **{**base, **different})
+            )
+    async with engine.connect() as conn:
+        assert await conn.scalar(sa.select(sa.func.count()).select_from(jobs)) == 1
+
+
+async def test_submissions_without_a_key_always_create(engine):
+    async with engine.begin() as conn:
+        for _ in range(3):
+            _, created = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1))
+            assert created

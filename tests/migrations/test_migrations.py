@@ -1,0 +1,94 @@
+"""Alembic owns the schema (SPEC §9): upgrade, re-run, concurrent runs, downgrade, no drift."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import make_url
+
+from jobcore.schema import SCHEMA_REVISION, metadata
+from tests import pg
+from tests.procs import BIN
+
+
+def _sync_engine(url: str) -> sa.Engine:
+    return sa.create_engine(make_url(url).set(drivername="postgresql+psycopg"))
+
+
+def _state(url: str) -> tuple[str | None, bool]:
+    engine = _sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            version = None
+            if conn.scalar(sa.text("SELECT to_regclass('alembic_version') IS NOT NULL")):
+                version = conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
+            has_jobs = conn.scalar(sa.text("SELECT to_regclass('jobs') IS NOT NULL"))
+        return version, bool(has_jobs)
+    finally:
+        engine.dispose()
+
+
+def test_code_expects_the_latest_revision():
+    script = ScriptDirectory.from_config(pg.alembic_config("postgresql://unused/x"))
+    assert script.get_current_head() == SCHEMA_REVISION
+
+
+def test_upgrade_creates_the_schema_and_running_it_again_changes_nothing(empty_database_url):
+    config = pg.alembic_config(empty_database_url)
+    command.upgrade(config, "head")
+    assert _state(empty_database_url) == (SCHEMA_REVISION, True)
+    command.upgrade(config, "head")
+    assert _state(empty_database_url) == (SCHEMA_REVISION, True)
+
+
+def test_three_concurrent_upgrades_apply_the_schema_once(empty_database_url):
+    env = {**os.environ, "DATABASE_URL": empty_database_url}
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "alembic"), "upgrade", "head"],
+            cwd=pg.ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], outputs
+    assert sum("Running upgrade  -> 0001" in out for out in outputs) == 1, outputs
+    assert _state(empty_database_url) == (SCHEMA_REVISION, True)
+
+
+def test_downgrade_to_base_removes_the_schema(empty_database_url):
+    config = pg.alembic_config(empty_database_url)
+    command.upgrade(config, "head")
+    command.downgrade(config, "base")
+    assert _state(empty_database_url) == (None, False)
+
+
+def test_migrated_schema_matches_the_table_definitions(database_url):
+    engine = _sync_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    finally:
+        engine.dispose()
+    assert diff == []
+
+
+def test_hot_table_storage_settings_are_applied(database_url):
+    engine = _sync_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            options = conn.scalar(sa.text("SELECT reloptions FROM pg_class WHERE relname = 'jobs'"))
+    finally:
+        engine.dispose()
+    assert "fillfactor=70" in options
+    assert any(o.startswith("autovacuum_vacuum_scale_factor=") for o in options)
