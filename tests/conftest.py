@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from jobcore.db import make_engine
-from jobcore.registry import load_handlers
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobcore.db import make_engine
+from jobcore.registry import load_handlers
 from tests import pg
 
 load_handlers([])

@@ -47,9 +47,7 @@ async def _job_in(conn, status: Status, *, last_attempt: bool) -> store.Lease:
             max_attempts=3,
             lease_token=TOKEN,
             # Leases in the past, so recover_expired sees them as expired.
-            locked_until=sa.func.now() - sa.text("interval '1 minute'")
-            if status is R
-            else None,
+            locked_until=sa.func.now() - sa.text("interval '1 minute'") if status is R else None,
         )
     )
     return store.Lease(job_id, TOKEN)
