@@ -1,1 +1,1 @@
-
+"""jobqueue_api: the HTTP service (`jobqueue-api`) that submits, reads and requeues jobs."""

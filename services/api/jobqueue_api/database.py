@@ -1,0 +1,59 @@
+"""The API's engine and the line between "the database is unavailable" (503) and a bug (500).
+
+Every bound here is short on purpose: a client waiting on a dead database
+should get a 503 within seconds, not hang until a TCP timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import sqlalchemy.exc as sa_exc
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobcore.db import make_engine
+
+# Not configurable in SPEC §7: one API process rarely benefits from more, and
+# PostgreSQL's connection budget is shared with every worker.
+POOL_SIZE = 10
+CONNECT_TIMEOUT = 2.0
+# Client-side bound on every round trip, including the pool's pre-ping and
+# ROLLBACK; a half-open connection (no RST, no answer) ends here.
+COMMAND_TIMEOUT = 3.0
+STATEMENT_TIMEOUT = 3.0
+# Hard bound on the database part of one request, whatever the above missed.
+REQUEST_DEADLINE = 5.0
+
+
+def open_engine(url: str) -> AsyncEngine:
+    engine = make_engine(
+        url,
+        pool_size=POOL_SIZE,
+        connect_timeout=CONNECT_TIMEOUT,
+        statement_timeout=STATEMENT_TIMEOUT,
+        application_name="jobqueue-api",
+    )
+
+    @event.listens_for(engine.sync_engine, "do_connect")
+    def _command_timeout(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams["command_timeout"] = COMMAND_TIMEOUT
+
+    return engine
+
+
+# Errors that mean the statement reached the database and was wrong: a bug, not an outage.
+_BUGS = (
+    sa_exc.IntegrityError,
+    sa_exc.DataError,
+    sa_exc.ProgrammingError,
+    sa_exc.NotSupportedError,
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when `exc` means the database could not be reached or did not answer in time."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        return exc.connection_invalidated or not isinstance(exc, _BUGS)
+    return isinstance(exc, OSError | asyncio.TimeoutError | sa_exc.TimeoutError)

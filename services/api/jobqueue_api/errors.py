@@ -1,0 +1,58 @@
+"""Every error the API answers with is `{"error": "..."}`: these build them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from jobqueue_api.database import is_unavailable
+
+log = logging.getLogger("jobqueue_api")
+
+
+class BodyTooLarge(Exception):
+    """The request body exceeds MAX_BODY_BYTES (raised while it is being read)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"request body is larger than MAX_BODY_BYTES ({limit} bytes)")
+
+
+def error_response(
+    status: int, message: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no such resource: {request.url.path}"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = f"method {request.method} is not allowed on {request.url.path}"
+        message += f" (allowed: {allowed})" if allowed else ""
+    else:
+        message = exc.detail
+    return error_response(exc.status_code, message, exc.headers)
+
+
+def response_for(exc: Exception) -> JSONResponse:
+    """The answer to an exception no route handled: 413, 503 for a database outage, else 500."""
+    if isinstance(exc, BodyTooLarge):
+        # The rest of the body is never read, so the connection cannot be reused.
+        return error_response(413, str(exc), {"Connection": "close"})
+    if is_unavailable(exc):
+        log.warning("database unavailable: %s", _first_line(exc))
+        return error_response(503, "database unavailable", {"Retry-After": "1"})
+    log.error("unhandled error", exc_info=exc)
+    return error_response(500, "internal error")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:300]

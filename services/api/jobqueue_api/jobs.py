@@ -1,0 +1,151 @@
+"""The `/jobs` endpoints: thin HTTP over `jobcore.store`.
+
+`submit()` is the one path by which the API creates jobs; the routes only
+parse, call the store, and shape JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from jobcore import store
+from jobcore.errors import IdempotencyConflict
+from jobcore.ids import parse_id
+from jobcore.registry import registered_types
+from jobcore.settings import Settings
+from jobqueue_api import metrics, validation
+from jobqueue_api.database import REQUEST_DEADLINE
+from jobqueue_api.errors import error_response
+
+log = logging.getLogger("jobqueue_api")
+
+
+def timestamp(value: datetime | None) -> str | None:
+    """RFC 3339 in UTC with microseconds: 2026-11-30T12:00:00.123456Z."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def job_json(job: store.Job) -> dict[str, Any]:
+    return {
+        "id": str(job.id),
+        "type": job.type,
+        "payload": job.payload,
+        "status": job.status.value,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "run_at": timestamp(job.run_at),
+        "last_error": job.last_error,
+        "created_at": timestamp(job.created_at),
+        "updated_at": timestamp(job.updated_at),
+    }
+
+
+def status_json(job: store.Job) -> dict[str, Any]:
+    return {
+        "id": str(job.id),
+        "status": job.status.value,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "run_at": timestamp(job.run_at),
+        "last_error": job.last_error,
+    }
+
+
+async def submit(engine: AsyncEngine, new: store.NewJob) -> tuple[store.Job, bool]:
+    """Create `new`, or find the job its idempotency key already names: (job, created).
+
+    Raises IdempotencyConflict. The job exists once this returns (committed).
+    """
+    async with asyncio.timeout(REQUEST_DEADLINE), engine.begin() as conn:
+        job, created = await store.submit(conn, new)
+    if created:
+        metrics.SUBMITTED.inc()
+    log.info(
+        "job submitted" if created else "job replayed",
+        extra={"job_id": str(job.id), "job_type": job.type},
+    )
+    return job, created
+
+
+def _engine(request: Request) -> AsyncEngine:
+    engine: AsyncEngine = request.app.state.engine
+    return engine
+
+
+def _job_id(request: Request) -> UUID | None:
+    return parse_id(request.path_params["id"])
+
+
+def _not_found(request: Request) -> Response:
+    return error_response(404, f"job {request.path_params['id']!r} not found")
+
+
+async def create_job(request: Request) -> Response:
+    settings: Settings = request.app.state.settings
+    try:
+        key = validation.idempotency_key(request.headers.getlist("idempotency-key"))
+        body = validation.parse_json(await request.body())
+        new = validation.new_job(
+            body,
+            known_types=registered_types(),
+            default_max_attempts=settings.max_attempts,
+            idempotency_key=key,
+        )
+    except validation.Invalid as exc:
+        return error_response(400, str(exc))
+    try:
+        job, created = await submit(_engine(request), new)
+    except IdempotencyConflict as exc:
+        return error_response(409, str(exc))
+    if created:
+        return JSONResponse(job_json(job), status_code=201, headers={"Location": f"/jobs/{job.id}"})
+    return JSONResponse(job_json(job), status_code=200)
+
+
+async def _read(request: Request) -> store.Job | None:
+    job_id = _job_id(request)
+    if job_id is None:
+        return None
+    async with asyncio.timeout(REQUEST_DEADLINE), _engine(request).connect() as conn:
+        return await store.get(conn, job_id)
+
+
+async def get_job(request: Request) -> Response:
+    job = await _read(request)
+    if job is None:
+        return _not_found(request)
+    return JSONResponse(job_json(job))
+
+
+async def get_status(request: Request) -> Response:
+    job = await _read(request)
+    if job is None:
+        return _not_found(request)
+    return JSONResponse(status_json(job))
+
+
+async def retry_job(request: Request) -> Response:
+    job_id = _job_id(request)
+    if job_id is None:
+        return _not_found(request)
+    async with asyncio.timeout(REQUEST_DEADLINE), _engine(request).begin() as conn:
+        job = await store.manual_retry(conn, job_id)
+        current = None if job is not None else await store.get(conn, job_id)
+    if job is not None:
+        log.info("manual_retry", extra={"job_id": str(job.id), "job_type": job.type})
+        return JSONResponse(job_json(job))
+    if current is None:
+        return _not_found(request)
+    return error_response(
+        409, f"job {current.id} is {current.status.value}; only dead_letter jobs can be retried"
+    )

@@ -1,0 +1,30 @@
+"""The API's Prometheus metrics, in the default registry beside the process metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+
+SUBMITTED = Counter(
+    "jobs_submitted",
+    "Jobs created through the API (idempotent replays excluded).",
+)
+
+REQUEST_DURATION = Histogram(
+    "http_request_duration_seconds",
+    "Time to answer an HTTP request, by route template (not raw path).",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+# Anything else is counted as OTHER so arbitrary methods cannot create new series.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    method = method if method in _METHODS else "OTHER"
+    REQUEST_DURATION.labels(method, route, str(status)).observe(seconds)
+
+
+def render() -> tuple[bytes, str]:
+    """The metrics page and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,160 @@
+"""Pure ASGI middleware, outermost first: request context, authentication, body limit.
+
+`RequestContext` gives every request an id (on the response and on every log
+line), writes the access log line and the duration metric, and turns any
+exception into a JSON error, so no traceback ever reaches a client.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections.abc import Sequence
+
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from jobcore.logs import bind
+from jobqueue_api import metrics
+from jobqueue_api.errors import BodyTooLarge, error_response, response_for
+
+log = logging.getLogger("jobqueue_api.access")
+
+# A caller's id is echoed only if it cannot forge or break a log line.
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,128}")
+
+
+def _header(scope: Scope, name: bytes) -> list[bytes]:
+    return [value for key, value in scope["headers"] if key == name]
+
+
+def request_id(scope: Scope) -> str:
+    values = _header(scope, b"x-request-id")
+    if len(values) == 1 and _SANE_ID.fullmatch(values[0]):
+        return values[0].decode("ascii")
+    return uuid.uuid4().hex
+
+
+def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The path template that matched (`/jobs/{id}`), so metrics never label raw paths."""
+    partial = None
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", "unmatched"))
+        if match is Match.PARTIAL and partial is None:
+            partial = str(getattr(route, "path", "unmatched"))
+    return partial or "unmatched"
+
+
+class RequestContext:
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        rid = request_id(scope)
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                headers.append((b"x-request-id", rid.encode("ascii")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        with bind(request_id=rid):
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception as exc:
+                if response_started:
+                    log.error("error after the response started", exc_info=exc)
+                    raise
+                await response_for(exc)(scope, receive, send_with_id)
+            finally:
+                seconds = time.perf_counter() - started
+                log.info(
+                    "request",
+                    extra={
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round(seconds * 1000, 3),
+                    },
+                )
+                route = route_template(self.routes, scope)
+                metrics.observe_request(scope["method"], route, status, seconds)
+
+
+class Authenticate:
+    """`/jobs...` requires `Authorization: Bearer <token>` when API_TOKENS is set."""
+
+    def __init__(self, app: ASGIApp, tokens: Sequence[str]) -> None:
+        self.app = app
+        self.tokens = [token.encode("utf-8") for token in tokens]
+
+    def _authorized(self, scope: Scope) -> bool:
+        values = _header(scope, b"authorization")
+        if len(values) != 1:
+            return False
+        scheme, _, presented = values[0].partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        presented = presented.strip()
+        # Compare with every token, so timing reveals neither a token nor which one matched.
+        matched = False
+        for token in self.tokens:
+            matched |= hmac.compare_digest(presented, token)
+        return matched
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        protected = scope["type"] == "http" and (path == "/jobs" or path.startswith("/jobs/"))
+        if self.tokens and protected and not self._authorized(scope):
+            response = error_response(
+                401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class LimitBody:
+    """Refuses bodies over `limit` bytes: up front by Content-Length, else while reading,
+    so an oversized body is never held in memory."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for value in _header(scope, b"content-length"):
+            if value.strip().isdigit() and int(value) > self.limit:
+                await response_for(BodyTooLarge(self.limit))(scope, receive, send)
+                return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, limited_receive, send)
