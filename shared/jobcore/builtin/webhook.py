@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import re
 import socket
 from dataclasses import dataclass, field
@@ -213,17 +214,19 @@ async def webhook(payload: Any, ctx: JobContext) -> None:
                 f"({', '.join(forbidden)}); set WEBHOOK_ALLOW_PRIVATE=true to allow"
             )
 
-    headers = {
-        **delivery.headers,
-        "Host": url.netloc.decode("ascii"),
-        "Idempotency-Key": str(ctx.job_id),
-    }
-    response = await _post(url, addresses, headers, delivery.body, host)
+    headers = dict(delivery.headers)
+    if not any(name.lower() == "content-type" for name in headers):
+        headers["Content-Type"] = "application/json"
+    headers["Host"] = url.netloc.decode("ascii")
+    headers["Idempotency-Key"] = str(ctx.job_id)
+    # Encoded here, not by httpx's json=, so that a null body is sent as `null`.
+    body = json.dumps(delivery.body, ensure_ascii=False, separators=(",", ":")).encode()
+    response = await _post(url, addresses, headers, body, host)
     _judge(response, host)
 
 
 async def _post(
-    url: httpx.URL, addresses: list[IPAddress], headers: dict[str, str], body: Any, host: str
+    url: httpx.URL, addresses: list[IPAddress], headers: dict[str, str], body: bytes, host: str
 ) -> httpx.Response:
     """POST to the first checked address that accepts a connection; returns the response.
 
@@ -242,7 +245,7 @@ async def _post(
             request = client.build_request(
                 "POST",
                 url.copy_with(host=str(ip)),
-                json=body,
+                content=body,
                 headers=headers,
                 extensions={"sni_hostname": host},
             )
