@@ -8,6 +8,7 @@ report the leases that did not apply. All times come from the database clock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -90,19 +91,25 @@ def _job(row: Any) -> Job:
 
 # --- submit ---------------------------------------------------------------
 
-_insert = pg.insert(jobs)
-SUBMIT = _insert.on_conflict_do_update(
-    index_elements=[c.idempotency_key],
-    index_where=c.idempotency_key.isnot(None),
-    # A no-op update that locks and returns the existing row, even when it was
-    # inserted by a concurrent transaction this statement's snapshot cannot see.
-    set_={"idempotency_key": _insert.excluded.idempotency_key},
-    where=sa.and_(
-        c.type == _insert.excluded.type,
-        c.payload == _insert.excluded.payload,
-        c.max_attempts == _insert.excluded.max_attempts,
-    ),
-).returning(*_JOB_COLUMNS, sa.literal_column("(xmax = 0)").label("created"))
+
+def _conflict_target(insert: Any) -> Any:
+    return insert.on_conflict_do_update(
+        index_elements=[c.idempotency_key],
+        index_where=c.idempotency_key.isnot(None),
+        # A no-op update that locks and returns the existing row, even when it was
+        # inserted by a concurrent transaction this statement's snapshot cannot see.
+        set_={"idempotency_key": insert.excluded.idempotency_key},
+        where=sa.and_(
+            c.type == insert.excluded.type,
+            c.payload == insert.excluded.payload,
+            c.max_attempts == insert.excluded.max_attempts,
+        ),
+    )
+
+
+_CREATED: Any = sa.literal_column("(xmax = 0)").label("created")
+
+SUBMIT = _conflict_target(pg.insert(jobs)).returning(*_JOB_COLUMNS, _CREATED)
 
 
 async def submit(conn: AsyncConnection, new: NewJob) -> tuple[Job, bool]:
@@ -131,6 +138,112 @@ async def submit(conn: AsyncConnection, new: NewJob) -> tuple[Job, bool]:
         assert new.idempotency_key is not None
         raise IdempotencyConflict(new.idempotency_key)
     return _job(row), bool(row["created"])
+
+
+_batch = (
+    sa.func.unnest(
+        sa.bindparam("ids", type_=pg.ARRAY(pg.UUID(as_uuid=True))),
+        sa.bindparam("types", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("payloads", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("max_attempts", type_=pg.ARRAY(sa.Integer)),
+        sa.bindparam("keys", type_=pg.ARRAY(sa.Text)),
+    )
+    .table_valued(
+        sa.column("id", pg.UUID(as_uuid=True)),
+        sa.column("type", sa.Text),
+        sa.column("payload", sa.Text),
+        sa.column("max_attempts", sa.Integer),
+        sa.column("key", sa.Text),
+    )
+    .render_derived(name="b")
+)
+SUBMIT_MANY = _conflict_target(
+    pg.insert(jobs).from_select(
+        ["id", "type", "payload", "max_attempts", "idempotency_key"],
+        sa.select(
+            _batch.c.id,
+            _batch.c.type,
+            sa.cast(_batch.c.payload, pg.JSONB),
+            _batch.c.max_attempts,
+            _batch.c.key,
+        )
+        # Concurrent batches sharing keys take the key locks in the same order,
+        # so they wait for each other instead of deadlocking.
+        .order_by(_batch.c.key),
+    )
+).returning(c.id, c.idempotency_key, _CREATED)
+
+
+class Submitted(NamedTuple):
+    """One item's result in `submit_many`: created, replayed or conflict (job_id None)."""
+
+    result: str
+    job_id: UUID | None
+
+
+def _same_request(a: NewJob, b: NewJob) -> bool:
+    return (a.type, a.max_attempts, _canonical(a.payload)) == (
+        b.type,
+        b.max_attempts,
+        _canonical(b.payload),
+    )
+
+
+def _canonical(value: Any) -> Any:
+    """A form that compares like jsonb: key order ignored, true distinct from 1."""
+    if isinstance(value, dict):
+        return ("o", frozenset((k, _canonical(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("a", tuple(_canonical(v) for v in value))
+    if isinstance(value, bool) or value is None:
+        return ("l", value)
+    return ("v", value)
+
+
+async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list[Submitted]:
+    """Insert many jobs in one statement; results in input order.
+
+    Idempotency works as in `submit`. An idempotency key repeated inside the
+    batch behaves as if the items were sent one after another: the first one
+    decides, later ones are replays of it or conflicts.
+    """
+    first: dict[str, NewJob] = {}
+    rows: list[NewJob] = []
+    for new in new_jobs:
+        if new.idempotency_key is None or new.idempotency_key not in first:
+            rows.append(new)
+            if new.idempotency_key is not None:
+                first[new.idempotency_key] = new
+    result = await conn.execute(
+        SUBMIT_MANY,
+        {
+            "ids": [new.id for new in rows],
+            "types": [new.type for new in rows],
+            "payloads": [json.dumps(new.payload) for new in rows],
+            "max_attempts": [new.max_attempts for new in rows],
+            "keys": [new.idempotency_key for new in rows],
+        },
+    )
+    by_key: dict[str, tuple[UUID, bool]] = {}
+    by_id: set[UUID] = set()
+    for row in result:
+        if row.idempotency_key is None:
+            by_id.add(row.id)
+        else:
+            by_key[row.idempotency_key] = (row.id, bool(row.created))
+    out: list[Submitted] = []
+    for new in new_jobs:
+        key = new.idempotency_key
+        if key is None:
+            assert new.id in by_id
+            out.append(Submitted("created", new.id))
+        elif key not in by_key or not _same_request(new, first[key]):
+            out.append(Submitted("conflict", None))
+        else:
+            job_id, created = by_key[key]
+            fresh = created and first[key] is new
+            out.append(Submitted("created" if fresh else "replayed", job_id))
+    return out
 
 
 # --- reads ----------------------------------------------------------------
@@ -305,3 +418,16 @@ async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:
     """dead_letter -> pending with a fresh attempt budget; None if the job is not dead-lettered."""
     row = (await conn.execute(MANUAL_RETRY, {"job_id": job_id})).mappings().first()
     return _job(row) if row is not None else None
+
+
+# --- wake-ups -----------------------------------------------------------------
+
+# Workers LISTEN on this channel; a notification is only a hint that jobs are
+# due, so polling stays correct when one is lost.
+NOTIFY_CHANNEL = "jobqueue_jobs"
+NOTIFY = sa.select(sa.func.pg_notify(sa.literal(NOTIFY_CHANNEL), sa.literal("")))
+
+
+async def notify(conn: AsyncConnection) -> None:
+    """Tell listening workers that jobs are due (delivered when the transaction commits)."""
+    await conn.execute(NOTIFY)
