@@ -190,6 +190,8 @@ async def webhook(payload: Any, ctx: JobContext) -> None:
     if not host:
         raise PermanentError("payload.url has no host")
     port = url.port or (443 if url.scheme == "https" else 80)
+    if not 0 < port < 65536:
+        raise PermanentError(f"payload.url has an invalid port {port}")
 
     try:
         literal = parse_ip_literal(host)

@@ -249,6 +249,8 @@ INVALID = {
     "no host": {"url": "http:///hook"},
     "malformed IPv6": {"url": "http://[::1/hook"},
     "numeric host out of range": {"url": "http://256.256.256.256/"},
+    "port 0": {"url": "http://example.com:0/"},
+    "port out of range": {"url": "http://example.com:65536/"},
     "headers not an object": {"url": "https://example.com/", "headers": ["X-A: b"]},
     "header value not a string": {"url": "https://example.com/", "headers": {"X-A": 1}},
     "header value with CRLF": {"url": "https://example.com/", "headers": {"X-A": "a\r\nB: c"}},
