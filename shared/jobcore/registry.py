@@ -25,6 +25,9 @@ class JobContext:
     type: str
     attempt: int
     max_attempts: int
+    # The claim's fencing token: it grows with every claim of this job, so a
+    # downstream system can reject a write from an attempt that lost its lease.
+    lease_token: int = 0
     # Settings a built-in handler may need; kept here so handlers stay pure functions.
     webhook_allow_private: bool = False
 
