@@ -189,7 +189,7 @@ async def webhook(payload: Any, ctx: JobContext) -> None:
     host = url.raw_host.decode("ascii")
     if not host:
         raise PermanentError("payload.url has no host")
-    port = url.port or (443 if url.scheme == "https" else 80)
+    port = url.port if url.port is not None else (443 if url.scheme == "https" else 80)
     if not 0 < port < 65536:
         raise PermanentError(f"payload.url has an invalid port {port}")
 
