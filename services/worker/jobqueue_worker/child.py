@@ -1,0 +1,144 @@
+"""One worker process: an asyncio loop with a dispatcher, WORKERS job slots, a completer and
+the recovery loop, and the graceful shutdown that ties them together.
+
+The supervisor starts it with the spawn method and stops it with SIGTERM:
+stop claiming, give running jobs SHUTDOWN_TIMEOUT to finish and record, release
+the rest (attempt not consumed), flush the completer, exit 0. SIGINT is
+ignored (a Ctrl-C reaches the whole process group; the supervisor decides), and
+the process also shuts down if the supervisor disappears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+from jobcore import logs
+from jobcore.db import make_engine
+from jobcore.registry import load_handlers
+from jobcore.settings import Settings
+from jobqueue_worker import metrics
+from jobqueue_worker.completer import Completer
+from jobqueue_worker.database import POOL_SIZE, PgJobStore
+from jobqueue_worker.dispatcher import Dispatcher
+from jobqueue_worker.executor import Executor
+from jobqueue_worker.recovery import run_recovery
+
+log = logging.getLogger("jobqueue.worker")
+
+# How often a child checks that its supervisor is still alive.
+_PARENT_CHECK = 1.0
+# Outcomes wait at most this long to join a batch.
+_LINGER = 0.002
+
+_stop_requested = False
+
+
+def _early_stop(signum: int, frame: FrameType | None) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def main(settings: Settings, index: int) -> None:
+    """Entry point of a spawned worker process; never returns."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _early_stop)  # until the loop installs its own handler
+    logs.configure(settings.log_level)
+    code = 1
+    try:
+        load_handlers(settings.handler_modules)
+        code = asyncio.run(run(settings, index))
+    except BaseException:
+        log.exception("worker process failed", extra={"worker_process": index})
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        # os._exit: threads of plain handlers that never returned must not hold the exit.
+        os._exit(code)
+
+
+async def run(settings: Settings, index: int) -> int:
+    with logs.bind(worker_process=index):
+        return await _run(settings, index)
+
+
+async def _run(settings: Settings, index: int) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if _stop_requested:
+        stop.set()
+
+    engine = make_engine(
+        settings.database_url,
+        pool_size=POOL_SIZE,
+        connect_timeout=5.0,
+        application_name="jobqueue-worker",
+    )
+    store = PgJobStore(engine)
+    completer = Completer(store, batch_size=settings.workers, linger=_LINGER)
+    executor = Executor(
+        completer.record,
+        slots=settings.workers,
+        job_timeout=settings.job_timeout,
+        backoff_base=settings.backoff_base,
+        backoff_max=settings.backoff_max,
+        webhook_allow_private=settings.webhook_allow_private,
+    )
+    dispatcher = Dispatcher(
+        store,
+        executor,
+        poll_interval=settings.poll_interval,
+        lease_seconds=settings.lease_duration,
+    )
+    executor.on_slot_freed = dispatcher.slot_freed
+    metrics.initialise()
+    recovery_stop = asyncio.Event()
+
+    log.info("worker process started", extra={"pid": os.getpid(), "workers": settings.workers})
+    dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")
+    loops = {
+        dispatching,
+        asyncio.create_task(completer.run(), name="completer"),
+        asyncio.create_task(
+            run_recovery(store, settings.recovery_interval, recovery_stop), name="recovery"
+        ),
+    }
+    watcher = asyncio.create_task(_watch_parent(stop))
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopped, *loops}, return_when=asyncio.FIRST_COMPLETED)
+    broken = [task for task in loops if task in done]
+    for task in broken:
+        # A bug, not an outage (those are retried inside each loop): restart the process.
+        log.error(
+            "worker loop ended unexpectedly",
+            extra={"loop": task.get_name()},
+            exc_info=None if task.cancelled() else task.exception(),
+        )
+
+    log.info("worker process stopping", extra={"running": executor.running})
+    dispatcher.stop()
+    recovery_stop.set()
+    # The dispatcher finishes a claim in flight (bounded by its timeout) and hands it out.
+    await asyncio.wait({dispatching})
+    await executor.shutdown(settings.shutdown_timeout)
+    completer.close()
+    await asyncio.wait(loops)
+    watcher.cancel()
+    stopped.cancel()
+    await engine.dispose()
+    log.info("worker process stopped")
+    return 1 if broken else 0
+
+
+async def _watch_parent(stop: asyncio.Event) -> None:
+    parent = os.getppid()
+    while not stop.is_set():
+        await asyncio.sleep(_PARENT_CHECK)
+        if os.getppid() != parent:
+            log.warning("supervisor is gone, shutting down")
+            stop.set()

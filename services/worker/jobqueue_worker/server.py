@@ -1,0 +1,133 @@
+"""The supervisor's HTTP endpoints on METRICS_ADDR, served by Hypercorn.
+
+`/metrics` sums the children's metric files (prometheus-client multiprocess
+mode) and adds process metrics; `/healthz` answers 200 whenever the server
+runs; `/readyz` answers 200 only while the supervisor says it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from jobcore.settings import parse_addr
+
+Readiness = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+def listen(addr: str) -> socket.socket:
+    """Bind METRICS_ADDR now, so a taken port is reported before any child starts."""
+    host, port = parse_addr(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=128)
+
+
+def build_app(ready: Readiness, registry: CollectorRegistry) -> Starlette:
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ok, reason = await ready()
+        return JSONResponse({"status": "ready" if ok else reason}, status_code=200 if ok else 503)
+
+    def metrics(request: Request) -> Response:
+        # A plain def: Starlette runs it in a thread, and reading the metric files is file I/O.
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+        return JSONResponse({"error": detail}, status_code=status)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+        ],
+        exception_handlers={HTTPException: error, Exception: error},
+    )
+
+
+async def serve(app: Starlette, sock: socket.socket, stopped: asyncio.Event) -> None:
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]  # Hypercorn takes the bound socket over
+    config.errorlog = logging.getLogger("hypercorn.error")  # JSON lines like every other log
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    await hypercorn_serve(app, config, shutdown_trigger=stopped.wait)  # type: ignore[arg-type]
+
+
+def scrape_registry(
+    metrics_dir: str, pids: Callable[[], list[int]], restarts: Callable[[], int]
+) -> CollectorRegistry:
+    """The registry `/metrics` renders: children's metrics summed, plus process metrics."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    registry.register(_Children(pids, restarts))
+    return registry
+
+
+class _Children:
+    """Worker process count, restarts, and the children's CPU and memory, summed."""
+
+    def __init__(self, pids: Callable[[], list[int]], restarts: Callable[[], int]) -> None:
+        self._pids = pids
+        self._restarts = restarts
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def collect(self) -> Iterator[Metric]:
+        pids = self._pids()
+        yield GaugeMetricFamily("worker_processes", "Worker processes running.", value=len(pids))
+        yield CounterMetricFamily(
+            "worker_process_restarts",
+            "Worker processes restarted after an unexpected exit.",
+            value=self._restarts(),
+        )
+        cpu, rss = self._usage(pids)
+        yield CounterMetricFamily(
+            "worker_processes_cpu_seconds",
+            "User and system CPU time of the running worker processes.",
+            value=cpu,
+        )
+        yield GaugeMetricFamily(
+            "worker_processes_resident_memory_bytes",
+            "Resident memory of the running worker processes.",
+            value=rss,
+        )
+
+    def _usage(self, pids: Iterable[int]) -> tuple[float, float]:
+        cpu = rss = 0.0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # not Linux, or the process just exited
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            cpu += (float(fields[11]) + float(fields[12])) / self._ticks
+            rss += float(fields[21]) * self._page
+        return cpu, rss

@@ -1,0 +1,155 @@
+"""An in-memory `JobStore` for unit tests of the dispatcher, executor and completer.
+
+It follows the SPEC transitions and fences outcome writes by lease token like
+the real store, records every call, and can be switched `down` to behave like
+an unreachable database. It is the only fake store the project allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from jobcore.states import Status
+from jobcore.store import Claimed, Lease
+
+
+@dataclass
+class FakeJob:
+    id: UUID
+    type: str
+    payload: Any
+    max_attempts: int
+    status: Status = Status.PENDING
+    attempts: int = 0
+    lease_token: int = 0
+    run_at: float = 0.0
+    locked_until: float | None = None
+    last_error: str | None = None
+    delay: float | None = None
+
+
+class DatabaseDown(ConnectionError):
+    pass
+
+
+class FakeStore:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.jobs: dict[UUID, FakeJob] = {}
+        self.claims: list[int] = []  # n asked for by each claim
+        self.writes: list[tuple[str, int]] = []  # (operation, batch size) of each outcome write
+        self.down = False
+        self.failed_calls = 0
+        self.on_claim: Callable[[int], None] = lambda n: None
+        self.write_gate: asyncio.Event | None = None  # when set up, writes wait for it
+        self._order = itertools.count()
+
+    def add(self, type: str, payload: Any = None, max_attempts: int = 3) -> UUID:
+        job_id = uuid.UUID(int=next(self._order) + 1)
+        self.jobs[job_id] = FakeJob(job_id, type, {} if payload is None else payload, max_attempts)
+        return job_id
+
+    def status(self, job_id: UUID) -> Status:
+        return self.jobs[job_id].status
+
+    def _check(self) -> None:
+        if self.down:
+            self.failed_calls += 1
+            raise DatabaseDown("connection refused")
+
+    async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
+        await asyncio.sleep(0)  # a round trip yields to the loop
+        self._check()
+        self.on_claim(n)
+        self.claims.append(n)
+        now = self.clock()
+        due = [j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now]
+        claimed = []
+        for job in due[:n]:
+            job.status = Status.PROCESSING
+            job.attempts += 1
+            job.lease_token += 1
+            job.locked_until = now + lease_seconds
+            claimed.append(
+                Claimed(
+                    job.id, job.type, job.payload, job.attempts, job.max_attempts, job.lease_token
+                )
+            )
+        return claimed
+
+    async def _write(
+        self, operation: str, leases: Sequence[Lease], apply: Callable[[FakeJob, int], None]
+    ) -> list[Lease]:
+        if self.write_gate is not None:
+            await self.write_gate.wait()
+        await asyncio.sleep(0)
+        self._check()
+        self.writes.append((operation, len(leases)))
+        lost = []
+        for i, lease in enumerate(leases):
+            job = self.jobs.get(lease.job_id)
+            if (
+                job is None
+                or job.status is not Status.PROCESSING
+                or job.lease_token != lease.lease_token
+            ):
+                lost.append(lease)
+                continue
+            job.locked_until = None
+            apply(job, i)
+        return lost
+
+    async def complete(self, leases: Sequence[Lease]) -> list[Lease]:
+        def apply(job: FakeJob, i: int) -> None:
+            job.status, job.last_error = Status.COMPLETED, None
+
+        return await self._write("complete", leases, apply)
+
+    async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
+        def apply(job: FakeJob, i: int) -> None:
+            job.status, job.last_error = Status.FAILED, errors[i]
+
+        return await self._write("fail", leases, apply)
+
+    async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
+        def apply(job: FakeJob, i: int) -> None:
+            job.status, job.last_error = Status.DEAD_LETTER, errors[i]
+
+        return await self._write("dead_letter", leases, apply)
+
+    async def retry_later(
+        self, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
+    ) -> list[Lease]:
+        def apply(job: FakeJob, i: int) -> None:
+            job.status, job.last_error, job.delay = Status.PENDING, errors[i], delays[i]
+            job.run_at = self.clock() + delays[i]
+
+        return await self._write("retry_later", leases, apply)
+
+    async def release(self, leases: Sequence[Lease]) -> list[Lease]:
+        def apply(job: FakeJob, i: int) -> None:
+            job.status, job.attempts = Status.PENDING, job.attempts - 1
+
+        return await self._write("release", leases, apply)
+
+    async def recover_expired(self) -> list[tuple[UUID, Status]]:
+        await asyncio.sleep(0)
+        self._check()
+        now = self.clock()
+        recovered = []
+        for job in self.jobs.values():
+            expired = job.locked_until is not None and job.locked_until < now
+            if job.status is Status.PROCESSING and expired:
+                job.status = (
+                    Status.DEAD_LETTER if job.attempts >= job.max_attempts else Status.PENDING
+                )
+                job.locked_until = None
+                recovered.append((job.id, job.status))
+        return recovered

@@ -1,0 +1,80 @@
+"""Job handlers for worker tests, loaded by real worker processes with
+`JOB_HANDLERS=tests.worker.handlers` (and PYTHONPATH at the repository root).
+
+Each execution appends one line `<event> <job_id> <attempt> <pid>` to the file
+named by $WORKER_TEST_LOG, with a single O_APPEND write, so lines from many
+processes never interleave. Tests read that file as the execution log
+(`tests.worker.support.read_log`); they do not import this module themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from jobcore import JobContext, PermanentError, handler
+
+
+def note(event: str, ctx: JobContext) -> None:
+    path = os.environ.get("WORKER_TEST_LOG")
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{event} {ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@handler("test.record")
+async def record(payload: Any, ctx: JobContext) -> None:
+    """Note the run, then sleep payload["seconds"] (default 0)."""
+    note("run", ctx)
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+    note("done", ctx)
+
+
+@handler("test.block")
+async def block(payload: Any, ctx: JobContext) -> None:
+    """Hang on the first `block_attempts` attempts (default 1); succeed after that."""
+    note("run", ctx)
+    if ctx.attempt <= int(payload.get("block_attempts", 1)):
+        await asyncio.sleep(3600)
+
+
+@handler("test.crash")
+def crash(payload: Any, ctx: JobContext) -> None:
+    """A poison pill: kills the whole worker process."""
+    note("run", ctx)
+    os._exit(1)
+
+
+@handler("test.fail")
+async def fail(payload: Any, ctx: JobContext) -> None:
+    note("run", ctx)
+    raise RuntimeError("this job always fails")
+
+
+@handler("test.permanent")
+async def permanent(payload: Any, ctx: JobContext) -> None:
+    note("run", ctx)
+    raise PermanentError("this job can never succeed")
+
+
+@handler("test.flag")
+def flag(payload: Any, ctx: JobContext) -> None:
+    """Fails while the file payload["path"] exists."""
+    note("run", ctx)
+    if Path(payload["path"]).exists():
+        raise RuntimeError("the flag file is still there")
+
+
+@handler("test.sleep_sync")
+def sleep_sync(payload: Any, ctx: JobContext) -> None:
+    """A plain def handler that cannot be cancelled: sleeps payload["seconds"] in its thread."""
+    note("run", ctx)
+    time.sleep(float(payload.get("seconds", 0)))
+    note("done", ctx)

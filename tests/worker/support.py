@@ -1,0 +1,137 @@
+"""Helpers for tests that run the real `jobqueue-worker`: environment, jobs, logs, HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import httpx
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobcore import store
+from jobcore.ids import new_id
+from jobcore.schema import jobs
+from tests.procs import Service, free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class Worker(Service):
+    """A running `jobqueue-worker` with its metrics port and execution log."""
+
+    def __init__(self, env: dict[str, str], port: int, exec_log: Path) -> None:
+        super().__init__("jobqueue-worker", env)
+        self.port = port
+        self.exec_log = exec_log
+
+    def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
+        return httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=timeout)
+
+    def status_of(self, path: str) -> int | None:
+        """The HTTP status of `path`, or None while nothing answers."""
+        try:
+            return self.get(path).status_code
+        except httpx.HTTPError:
+            return None
+
+    def messages(self, msg: str) -> list[dict[str, Any]]:
+        return [line for line in self.logs() if line.get("msg") == msg]
+
+    def child_pids(self) -> list[int]:
+        """Pids of worker processes that logged their start, in order."""
+        return [line["pid"] for line in self.messages("worker process started")]
+
+
+def start_worker(database_url: str, tmp_path: Path, **overrides: str) -> Worker:
+    """Start a worker with test-friendly defaults; `overrides` are environment variables."""
+    port = free_port()
+    exec_log = tmp_path / "executions.log"
+    env = {
+        "DATABASE_URL": database_url,
+        "METRICS_ADDR": f"127.0.0.1:{port}",
+        "WORKER_PROCESSES": "1",
+        "WORKERS": "4",
+        "POLL_INTERVAL": "0.2s",
+        "RECOVERY_INTERVAL": "1s",
+        "JOB_HANDLERS": "tests.worker.handlers",
+        "PYTHONPATH": str(ROOT),
+        "WORKER_TEST_LOG": str(exec_log),
+        "LOG_LEVEL": "info",
+        # Unset (empty): the worker makes a fresh metrics directory of its own.
+        "PROMETHEUS_MULTIPROC_DIR": "",
+        **overrides,
+    }
+    return Worker(env, port, exec_log)
+
+
+def read_log(path: Path) -> list[tuple[str, str, int, int]]:
+    """The execution log written by tests.worker.handlers: (event, job_id, attempt, pid)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        event, job_id, attempt, pid = line.split()
+        rows.append((event, job_id, int(attempt), int(pid)))
+    return rows
+
+
+async def submit(
+    engine: AsyncEngine, type: str, payload: Any = None, max_attempts: int = 3, count: int = 1
+) -> list[UUID]:
+    ids = []
+    async with engine.begin() as conn:
+        for _ in range(count):
+            job, _created = await store.submit(
+                conn, store.NewJob(new_id(), type, {} if payload is None else payload, max_attempts)
+            )
+            ids.append(job.id)
+    return ids
+
+
+async def fetch(engine: AsyncEngine, ids: list[UUID]) -> dict[UUID, store.Job]:
+    found = {}
+    async with engine.connect() as conn:
+        for job_id in ids:
+            job = await store.get(conn, job_id)
+            assert job is not None
+            found[job_id] = job
+    return found
+
+
+async def count_by_status(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status))
+        return {status: n for status, n in rows}
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[Any]], within: float, what: str, interval: float = 0.1
+) -> Any:
+    """Await `predicate` until it returns something truthy; fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def until(predicate: Callable[[], Any], within: float, what: str) -> Any:
+    """Like `eventually` for a plain (non-async) predicate, without blocking the loop."""
+
+    async def check() -> Any:
+        return predicate()
+
+    return await eventually(check, within, what)
+
+
+async def all_in(engine: AsyncEngine, ids: list[UUID], status: str) -> bool:
+    found = await fetch(engine, ids)
+    return all(job.status == status for job in found.values())

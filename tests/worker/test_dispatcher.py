@@ -1,0 +1,105 @@
+"""The dispatcher over an in-memory store: slots bound concurrency, claims match free slots."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from jobcore import JobContext, handler
+from jobcore.states import Status
+from tests.worker.fakestore import FakeStore
+from tests.worker.stack import Stack
+from tests.worker.support import until
+
+_running = 0
+_most = 0
+
+
+@handler("unit.dispatch.concurrent")
+async def concurrent(payload: Any, ctx: JobContext) -> None:
+    global _running, _most
+    _running += 1
+    _most = max(_most, _running)
+    try:
+        await asyncio.sleep(payload["seconds"])
+    finally:
+        _running -= 1
+
+
+def _all_done(store: FakeStore) -> bool:
+    return all(job.status is Status.COMPLETED for job in store.jobs.values())
+
+
+async def test_never_more_than_workers_jobs_run_at_once_and_every_claim_runs():
+    global _most
+    _most = 0
+    store = FakeStore()
+    for i in range(40):
+        store.add("unit.dispatch.concurrent", {"seconds": 0.002 * (i % 7)})
+    async with Stack(store, slots=3) as stack:
+        await until(lambda: _all_done(store), 20, "every job completed")
+        assert stack.executor.running == 0
+    assert _most == 3  # the slots were used to the full, never beyond
+    # Every claimed job was handed to a slot: the claims took exactly the jobs that completed.
+    assert all(job.attempts == 1 for job in store.jobs.values())
+
+
+async def test_claim_asks_for_exactly_the_free_slots():
+    store = FakeStore()
+    for i in range(30):
+        store.add("unit.dispatch.concurrent", {"seconds": 0.003 * (i % 5)})
+    stack = Stack(store, slots=4)
+    free_at_claim: list[int] = []
+    store.on_claim = lambda n: free_at_claim.append(stack.executor.free)
+    async with stack:
+        await until(lambda: _all_done(store), 20, "every job completed")
+    assert store.claims == free_at_claim
+    assert all(1 <= n <= 4 for n in store.claims)
+    assert any(n < 4 for n in store.claims)  # slots freed one by one were refilled one by one
+
+
+async def test_a_freed_slot_after_a_full_claim_claims_again_without_waiting_for_the_poll():
+    store = FakeStore()
+    for _ in range(12):
+        store.add("unit.dispatch.concurrent", {"seconds": 0.01})
+    started = time.monotonic()
+    async with Stack(store, slots=2, poll_interval=60.0):
+        await until(lambda: _all_done(store), 20, "every job completed")
+    assert time.monotonic() - started < 10  # far below one 60 s poll interval
+
+
+async def test_wake_cuts_the_idle_wait_short():
+    store = FakeStore()
+    async with Stack(store, slots=2, poll_interval=60.0) as stack:
+        await until(lambda: store.claims, 5, "the first, empty claim")
+        job = store.add("unit.dispatch.concurrent", {"seconds": 0})
+        await asyncio.sleep(0.1)
+        assert store.status(job) is Status.PENDING  # idle: waiting out the poll interval
+        stack.dispatcher.wake()
+        await until(lambda: store.status(job) is Status.COMPLETED, 5, "the job after wake()")
+
+
+async def test_a_failing_claim_backs_off_and_resumes_by_itself():
+    store = FakeStore()
+    store.down = True
+    async with Stack(store, slots=2, poll_interval=0.01):
+        await asyncio.sleep(1.0)
+        # Polling every 10 ms would be ~100 attempts; backoff keeps an outage quiet.
+        assert 2 <= store.failed_calls <= 6
+        job = store.add("unit.dispatch.concurrent", {"seconds": 0})
+        store.down = False
+        await until(lambda: store.status(job) is Status.COMPLETED, 10, "the job after the outage")
+
+
+async def test_stop_claims_nothing_more():
+    store = FakeStore()
+    async with Stack(store, slots=2, poll_interval=0.02) as stack:
+        await until(lambda: store.claims, 5, "the first claim")
+        stack.dispatcher.stop()
+        await asyncio.sleep(0.1)
+        claims = len(store.claims)
+        job = store.add("unit.dispatch.concurrent", {"seconds": 0})
+        await asyncio.sleep(0.2)
+        assert len(store.claims) == claims
+        assert store.status(job) is Status.PENDING

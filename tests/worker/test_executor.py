@@ -1,0 +1,197 @@
+"""Executor over an in-memory store: one outcome per attempt, whatever the handler does,
+and shutdown semantics (finish within SHUTDOWN_TIMEOUT, then release)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from jobcore import JobContext, PermanentError, handler
+from jobcore.states import Status
+from tests.worker.fakestore import FakeStore
+from tests.worker.stack import Stack
+from tests.worker.support import until
+
+seen: dict[str, Any] = {}
+
+
+@handler("unit.exec.ok")
+async def ok(payload: Any, ctx: JobContext) -> None:
+    seen["ctx"] = ctx
+
+
+@handler("unit.exec.permanent")
+async def permanent(payload: Any, ctx: JobContext) -> None:
+    raise PermanentError("bad input")
+
+
+@handler("unit.exec.boom")
+async def boom(payload: Any, ctx: JobContext) -> None:
+    raise ValueError("boom\x00with a NUL")
+
+
+@handler("unit.exec.slow")
+async def slow(payload: Any, ctx: JobContext) -> None:
+    await asyncio.sleep(payload["seconds"])
+
+
+@handler("unit.exec.thread")
+def in_thread(payload: Any, ctx: JobContext) -> None:
+    seen["thread"] = threading.current_thread()
+    time.sleep(payload.get("seconds", 0))
+
+
+@handler("unit.exec.stubborn")
+async def stubborn(payload: Any, ctx: JobContext) -> None:
+    """Swallows the first cancellation and keeps going for a while: slow to honour it."""
+    try:
+        await asyncio.sleep(payload["seconds"])
+    except asyncio.CancelledError:
+        await asyncio.sleep(payload["seconds"])
+
+
+_RAISERS = {
+    "system-exit": SystemExit(3),
+    "keyboard-interrupt": KeyboardInterrupt(),
+    "cancelled": asyncio.CancelledError(),
+    "generator-exit": GeneratorExit(),
+}
+
+
+@handler("unit.exec.raise-base")
+async def raise_base(payload: Any, ctx: JobContext) -> None:
+    raise _RAISERS[payload["what"]]
+
+
+@handler("unit.exec.raise-base-in-thread")
+def raise_base_in_thread(payload: Any, ctx: JobContext) -> None:
+    raise _RAISERS[payload["what"]]
+
+
+@handler("unit.exec.cancel-self")
+async def cancel_self(payload: Any, ctx: JobContext) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    await asyncio.sleep(1)
+
+
+async def _run_until_settled(store: FakeStore, **stack: Any) -> None:
+    def settled() -> bool:
+        return all(j.status is not Status.PROCESSING and j.attempts for j in store.jobs.values())
+
+    async with Stack(store, **stack):
+        await until(settled, 20, "every job attempted once and recorded")
+
+
+async def test_success_completes_and_the_handler_gets_its_context():
+    store = FakeStore()
+    job = store.add("unit.exec.ok", max_attempts=4)
+    await _run_until_settled(store)
+    assert store.status(job) is Status.COMPLETED
+    ctx = seen["ctx"]
+    assert (ctx.job_id, ctx.type, ctx.attempt, ctx.max_attempts) == (job, "unit.exec.ok", 1, 4)
+    assert ctx.lease_token == store.jobs[job].lease_token
+
+
+async def test_permanent_error_and_unknown_type_fail_at_once():
+    store = FakeStore()
+    perm = store.add("unit.exec.permanent", max_attempts=5)
+    unknown = store.add("unit.exec.no-such-type", max_attempts=5)
+    await _run_until_settled(store)
+    assert store.status(perm) is Status.FAILED
+    assert store.jobs[perm].last_error == "PermanentError: bad input"
+    assert store.status(unknown) is Status.FAILED
+    assert "no handler" in (store.jobs[unknown].last_error or "")
+    assert store.jobs[perm].attempts == store.jobs[unknown].attempts == 1
+
+
+async def test_retryable_error_retries_with_backoff_then_dead_letters_on_the_last_attempt():
+    store = FakeStore()
+    first = store.add("unit.exec.boom", max_attempts=3)
+    last = store.add("unit.exec.boom", max_attempts=1)
+    await _run_until_settled(store, backoff_base=10.0, backoff_max=60.0)
+    retried = store.jobs[first]
+    assert retried.status is Status.PENDING
+    assert retried.delay is not None and 5.0 <= retried.delay <= 10.0  # attempt 1: [c/2, c], c=10
+    assert retried.last_error == "ValueError: boom\\x00with a NUL"  # storable in TEXT
+    assert store.status(last) is Status.DEAD_LETTER
+
+
+async def test_timeout_is_retryable():
+    store = FakeStore()
+    job = store.add("unit.exec.slow", {"seconds": 30}, max_attempts=2)
+    started = time.monotonic()
+    await _run_until_settled(store, job_timeout=0.2, backoff_base=30.0)
+    assert time.monotonic() - started < 10
+    assert store.status(job) is Status.PENDING
+    assert "timed out after 0.2s" in (store.jobs[job].last_error or "")
+
+
+async def test_plain_def_handler_runs_in_a_thread():
+    store = FakeStore()
+    job = store.add("unit.exec.thread")
+    await _run_until_settled(store)
+    assert store.status(job) is Status.COMPLETED
+    assert seen["thread"] is not threading.main_thread()
+
+
+@pytest.mark.parametrize("what", sorted(_RAISERS))
+async def test_base_exceptions_from_handlers_are_retried_and_never_kill_the_loop(what):
+    store = FakeStore()
+    in_task = store.add("unit.exec.raise-base", {"what": what})
+    in_thread = store.add("unit.exec.raise-base-in-thread", {"what": what})
+    self_cancelled = store.add("unit.exec.cancel-self")
+    after = store.add("unit.exec.ok")
+    await _run_until_settled(store, slots=1, backoff_base=30.0)
+    for job in (in_task, in_thread, self_cancelled):
+        assert store.status(job) is Status.PENDING, store.jobs[job]
+        assert store.jobs[job].attempts == 1
+    assert store.status(after) is Status.COMPLETED  # the loop went on
+
+
+async def test_slot_is_freed_only_after_the_outcome_is_recorded():
+    store = FakeStore()
+    store.write_gate = asyncio.Event()
+    job = store.add("unit.exec.ok")
+    async with Stack(store, slots=1) as stack:
+        await until(lambda: "ctx" in seen and seen["ctx"].job_id == job, 5, "the handler ran")
+        await asyncio.sleep(0.1)
+        assert stack.executor.free == 0  # handler done, write pending: slot still held
+        store.write_gate.set()
+        await until(lambda: stack.executor.free == 1, 5, "the slot freed after the write")
+    assert store.status(job) is Status.COMPLETED
+
+
+async def test_shutdown_lets_running_jobs_finish_within_shutdown_timeout():
+    store = FakeStore()
+    jobs = [store.add("unit.exec.slow", {"seconds": 0.3}) for _ in range(2)]
+    stack = Stack(store, slots=2, poll_interval=0.02)
+    async with stack:
+        await until(lambda: stack.executor.running == 2, 5, "both jobs running")
+        late = store.add("unit.exec.ok")
+        await stack.shutdown(5.0)
+    assert [store.status(j) for j in jobs] == [Status.COMPLETED, Status.COMPLETED]
+    assert store.status(late) is Status.PENDING and store.jobs[late].attempts == 0
+
+
+async def test_shutdown_releases_jobs_past_shutdown_timeout_without_spending_an_attempt():
+    store = FakeStore()
+    cooperative = store.add("unit.exec.slow", {"seconds": 60})
+    stubborn_job = store.add("unit.exec.stubborn", {"seconds": 60})
+    threaded = store.add("unit.exec.thread", {"seconds": 3})
+    stack = Stack(store, slots=3, job_timeout=120.0, cancel_grace=0.2)
+    async with stack:
+        await until(lambda: stack.executor.running == 3, 5, "all three jobs running")
+        started = time.monotonic()
+        await stack.shutdown(0.3)
+        # Neither a handler that ignores cancellation nor a thread holds the shutdown.
+        assert time.monotonic() - started < 2.0
+    for job in (cooperative, stubborn_job, threaded):
+        assert store.status(job) is Status.PENDING
+        assert store.jobs[job].attempts == 0
+    assert sum(n for op, n in store.writes if op == "release") == 3
