@@ -1,0 +1,394 @@
+"""The invariant checker: pure functions over what a chaos run left behind.
+
+Inputs: the final `jobs` rows, the client's acknowledgements, the handlers'
+execution records (`tests.chaos.handlers`), the workers' JSON log lines
+(`job finished`, `lease lost`) and the faults that were injected. Output: the
+violated invariants (each one sentence) and the summary table.
+
+The guarantees checked (SPEC §10):
+- every acknowledged job reached a resting state (completed, failed, dead_letter): none lost;
+- no job is left `processing` with an expired lease; no idempotency key made two jobs;
+- no outcome was written by a stale lease: a write that applied although a newer
+  claim of the job had started before the attempt even ended;
+- no two executions of a job overlapped while both held a valid lease;
+- every re-execution is explained: a retry, a shutdown release, a crash (its
+  process was killed), a pause past the lease, or a lost lease;
+- attempts never exceed max_attempts, and a dead-lettered job used all of them;
+- a completed (failed) job's final lease belongs to an execution that returned
+  (raised PermanentError).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+AT_REST = ("completed", "failed", "dead_letter")
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    type: str
+    status: str
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    idempotency_key: str | None
+    lease_expired: bool = False  # locked_until < now() when the rows were read
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A 201 (created) or 200 (replayed) answer to a submission."""
+
+    key: str
+    job_id: str
+    status_code: int
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str
+    injected_at: float
+    healed_at: float | None = None  # when the fault was removed (restart, resume, pass-through)
+    recovered_at: float | None = None  # when the system was serving and completing again
+    killed_pids: tuple[int, ...] = ()
+    paused_pids: tuple[int, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class Execution:
+    """One attempt as its handler saw it, keyed by (job_id, lease_token)."""
+
+    job_id: str
+    lease_token: int
+    attempt: int
+    max_attempts: int
+    type: str
+    pid: int
+    start: float
+    end: float | None = None
+    outcome: str | None = None  # ok | error | permanent | cancelled; None if it never ended
+
+
+@dataclass
+class Write:
+    """What a worker logged about the outcome write of one lease."""
+
+    job_id: str
+    lease_token: int
+    # From `job finished`: completed | failed | dead_letter | retried | released.
+    outcome: str | None = None
+    finished_at: float | None = None
+    lost: bool = False  # a `lease lost` line: the write matched no row
+    lost_at: float | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome is not None and not self.lost
+
+
+@dataclass
+class Report:
+    violations: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# --- parsing ---------------------------------------------------------------------
+
+
+def log_time(text: str) -> float:
+    """The `time` field of a service log line (`2026-11-30T12:00:00.123Z`) as epoch seconds."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+def executions(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Execution]:
+    """Pair the handlers' start and end records by (job_id, lease_token)."""
+    found: dict[tuple[str, int], Execution] = {}
+    for r in sorted(records, key=lambda r: (r["event"] != "start", r["t"])):
+        key = (r["job_id"], int(r["lease_token"]))
+        if r["event"] == "start":
+            found[key] = Execution(
+                r["job_id"],
+                int(r["lease_token"]),
+                int(r["attempt"]),
+                int(r["max_attempts"]),
+                r["type"],
+                int(r["pid"]),
+                float(r["t"]),
+            )
+        elif key in found:
+            found[key].end, found[key].outcome = float(r["t"]), r["outcome"]
+    return found
+
+
+def writes(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Write]:
+    """The workers' `job finished` and `lease lost` lines, by (job_id, lease_token)."""
+    found: dict[tuple[str, int], Write] = {}
+    for e in entries:
+        msg = e.get("msg")
+        if msg not in ("job finished", "lease lost") or "lease_token" not in e:
+            continue
+        key = (str(e["job_id"]), int(e["lease_token"]))
+        w = found.setdefault(key, Write(*key))
+        if msg == "job finished":
+            w.outcome, w.finished_at = e.get("outcome"), log_time(e["time"])
+        else:
+            w.lost, w.lost_at = True, log_time(e["time"])
+    return found
+
+
+# --- the checks --------------------------------------------------------------------
+
+
+def check(
+    rows: Sequence[JobRow],
+    acks: Sequence[Ack],
+    records: Iterable[Mapping[str, Any]],
+    log_entries: Iterable[Mapping[str, Any]],
+    faults: Sequence[Fault],
+    *,
+    lease_duration: float,
+    tolerance: float = 0.5,
+) -> Report:
+    """Every invariant over one run; see the module docstring."""
+    report = Report()
+    bad = report.violations
+    by_id = {row.id: row for row in rows}
+    execs = executions(records)
+    logged = writes(log_entries)
+    per_job: dict[str, list[Execution]] = defaultdict(list)
+    for e in execs.values():
+        per_job[e.job_id].append(e)
+    for runs in per_job.values():
+        runs.sort(key=lambda e: e.lease_token)
+    killed = {pid for f in faults for pid in f.killed_pids}
+    paused = {pid for f in faults for pid in f.paused_pids}
+
+    lost = _check_acknowledged(by_id, acks, bad)
+    _check_rows(rows, bad)
+    stale = _check_stale_writes(per_job, logged, by_id, bad)
+    _check_overlaps(per_job, lease_duration, tolerance, bad)
+    causes, after_success = _explain_reruns(per_job, logged, killed, paused, bad)
+    _check_attempts(rows, execs, bad)
+    _check_final_lease(rows, execs, bad)
+
+    statuses = Counter(row.status for row in rows if row.id in {a.job_id for a in acks})
+    duplicates = {cause: n for cause, n in causes.items() if cause != "retry"}
+    report.summary = {
+        "jobs_submitted": len({a.job_id for a in acks}),
+        "completed": statuses["completed"],
+        "failed": statuses["failed"],
+        "dead_lettered": statuses["dead_letter"],
+        "lost": lost,
+        "executions": len(execs),
+        "retries": causes.get("retry", 0),
+        "duplicate_executions": sum(duplicates.values()),
+        "duplicate_causes": dict(sorted(duplicates.items())),
+        "duplicates_after_success": after_success,
+        "stale_writes_rejected": stale["rejected"],
+        "stale_writes_rejected_by_token": stale["by_token"],
+        "stale_writes_applied": stale["applied"],
+        "claims_without_execution_record": _token_gaps(rows, per_job),
+        "faults_injected": dict(sorted(Counter(f.kind for f in faults).items())),
+        "recovery_seconds": recovery_table(faults),
+        "outcomes_by_type": _outcomes_by_type(rows),
+        "violations": len(bad),
+    }
+    for f in faults:
+        if f.recovered_at is None:
+            bad.append(f"no recovery after fault {f.kind} on {f.target} {f.note}".strip())
+    report.summary["violations"] = len(bad)
+    return report
+
+
+def _check_acknowledged(by_id: Mapping[str, JobRow], acks: Sequence[Ack], bad: list[str]) -> int:
+    lost = 0
+    ids_by_key: dict[str, set[str]] = defaultdict(set)
+    for ack in acks:
+        ids_by_key[ack.key].add(ack.job_id)
+    for key, ids in ids_by_key.items():
+        if len(ids) > 1:
+            bad.append(f"idempotency key {key} was acknowledged with {len(ids)} different jobs")
+    for job_id in {ack.job_id for ack in acks}:
+        row = by_id.get(job_id)
+        if row is None:
+            lost += 1
+            bad.append(f"job {job_id} was acknowledged but is not in the database")
+        elif row.status not in AT_REST:
+            lost += 1
+            bad.append(f"job {job_id} was acknowledged but ended {row.status}, not at rest")
+    return lost
+
+
+def _check_rows(rows: Sequence[JobRow], bad: list[str]) -> None:
+    keys = Counter(row.idempotency_key for row in rows if row.idempotency_key is not None)
+    for key, n in keys.items():
+        if n > 1:
+            bad.append(f"idempotency key {key} created {n} jobs")
+    for row in rows:
+        if row.status == "processing" and row.lease_expired:
+            bad.append(f"job {row.id} is processing with an expired lease")
+
+
+def _check_stale_writes(
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+    by_id: Mapping[str, JobRow],
+    bad: list[str],
+) -> dict[str, int]:
+    """Applied writes made after a newer claim started are violations; count the rejected ones.
+
+    A rejected write counts `by_token` when, at that moment, the job was held by a
+    newer claim that had not written yet: only the lease-token condition could reject it.
+    """
+    rejected = by_token = applied = 0
+    for (job_id, token), w in logged.items():
+        newer = [e for e in per_job.get(job_id, []) if e.lease_token > token]
+        mine = next((e for e in per_job.get(job_id, []) if e.lease_token == token), None)
+        if w.applied:
+            ended = mine.end if mine is not None and mine.end is not None else w.finished_at
+            assert ended is not None
+            early = [e for e in newer if e.start < ended]
+            if early:
+                applied += 1
+                bad.append(
+                    f"stale write applied: job {job_id} lease {token} wrote {w.outcome} after "
+                    f"lease {early[0].lease_token} had claimed it"
+                )
+            elif w.outcome in AT_REST and newer:
+                bad.append(
+                    f"job {job_id} ran again (lease {newer[0].lease_token}) after lease {token} "
+                    f"wrote {w.outcome}"
+                )
+        elif w.lost and w.lost_at is not None:
+            if any(e.start <= w.lost_at + 0.001 for e in newer):
+                rejected += 1
+            if any(
+                e.start <= w.lost_at + 0.001 and w.lost_at <= _wrote_at(e, logged) + 0.001
+                for e in newer
+            ):
+                by_token += 1
+    return {"rejected": rejected, "by_token": by_token, "applied": applied}
+
+
+def _wrote_at(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float:
+    """When execution `e`'s own outcome write happened, at the latest."""
+    w = logged.get((e.job_id, e.lease_token))
+    if w is not None and w.finished_at is not None:
+        return w.finished_at
+    return float("inf")
+
+
+def _check_overlaps(
+    per_job: Mapping[str, list[Execution]], lease: float, tolerance: float, bad: list[str]
+) -> None:
+    """A lease is valid from its claim (just before `start`) until it expires or the attempt
+    ends; a newer execution must not start inside that window."""
+    for job_id, runs in per_job.items():
+        for i, a in enumerate(runs):
+            valid_until = min(a.end if a.end is not None else float("inf"), a.start + lease)
+            for b in runs[i + 1 :]:
+                overlap = valid_until - b.start
+                if overlap > tolerance:
+                    bad.append(
+                        f"job {job_id}: lease {b.lease_token} started {overlap:.2f}s before "
+                        f"lease {a.lease_token} ended or expired"
+                    )
+
+
+def _explain_reruns(
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+    killed: set[int],
+    paused: set[int],
+    bad: list[str],
+) -> tuple[Counter[str], int]:
+    """Why each execution after a job's first one happened; unexplained ones are violations."""
+    causes: Counter[str] = Counter()
+    after_success = 0
+    for job_id, runs in per_job.items():
+        for a, b in itertools.pairwise(runs):
+            w = logged.get((a.job_id, a.lease_token))
+            if w is not None and w.applied and w.outcome == "retried":
+                cause = "retry"
+            elif w is not None and w.applied and w.outcome == "released":
+                cause = "shutdown release"
+            elif a.pid in killed and (w is None or w.outcome is None):
+                cause = "crash"
+            elif a.pid in paused:
+                cause = "paused past lease"
+            elif w is not None and w.lost:
+                cause = "lease lost"
+            else:
+                bad.append(
+                    f"job {job_id}: lease {b.lease_token} re-ran the job after lease "
+                    f"{a.lease_token} without a crash, pause, lost lease or retry to explain it"
+                )
+                continue
+            causes[cause] += 1
+            if cause != "retry" and a.outcome == "ok":
+                after_success += 1
+    return causes, after_success
+
+
+def _check_attempts(
+    rows: Sequence[JobRow], execs: Mapping[tuple[str, int], Execution], bad: list[str]
+) -> None:
+    for row in rows:
+        if row.attempts > row.max_attempts:
+            bad.append(f"job {row.id} has {row.attempts} attempts of {row.max_attempts}")
+        if row.status == "dead_letter" and row.attempts != row.max_attempts:
+            used = f"{row.attempts} of {row.max_attempts}"
+            bad.append(f"job {row.id} was dead-lettered after {used} attempts")
+    for e in execs.values():
+        if e.attempt > e.max_attempts or e.attempt < 1:
+            bad.append(f"job {e.job_id} ran attempt {e.attempt} of {e.max_attempts}")
+
+
+def _check_final_lease(
+    rows: Sequence[JobRow], execs: Mapping[tuple[str, int], Execution], bad: list[str]
+) -> None:
+    expected = {"completed": "ok", "failed": "permanent"}
+    for row in rows:
+        want = expected.get(row.status)
+        if want is None:
+            continue
+        e = execs.get((row.id, row.lease_token))
+        if e is None or e.outcome != want:
+            got = "no execution" if e is None else f"an execution that ended {e.outcome}"
+            bad.append(
+                f"job {row.id} is {row.status} under lease {row.lease_token}, which had {got}"
+            )
+
+
+def _token_gaps(rows: Sequence[JobRow], per_job: Mapping[str, list[Execution]]) -> int:
+    """Claims whose execution never recorded a start (the process died in between)."""
+    return sum(max(0, row.lease_token - len(per_job.get(row.id, []))) for row in rows)
+
+
+def _outcomes_by_type(rows: Sequence[JobRow]) -> dict[str, dict[str, int]]:
+    table: dict[str, Counter[str]] = defaultdict(Counter)
+    for row in rows:
+        table[row.type][row.status] += 1
+    return {t: dict(sorted(c.items())) for t, c in sorted(table.items())}
+
+
+def recovery_table(faults: Sequence[Fault]) -> dict[str, dict[str, float]]:
+    """Seconds from each fault's removal (or injection) to recovery: p50 and max by kind."""
+    times: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.recovered_at is not None:
+            times[f.kind].append(f.recovered_at - (f.healed_at or f.injected_at))
+    return {
+        kind: {"p50": round(statistics.median(v), 2), "max": round(max(v), 2)}
+        for kind, v in sorted(times.items())
+    }

@@ -1,0 +1,225 @@
+"""The invariant checker, proven on hand-built runs: each broken guarantee is caught."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.chaos.checker import Ack, Fault, JobRow, check, recovery_table
+
+LEASE = 8.0
+T0 = 1_800_000_000.0
+
+
+def row(job_id: str, status: str, attempts: int = 1, token: int = 1, **kw: Any) -> JobRow:
+    defaults: dict[str, Any] = {"type": "chaos-fast", "max_attempts": 3, "idempotency_key": None}
+    return JobRow(job_id, status=status, attempts=attempts, lease_token=token, **defaults | kw)
+
+
+def run(
+    job_id: str, token: int, start: float, end: float | None, outcome: str | None, pid: int = 100
+) -> list[dict[str, Any]]:
+    """The start (and end) records of one execution, at T0 + seconds."""
+    base = {
+        "job_id": job_id,
+        "type": "chaos-fast",
+        "attempt": token,
+        "max_attempts": 3,
+        "lease_token": token,
+        "pid": pid,
+    }
+    records = [{**base, "event": "start", "t": T0 + start, "outcome": None}]
+    if end is not None:
+        records.append({**base, "event": "end", "t": T0 + end, "outcome": outcome})
+    return records
+
+
+def stamp(seconds: float) -> str:
+    moment = datetime.fromtimestamp(T0 + seconds, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def finished(job_id: str, token: int, at: float, outcome: str) -> dict[str, Any]:
+    return {
+        "msg": "job finished",
+        "job_id": job_id,
+        "lease_token": token,
+        "outcome": outcome,
+        "time": stamp(at),
+    }
+
+
+def lost(job_id: str, token: int, at: float) -> dict[str, Any]:
+    return {"msg": "lease lost", "job_id": job_id, "lease_token": token, "time": stamp(at)}
+
+
+def acks(*ids: str) -> list[Ack]:
+    return [Ack(f"key-{i}", i, 201) for i in ids]
+
+
+def paused(pid: int) -> Fault:
+    return Fault("pause", "worker-0", T0, T0 + 10, T0 + 11, paused_pids=(pid,))
+
+
+def checked(rows: list[JobRow], records: list[Any], logs: list[Any], faults: Any = ()) -> Any:
+    return check(
+        rows, acks(*(r.id for r in rows)), records, logs, list(faults), lease_duration=LEASE
+    )
+
+
+def test_a_clean_run_with_a_retry_has_no_violations() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2), row("b", "failed", type="chaos-permanent")],
+        [*run("a", 1, 0, 0.1, "error"), *run("a", 2, 1, 1.1, "ok"),
+         *run("b", 1, 0, 0.1, "permanent")],
+        [finished("a", 1, 0.2, "retried"), finished("a", 2, 1.2, "completed"),
+         finished("b", 1, 0.2, "failed")],
+    )  # fmt: skip
+    assert report.violations == []
+    s = report.summary
+    assert (s["jobs_submitted"], s["completed"], s["failed"], s["lost"]) == (2, 1, 1, 0)
+    assert (s["retries"], s["duplicate_executions"]) == (1, 0)
+
+
+def test_a_stale_write_that_applied_is_a_violation() -> None:
+    # Lease 1 paused past its lease; lease 2 claimed the job; then lease 1 resumed and its
+    # complete applied (as it would without the lease-token condition), so lease 2's was lost.
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 12.0, "ok", pid=7), *run("a", 2, 10.0, 11.5, "ok", pid=8)],
+        [finished("a", 1, 12.01, "completed"), lost("a", 2, 11.6),
+         finished("a", 2, 11.6, "completed")],
+        [paused(7)],
+    )  # fmt: skip
+    assert any(v.startswith("stale write applied: job a lease 1") for v in report.violations)
+    assert report.summary["stale_writes_applied"] == 1
+
+
+def test_a_stale_write_rejected_by_its_lease_token_is_counted_not_a_violation() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 12.0, "ok", pid=7), *run("a", 2, 10.0, 13.0, "ok", pid=8)],
+        [lost("a", 1, 12.01), finished("a", 1, 12.01, "completed"),
+         finished("a", 2, 13.1, "completed")],
+        [paused(7)],
+    )  # fmt: skip
+    assert report.violations == []
+    s = report.summary
+    assert (s["stale_writes_rejected"], s["stale_writes_rejected_by_token"]) == (1, 1)
+    assert s["duplicate_causes"] == {"paused past lease": 1}
+    assert s["duplicates_after_success"] == 1
+
+
+def test_a_write_rejected_after_the_newer_claim_wrote_is_not_counted_as_fenced_by_token() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 14.0, "ok", pid=7), *run("a", 2, 10.0, 11.0, "ok", pid=8)],
+        [finished("a", 2, 11.1, "completed"), lost("a", 1, 14.1),
+         finished("a", 1, 14.1, "completed")],
+        [paused(7)],
+    )  # fmt: skip
+    assert report.violations == []
+    s = report.summary
+    assert (s["stale_writes_rejected"], s["stale_writes_rejected_by_token"]) == (1, 0)
+
+
+def test_an_acknowledged_job_missing_or_not_at_rest_is_lost() -> None:
+    rows = [row("a", "pending", attempts=0, token=0), row("b", "processing")]
+    report = check(rows, acks("a", "b", "c"), [], [], [], lease_duration=LEASE)
+    assert report.summary["lost"] == 3
+    assert any("job c was acknowledged but is not in the database" in v for v in report.violations)
+    assert any("job a was acknowledged but ended pending" in v for v in report.violations)
+
+
+def test_processing_with_an_expired_lease_is_a_violation() -> None:
+    report = checked([row("a", "processing", lease_expired=True)], run("a", 1, 0, None, None), [])
+    assert "job a is processing with an expired lease" in report.violations
+
+
+def test_two_executions_holding_valid_leases_at_once_are_a_violation() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 5.0, "ok", pid=7), *run("a", 2, 2.0, 2.5, "ok", pid=8)],
+        [lost("a", 1, 5.1), finished("a", 1, 5.1, "completed"), finished("a", 2, 2.6, "completed")],
+        [paused(7)],
+    )  # fmt: skip
+    assert any("lease 2 started 3.00s before lease 1 ended" in v for v in report.violations)
+
+
+def test_an_execution_past_its_lease_does_not_overlap_a_later_claim() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 20.0, "ok", pid=7), *run("a", 2, 9.0, 9.5, "ok", pid=8)],
+        [finished("a", 2, 9.6, "completed"), lost("a", 1, 20.1),
+         finished("a", 1, 20.1, "completed")],
+        [paused(7)],
+    )  # fmt: skip
+    assert report.violations == []
+
+
+def test_a_rerun_without_crash_pause_or_lost_lease_is_unexplained() -> None:
+    rows = [row("a", "completed", attempts=2, token=2)]
+    records = [*run("a", 1, 0, 0.1, "ok", pid=7), *run("a", 2, 9.0, 9.1, "ok", pid=8)]
+    report = checked(rows, records, [finished("a", 2, 9.2, "completed")])
+    assert any("re-ran the job after lease 1 without" in v for v in report.violations)
+    killed = Fault("kill_child", "worker-0", T0 + 0.15, None, T0 + 2, killed_pids=(7,))
+    report = checked(rows, records, [finished("a", 2, 9.2, "completed")], [killed])
+    assert report.violations == []
+    assert report.summary["duplicate_causes"] == {"crash": 1}
+
+
+def test_a_job_that_ran_again_after_its_terminal_write_is_a_violation() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 0.1, "ok"), *run("a", 2, 9.0, 9.1, "ok")],
+        [finished("a", 1, 0.2, "completed"), finished("a", 2, 9.2, "completed")],
+    )  # fmt: skip
+    assert any("ran again (lease 2) after lease 1 wrote completed" in v for v in report.violations)
+
+
+def test_attempts_beyond_max_attempts_and_early_dead_letters_are_violations() -> None:
+    report = checked(
+        [row("a", "dead_letter", attempts=2, token=2), row("b", "completed", attempts=4, token=4)],
+        [*run("b", 4, 0, 0.1, "ok")],
+        [finished("b", 4, 0.2, "completed")],
+    )  # fmt: skip
+    assert "job a was dead-lettered after 2 of 3 attempts" in report.violations
+    assert "job b has 4 attempts of 3" in report.violations
+    assert "job b ran attempt 4 of 3" in report.violations
+
+
+def test_a_completed_job_whose_final_lease_did_not_succeed_is_a_violation() -> None:
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 0.1, "error"), *run("a", 2, 1.0, 3.0, "cancelled")],
+        [finished("a", 1, 0.2, "retried"), finished("a", 2, 3.1, "retried")],
+    )  # fmt: skip
+    assert any(
+        "job a is completed under lease 2, which had an execution that ended cancelled" in v
+        for v in report.violations
+    )
+
+
+def test_one_key_making_two_jobs_is_a_violation() -> None:
+    rows = [
+        row("a", "completed", idempotency_key="k"),
+        row("b", "completed", idempotency_key="k"),
+    ]
+    records = [*run("a", 1, 0, 0.1, "ok"), *run("b", 1, 0, 0.1, "ok")]
+    logs = [finished("a", 1, 0.2, "completed"), finished("b", 1, 0.2, "completed")]
+    report = check(
+        rows, [Ack("k", "a", 201), Ack("k", "b", 201)], records, logs, [], lease_duration=LEASE
+    )
+    assert "idempotency key k created 2 jobs" in report.violations
+    assert "idempotency key k was acknowledged with 2 different jobs" in report.violations
+
+
+def test_a_fault_the_system_never_recovered_from_is_a_violation() -> None:
+    faults = [
+        Fault("kill_child", "worker-0", T0, None, T0 + 2.0),
+        Fault("kill_child", "worker-1", T0, None, T0 + 4.0),
+        Fault("pg_restart_fast", "postgres", T0, T0 + 1, None),
+    ]
+    report = check([], [], [], [], faults, lease_duration=LEASE)
+    assert report.violations == ["no recovery after fault pg_restart_fast on postgres"]
+    assert recovery_table(faults) == {"kill_child": {"p50": 3.0, "max": 4.0}}
