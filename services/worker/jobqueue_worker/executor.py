@@ -109,7 +109,9 @@ class Executor:
     async def _execute(
         self, job: Claimed, deadline: float, interrupt: asyncio.Future[None]
     ) -> None:
-        with bind(job_id=str(job.id), job_type=job.type, attempt=job.attempts):
+        with bind(
+            job_id=str(job.id), job_type=job.type, attempt=job.attempts, lease_token=job.lease_token
+        ):
             log.info("job started")
             started = self._clock()
             kind, error, delay = await self._attempt(job, interrupt)
