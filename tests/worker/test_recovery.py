@@ -1,0 +1,67 @@
+"""The recovery loop on the real PostgreSQL: expired leases come back, counted and logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import sqlalchemy as sa
+from prometheus_client import REGISTRY
+
+from jobcore import store
+from jobcore.schema import jobs
+from jobcore.states import Status
+from jobqueue_worker.database import PgJobStore
+from jobqueue_worker.recovery import recover_once, run_recovery
+from tests.worker.support import eventually, fetch, submit
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_expired_leases_go_back_to_pending_or_dead_letter_counted_and_logged(engine, caplog):
+    again = (await submit(engine, "sleep", {"duration": "0s"}, max_attempts=3))[0]
+    last = (await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1))[0]
+    async with engine.begin() as conn:
+        assert len(await store.claim(conn, 2, 0.05)) == 2
+    recovered_before = _sample("jobs_recovered_total")
+    dead_before = _sample("jobs_failed_total", status="dead_letter")
+
+    pg = PgJobStore(engine)
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        # The leases run out 50 ms after the claim, by the database's clock.
+        await eventually(lambda: recover_once(pg), 10, "the expired leases")
+
+    found = await fetch(engine, [again, last])
+    assert found[again].status == Status.PENDING and found[again].attempts == 1
+    assert found[last].status == Status.DEAD_LETTER
+    assert _sample("jobs_recovered_total") == recovered_before + 2
+    assert _sample("jobs_failed_total", status="dead_letter") == dead_before + 1
+    logged = {r.job_id for r in caplog.records if r.getMessage() == "job recovered"}  # type: ignore[attr-defined]
+    assert logged == {str(again), str(last)}
+
+
+async def test_recovery_runs_at_start_and_stops_when_told(engine):
+    (job,) = await submit(engine, "sleep", {"duration": "0s"})
+    async with engine.begin() as conn:
+        await store.claim(conn, 1, 0.01)
+    await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
+    stopped = asyncio.Event()
+    loop = asyncio.create_task(run_recovery(PgJobStore(engine), 3600, stopped))
+    await eventually(lambda: _status(engine, job, Status.PENDING), 10, "recovery on the first pass")
+    stopped.set()
+    await asyncio.wait_for(loop, 5)
+
+
+async def _status(engine, job, status) -> bool:
+    return (await fetch(engine, [job]))[job].status == status
+
+
+async def _expired(engine, job) -> bool:
+    async with engine.connect() as conn:
+        return bool(
+            await conn.scalar(
+                sa.select(jobs.c.locked_until < sa.func.now()).where(jobs.c.id == job)
+            )
+        )
