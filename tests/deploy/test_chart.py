@@ -68,6 +68,14 @@ def secret_refs(manifest: Manifest) -> set[str]:
 # ---- what runs --------------------------------------------------------------
 
 
+def test_no_pod_replaces_the_images_entrypoint(default_manifests: list[Manifest]) -> None:
+    # The image's ENTRYPOINT (tini) must stay PID 1 to forward SIGTERM and reap
+    # orphans; the chart passes the command as args.
+    workloads = find(default_manifests, "Deployment") + find(default_manifests, "Job")
+    assert len(workloads) == 3
+    assert all("command" not in container(w) for w in workloads)
+
+
 @pytest.mark.parametrize("values", ["default", "production"])
 def test_migration_runs_as_pre_install_and_pre_upgrade_hook_before_the_services(
     values: str, default_manifests: list[Manifest], production_manifests: list[Manifest]
@@ -75,7 +83,7 @@ def test_migration_runs_as_pre_install_and_pre_upgrade_hook_before_the_services(
     manifests = default_manifests if values == "default" else production_manifests
     job = only(manifests, "Job", "-migration")
     assert hooks(job) == {"pre-install", "pre-upgrade"}
-    assert container(job)["command"] == ["alembic", "upgrade", "head"]
+    assert container(job)["args"] == ["alembic", "upgrade", "head"]
     assert pod(job)["restartPolicy"] == "Never"
     # Hooks run before the release's own objects exist: the Secret the Job reads
     # must be a hook created before it, or one the operator already has.
@@ -104,7 +112,7 @@ def test_migration_hook_can_be_disabled() -> None:
 
 def test_two_deployments_run_the_api_and_the_worker(default_manifests: list[Manifest]) -> None:
     deployments = find(default_manifests, "Deployment")
-    commands = sorted(container(d)["command"] for d in deployments)
+    commands = sorted(container(d)["args"] for d in deployments)
     assert commands == [["jobqueue-api"], ["jobqueue-worker"]]
     assert only(default_manifests, "Deployment", "-api")["spec"]["replicas"] == 2
     assert only(default_manifests, "Deployment", "-worker")["spec"]["replicas"] == 2
