@@ -19,10 +19,12 @@ from jobcore.db import make_engine
 # PostgreSQL's connection budget is shared with every worker.
 POOL_SIZE = 10
 CONNECT_TIMEOUT = 2.0
+# Server-side bound on one statement; API statements take milliseconds.
+STATEMENT_TIMEOUT = 2.5
 # Client-side bound on every round trip, including the pool's pre-ping and
-# ROLLBACK; a half-open connection (no RST, no answer) ends here.
+# ROLLBACK: a half-open connection (no RST, no answer) ends here. Longer than
+# the statement timeout, so a merely slow statement is cancelled by the server.
 COMMAND_TIMEOUT = 3.0
-STATEMENT_TIMEOUT = 3.0
 # Hard bound on the database part of one request, whatever the above missed.
 REQUEST_DEADLINE = 5.0
 
