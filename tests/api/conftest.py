@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from jobcore import logs
-from jobcore.settings import load_settings
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
+from jobcore import logs
+from jobcore.settings import load_settings
 from jobqueue_api.app import create_app
 from jobqueue_api.database import open_engine
 

@@ -59,9 +59,9 @@ async def _assert_outage(api: httpx.AsyncClient) -> None:
     assert (await api.get("/healthz")).status_code == 200
 
 
-async def _recovers(api: httpx.AsyncClient, timeout: float = 20.0) -> httpx.Response:
+async def _recovers(api: httpx.AsyncClient, within: float = 20.0) -> httpx.Response:
     """Poll until a submission succeeds again; return it."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         r = await api.post("/jobs", json={"type": "sleep"})
         if r.status_code == 201:

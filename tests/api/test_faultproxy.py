@@ -25,11 +25,11 @@ async def echo() -> AsyncIterator[tuple[str, int]]:
 
 
 async def _roundtrip(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes, timeout: float = 5
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes, within: float = 5
 ) -> bytes:
     writer.write(data)
     await writer.drain()
-    return await asyncio.wait_for(reader.readexactly(len(data)), timeout)
+    return await asyncio.wait_for(reader.readexactly(len(data)), within)
 
 
 async def test_pass_through_forwards_both_ways(echo: tuple[str, int]):
@@ -68,7 +68,7 @@ async def test_blackhole_keeps_connections_open_but_silent(echo: tuple[str, int]
         new_reader, new_writer = await asyncio.open_connection(*proxy.address)  # accepted
         for reader, writer in ((old_reader, old_writer), (new_reader, new_writer)):
             with pytest.raises(TimeoutError):
-                await _roundtrip(reader, writer, b"lost", timeout=0.5)
+                await _roundtrip(reader, writer, b"lost", within=0.5)
             assert not reader.at_eof()
         assert proxy.open_connections == 2
 

@@ -8,10 +8,10 @@ import uuid
 
 import httpx
 import pytest
-from jobcore import store
-from jobcore.ids import new_id
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobcore import store
+from jobcore.ids import new_id
 from tests.api.conftest import MakeApi, job_count
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")

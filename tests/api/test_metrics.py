@@ -1,4 +1,4 @@
-"""/metrics: jobs_submitted_total counts creations only; durations are labelled by route template."""
+"""/metrics: jobs_submitted_total counts creations only; durations are labelled by route."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from jobcore import store
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobcore import store
 from tests.api.conftest import LogCapture, MakeApi, job_count
 
 GENERATED_ID = re.compile(r"[0-9a-f]{32}")

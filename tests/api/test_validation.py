@@ -33,10 +33,16 @@ BAD_BODIES = {
     "max_attempts 3.0": (b'{"type": "sleep", "max_attempts": 3.0}', "max_attempts"),
     "max_attempts string": (b'{"type": "sleep", "max_attempts": "3"}', "max_attempts"),
     "max_attempts null": (b'{"type": "sleep", "max_attempts": null}', "max_attempts"),
-    "max_attempts huge": (b'{"type": "sleep", "max_attempts": 1' + b"0" * 30 + b"}", "max_attempts"),
+    "max_attempts huge": (
+        b'{"type": "sleep", "max_attempts": 1' + b"0" * 30 + b"}",
+        "max_attempts",
+    ),
     "unknown field": (b'{"type": "sleep", "priority": 1}', "unknown field(s): 'priority'"),
     "NUL in payload string": (b'{"type": "sleep", "payload": "a\\u0000b"}', "\\u0000"),
-    "NUL deep in payload": (b'{"type": "sleep", "payload": {"a": [1, {"b": "\\u0000"}]}}', "\\u0000"),
+    "NUL deep in payload": (
+        b'{"type": "sleep", "payload": {"a": [1, {"b": "\\u0000"}]}}',
+        "\\u0000",
+    ),
     "NUL in a payload key": (b'{"type": "sleep", "payload": {"k\\u0000": 1}}', "\\u0000"),
     "NUL in a top-level key": (b'{"type": "sleep", "\\u0000": 1}', "\\u0000"),
     "NUL in type": (b'{"type": "sleep\\u0000"}', "\\u0000"),
