@@ -1,0 +1,304 @@
+"""The faults of a chaos run, each injected, healed and timed until the system recovers.
+
+One fault at a time, in shuffled cycles of every kind, with a short gap in
+between. A fault's recovery time runs from its removal (a restart, a resume,
+the proxy passing traffic again; for a kill, the kill itself) until every
+service is ready again (workers with all their processes) and a job has
+reached a resting state since, or no job is waiting. A fault the system does not recover
+from within RECOVERY_LIMIT is a failure of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.checker import Fault
+from tests.chaos.load import Load
+from tests.chaos.system import LEASE_SECONDS, Service, System, wait_until
+
+RECOVERY_LIMIT = 90.0
+# A graceful stop takes SHUTDOWN_TIMEOUT, a release write, and a margin for a loaded machine.
+STOP_LIMIT = 40.0
+PROBE_SECONDS = 1.5
+
+KINDS = (
+    "kill_child",
+    "kill_worker",
+    "term_worker",
+    "kill_api",
+    "pg_restart_fast",
+    "pg_restart_immediate",
+    "terminate_backends",
+    "proxy_latency",
+    "proxy_blackhole",
+    "proxy_refuse",
+    "pause",
+)
+
+
+class Tail:
+    """Reads the execution records appended since the last call, across every file."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        records = []
+        for path in self.directory.glob("*.jsonl"):
+            offset = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self._offsets[path] = offset + len(complete)
+            records.extend(json.loads(line) for line in complete.splitlines() if line.strip())
+        return records
+
+
+@dataclass
+class Chaos:
+    system: System
+    load: Load
+    rng: random.Random
+    faults: list[Fault] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    log: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        self.tail = Tail(self.system.exec_dir)
+
+
+@dataclass
+class Injected:
+    target: str
+    healed_at: float | None = None
+    killed_pids: tuple[int, ...] = ()
+    paused_pids: tuple[int, ...] = ()
+    note: str = ""
+
+
+# --- injectors ----------------------------------------------------------------------
+
+
+def kill_child(c: Chaos) -> Injected:
+    service = c.rng.choice([w for w in c.system.workers if w.current.children()])
+    pid = c.rng.choice(service.current.children())
+    os.kill(pid, signal.SIGKILL)
+    return Injected(service.name, killed_pids=(pid,), note=f"pid {pid}")
+
+
+def kill_worker(c: Chaos) -> Injected:
+    service = c.rng.choice(c.system.workers)
+    pids = (service.current.pid, *service.current.children())
+    service.current.kill_group()
+    c.system.launch(service)
+    return Injected(service.name, time.time(), killed_pids=pids)
+
+
+def term_worker(c: Chaos) -> Injected:
+    service = c.rng.choice(c.system.workers)
+    process = service.current
+    process.signal(signal.SIGTERM)
+    code = process.wait(STOP_LIMIT)
+    if code is None:
+        process.kill_group()
+        c.problems.append(f"{service.name} did not stop within {STOP_LIMIT}s of SIGTERM")
+    elif code != 0:
+        c.problems.append(f"{service.name} exited {code} after SIGTERM (expected 0)")
+    c.system.launch(service)
+    return Injected(service.name, time.time(), note=f"exit status {code}")
+
+
+def kill_api(c: Chaos) -> Injected:
+    service = c.rng.choice(c.system.apis)
+    service.current.kill_group()
+    c.system.launch(service)
+    return Injected(service.name, time.time())
+
+
+def _pg_restart(mode: str) -> Callable[[Chaos], Injected]:
+    def restart(c: Chaos) -> Injected:
+        c.system.cluster.restart(mode)
+        return Injected("postgres", time.time())
+
+    return restart
+
+
+def terminate_backends(c: Chaos) -> Injected:
+    (count,) = c.system.query(
+        "SELECT count(*) FROM ("
+        " SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name LIKE 'jobqueue%%' AND random() < 0.6) t"
+    )[0]
+    return Injected("postgres", note=f"{count} connections")
+
+
+def _with_proxy(
+    hold: float, apply: Callable[[Service, random.Random], str]
+) -> Callable[[Chaos], Injected]:
+    def inject(c: Chaos) -> Injected:
+        service = c.rng.choice(c.system.services)
+        note = apply(service, c.rng)
+        time.sleep(hold)  # the fault's duration, not a wait for a condition
+        service.proxy.pass_through()
+        return Injected(service.name, time.time(), note=note)
+
+    return inject
+
+
+def _latency(service: Service, rng: random.Random) -> str:
+    seconds = round(rng.uniform(0.1, 0.4), 2)
+    service.proxy.add_latency(seconds)
+    return f"{seconds}s"
+
+
+def _blackhole(service: Service, rng: random.Random) -> str:
+    service.proxy.blackhole()
+    return "half-open"
+
+
+def _refuse(service: Service, rng: random.Random) -> str:
+    service.proxy.refuse()
+    service.proxy.cut()
+    return "refused and reset"
+
+
+def pause(c: Chaos) -> Injected:
+    """SIGSTOP the worker process running a probe job until another worker has re-claimed it,
+    then SIGCONT it: the resumed process is a stale writer whose outcome must be rejected."""
+    for _ in range(3):
+        job_id = c.load.submit({"type": "chaos-probe", "payload": {"seconds": PROBE_SECONDS}})
+        if job_id is None:
+            continue
+        started = _wait_start(c, job_id, 60)
+        if started is None:
+            continue
+        pid, token = started
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda pid=pid: _stopped(pid), 5, 0.01)
+        if any(r["job_id"] == job_id and r["event"] == "end" for r in c.tail.poll()):
+            os.kill(pid, signal.SIGCONT)  # too late: the probe finished before the pause
+            continue
+        reclaimed = wait_until(
+            lambda job_id=job_id, token=token: _token_after(c, job_id, token),
+            LEASE_SECONDS + 60,
+            0.02,
+        )
+        os.kill(pid, signal.SIGCONT)
+        note = f"pid {pid}, job {job_id} lease {token}"
+        if reclaimed is None:
+            note += ": never re-claimed"
+        return Injected(_owner(c, pid), time.time(), paused_pids=(pid,), note=note)
+    c.problems.append("pause: no probe job could be paused mid-run")
+    return Injected("none", time.time(), note="probe missed")
+
+
+def _wait_start(c: Chaos, job_id: str, timeout: float) -> tuple[int, int] | None:
+    found: list[tuple[int, int]] = []
+
+    def seen() -> bool:
+        for r in c.tail.poll():
+            if r["job_id"] == job_id and r["event"] == "start":
+                found.append((int(r["pid"]), int(r["lease_token"])))
+        return bool(found)
+
+    return found[0] if wait_until(seen, timeout, 0.01) else None
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 :].split()[0] in (b"T", b"t")
+
+
+def _token_after(c: Chaos, job_id: str, token: int) -> bool:
+    try:
+        rows = c.system.query("SELECT lease_token FROM jobs WHERE id = %s", (job_id,))
+    except Exception:
+        return False
+    return bool(rows) and int(rows[0][0]) > token
+
+
+def _owner(c: Chaos, pid: int) -> str:
+    return next((w.name for w in c.system.workers if pid in w.current.children()), "worker")
+
+
+INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
+    "kill_child": kill_child,
+    "kill_worker": kill_worker,
+    "term_worker": term_worker,
+    "kill_api": kill_api,
+    "pg_restart_fast": _pg_restart("fast"),
+    "pg_restart_immediate": _pg_restart("immediate"),
+    "terminate_backends": terminate_backends,
+    "proxy_latency": _with_proxy(4.0, _latency),
+    "proxy_blackhole": _with_proxy(6.0, _blackhole),
+    "proxy_refuse": _with_proxy(3.0, _refuse),
+    "pause": pause,
+}
+
+
+# --- the schedule -----------------------------------------------------------------------
+
+
+def recovered(system: System, since: float) -> bool:
+    """Every service ready, and a job finished since `since` (or none waiting)."""
+    if not system.all_ready():
+        return False
+    try:
+        ((finished, waiting),) = system.query(
+            "SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead_letter')"
+            "  AND updated_at >= to_timestamp(%s)),"
+            " count(*) FILTER (WHERE (status = 'pending' AND run_at <= now())"
+            "  OR status = 'processing') FROM jobs",
+            (since,),
+        )
+    except Exception:
+        return False
+    return finished > 0 or waiting == 0
+
+
+def inject(c: Chaos, kind: str) -> Fault:
+    injected_at = time.time()
+    done = INJECTORS[kind](c)
+    since = done.healed_at or injected_at
+    recovered_at = wait_until(lambda: recovered(c.system, since), RECOVERY_LIMIT)
+    fault = Fault(
+        kind,
+        done.target,
+        injected_at,
+        done.healed_at,
+        recovered_at,
+        done.killed_pids,
+        done.paused_pids,
+        done.note,
+    )
+    c.faults.append(fault)
+    took = "never" if recovered_at is None else f"{recovered_at - since:.2f}s"
+    c.log(f"fault {kind:<21} {done.target:<9} {done.note:<40} recovered after {took}")
+    return fault
+
+
+def run_schedule(c: Chaos, kinds: list[str], until: float, gap: tuple[float, float]) -> None:
+    """Cycles of every kind in `kinds`, shuffled; at least one full cycle, then until `until`."""
+    first = True
+    while first or time.time() < until:
+        cycle = list(kinds)
+        c.rng.shuffle(cycle)
+        for kind in cycle:
+            if not first and time.time() >= until:
+                return
+            inject(c, kind)
+            time.sleep(c.rng.uniform(*gap))  # spacing between faults: part of the schedule
+        first = False

@@ -1,0 +1,170 @@
+"""The chaos run's client: submits a mix of jobs through both APIs while faults are injected.
+
+Like a careful real client, it retries a submission that got no answer (or a
+503) with the same Idempotency-Key, on the other API, until it is acknowledged
+with 201 (created) or 200 (replayed). Only acknowledged jobs are owed to the
+client, so only they count for "never lost". Any other answer (400, 409, 500)
+is recorded as a failure: the requests are valid and never conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tests.chaos.checker import Ack
+
+# (job type, weight, payload maker, max_attempts)
+MIX: list[tuple[str, int]] = [
+    ("fast", 70),
+    ("slow", 10),
+    ("slow-past-lease", 3),
+    ("flaky", 12),
+    ("permanent", 5),
+]
+
+
+def job_body(kind: str, rng: random.Random) -> dict[str, Any]:
+    if kind == "fast":
+        return {"type": "chaos-fast", "payload": {"n": rng.random()}}
+    if kind == "slow":
+        return {"type": "chaos-slow", "payload": {"seconds": round(rng.uniform(0.3, 1.5), 2)}}
+    if kind == "slow-past-lease":
+        # Sleeps past the lease; JOB_TIMEOUT cuts each attempt short, then it is dead-lettered.
+        return {"type": "chaos-slow", "payload": {"seconds": 10}, "max_attempts": 2}
+    if kind == "flaky":
+        return {"type": "chaos-flaky", "payload": {"fail_times": rng.randint(1, 2)}}
+    if kind == "permanent":
+        return {"type": "chaos-permanent", "payload": {}}
+    raise ValueError(kind)
+
+
+@dataclass
+class LoadStats:
+    acks: list[Ack] = field(default_factory=list)
+    attempts: int = 0
+    retried: Counter[str] = field(default_factory=Counter)  # why a submission was sent again
+    failures: list[str] = field(default_factory=list)  # answers that must never happen
+    unacknowledged: int = 0
+    finished_at: float | None = None
+
+
+class Load:
+    """Submits `jobs` jobs spread over `spread` seconds; runs in a thread with its own loop."""
+
+    def __init__(
+        self,
+        api_urls: list[str],
+        jobs: int,
+        spread: float,
+        seed: int,
+        run_id: str,
+        concurrency: int = 8,
+        give_up_after: float = 300.0,
+    ) -> None:
+        self.api_urls = api_urls
+        self.jobs = jobs
+        self.spread = spread
+        self.rng = random.Random(seed)
+        self.run_id = run_id
+        self.concurrency = concurrency
+        self.give_up_after = give_up_after
+        self.stats = LoadStats()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._client: httpx.AsyncClient | None = None
+        self._done = threading.Event()
+        self._serial = 0
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._run(), self._loop)
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def submit(self, body: dict[str, Any], timeout: float = 60) -> str | None:
+        """Submit one more job now (thread-safe); its id once acknowledged, None if never."""
+        future = asyncio.run_coroutine_threadsafe(self._submit_one(body), self._loop)
+        return future.result(timeout)
+
+    def close(self) -> None:
+        if self._loop.is_running():
+
+            async def shut() -> None:
+                for task in asyncio.all_tasks():
+                    if task is not asyncio.current_task():
+                        task.cancel()
+                if self._client is not None:
+                    await self._client.aclose()
+
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    # --- inside the loop -----------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            kinds = [k for k, _ in MIX]
+            weights = [w for _, w in MIX]
+            bodies = [job_body(k, self.rng) for k in self.rng.choices(kinds, weights, k=self.jobs)]
+            queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+            for item in enumerate(bodies):
+                queue.put_nowait(item)
+            started = time.monotonic()
+
+            async def sender() -> None:
+                while not queue.empty():
+                    i, body = queue.get_nowait()
+                    due = started + self.spread * i / max(1, self.jobs)
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    await self._submit_one(body)
+
+            await asyncio.gather(*(sender() for _ in range(self.concurrency)))
+        finally:
+            self.stats.finished_at = time.time()
+            self._done.set()
+
+    async def _submit_one(self, body: dict[str, Any]) -> str | None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=10.0)
+        self._serial += 1
+        key = f"{self.run_id}-{self._serial}"
+        give_up = time.monotonic() + self.give_up_after
+        attempt = 0
+        while time.monotonic() < give_up:
+            url = self.api_urls[(self._serial + attempt) % len(self.api_urls)]
+            attempt += 1
+            self.stats.attempts += 1
+            try:
+                response = await self._client.post(
+                    f"{url}/jobs", json=body, headers={"Idempotency-Key": key}
+                )
+            except httpx.HTTPError as exc:
+                self.stats.retried[type(exc).__name__] += 1
+                await asyncio.sleep(0.2)
+                continue
+            if response.status_code in (200, 201):
+                job_id = str(response.json()["id"])
+                self.stats.acks.append(Ack(key, job_id, response.status_code))
+                return job_id
+            if response.status_code == 503:
+                self.stats.retried["503"] += 1
+                await asyncio.sleep(0.2)
+                continue
+            self.stats.failures.append(
+                f"POST /jobs answered {response.status_code}: {response.text[:200]}"
+            )
+            return None
+        self.stats.unacknowledged += 1
+        return None

@@ -1,0 +1,246 @@
+"""The chaos run: start the system, load it while injecting faults, drain, stop, check.
+
+    python -m tests.chaos.run [--jobs N] [--duration S] [--json PATH] [--seed N] [--kinds a,b]
+
+Starts a throwaway PostgreSQL cluster, 2 `jobqueue-api` and 3 `jobqueue-worker`
+services (2 processes each), each behind a fault proxy; submits N jobs through
+the APIs over the fault phase while `tests.chaos.faults` injects one fault after
+another; then restarts whatever is down, waits until every acknowledged job is
+at rest, stops every service gracefully (exit status 0 expected) and runs the
+invariant checker. Prints the summary table, writes it as JSON if asked, and
+exits 1 if any invariant was broken. Everything it started is removed at the
+end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.chaos import faults
+from tests.chaos.checker import JobRow, Report, check
+from tests.chaos.load import Load
+from tests.chaos.system import LEASE_SECONDS, System, wait_until
+
+START_LIMIT = 120.0
+DRAIN_LIMIT = 180.0
+
+
+def run_chaos(
+    *,
+    jobs: int,
+    duration: float,
+    seed: int,
+    kinds: Sequence[str] = faults.KINDS,
+    gap: tuple[float, float] = (1.0, 3.0),
+    log: Callable[[str], None] = print,
+) -> Report:
+    """One complete run; the report's violations are empty when every guarantee held."""
+    started = time.time()
+    run_dir = Path(tempfile.mkdtemp(prefix="jobqueue-chaos-"))
+    system = System(run_dir)
+    load: Load | None = None
+    problems: list[str] = []
+    try:
+        system.start()
+        if wait_until(system.all_ready, START_LIMIT) is None:
+            raise RuntimeError(f"the services were not ready within {START_LIMIT}s")
+        log(f"system ready in {time.time() - started:.1f}s; {jobs} jobs over {duration:g}s")
+        load = Load(
+            [api.url("") for api in system.apis],
+            jobs,
+            spread=duration * 0.8,
+            seed=seed,
+            run_id=f"chaos-{uuid.uuid4().hex[:8]}",
+        )
+        load.start()
+        chaos = faults.Chaos(system, load, random.Random(seed), log=log)
+        faults.run_schedule(chaos, list(kinds), until=time.time() + duration, gap=gap)
+        problems += chaos.problems
+        if not load.wait(DRAIN_LIMIT):
+            problems.append("the client did not finish submitting")
+        log(f"faults done; {len(load.stats.acks)} jobs acknowledged; draining")
+
+        for service in system.services:
+            if not service.current.alive():
+                problems.append(f"{service.name} was down at the end of the fault phase")
+                system.launch(service)
+        if wait_until(system.all_ready, START_LIMIT) is None:
+            problems.append("not every service was ready after the fault phase")
+        acked = sorted({a.job_id for a in load.stats.acks})
+        drained_at = wait_until(lambda: _unsettled(system, acked) == 0, DRAIN_LIMIT, 0.5)
+        if drained_at is None:
+            problems.append(f"{_unsettled(system, acked)} jobs were not at rest after draining")
+        problems += _stop_all(system)
+
+        rows = _rows(system)
+        entries, non_json = _service_logs(system)
+        report = check(
+            rows,
+            load.stats.acks,
+            system.execution_records(),
+            entries,
+            chaos.faults,
+            lease_duration=LEASE_SECONDS,
+        )
+        if non_json:
+            problems.append(f"{non_json} service log lines were not JSON")
+        report.violations += problems + load.stats.failures
+        report.summary.update(
+            {
+                "violations": len(report.violations),
+                "submission_attempts": load.stats.attempts,
+                "submission_retries": dict(sorted(load.stats.retried.items())),
+                "unacknowledged": load.stats.unacknowledged,
+                "error_log_lines": _errors(entries),
+                "duration_seconds": round(time.time() - started, 1),
+                "seed": seed,
+            }
+        )
+        return report
+    finally:
+        if load is not None:
+            load.close()
+        system.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _unsettled(system: System, ids: list[str]) -> int:
+    try:
+        ((n,),) = system.query(
+            "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])"
+            " AND status NOT IN ('completed', 'failed', 'dead_letter')",
+            (ids,),
+        )
+        return int(n) + len(ids) - _count(system, ids)
+    except Exception:
+        return len(ids)
+
+
+def _count(system: System, ids: list[str]) -> int:
+    ((n,),) = system.query("SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])", (ids,))
+    return int(n)
+
+
+def _stop_all(system: System) -> list[str]:
+    """SIGTERM every service at once; each must exit 0."""
+    for service in system.services:
+        service.current.signal(signal.SIGTERM)
+    problems = []
+    for service in system.services:
+        code = service.current.wait(faults.STOP_LIMIT)
+        if code is None:
+            service.current.kill_group()
+            problems.append(f"{service.name} did not stop within {faults.STOP_LIMIT}s")
+        elif code != 0:
+            problems.append(f"{service.name} exited {code} after SIGTERM at the end")
+    return problems
+
+
+def _rows(system: System) -> list[JobRow]:
+    return [
+        JobRow(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]))
+        for r in system.query(
+            "SELECT id, type, status, attempts, max_attempts, lease_token, idempotency_key,"
+            " coalesce(locked_until < now(), false) FROM jobs"
+        )
+    ]
+
+
+def _service_logs(system: System) -> tuple[list[dict[str, Any]], int]:
+    entries, non_json = [], 0
+    for _, line in system.service_log_lines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            non_json += 1
+            continue
+        if isinstance(entry, dict):
+            entries.append(entry)
+        else:
+            non_json += 1
+    return entries, non_json
+
+
+def _errors(entries: list[dict[str, Any]]) -> dict[str, int]:
+    found = Counter(str(e.get("msg"))[:80] for e in entries if e.get("level") == "error")
+    return dict(found.most_common(10))
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def table(report: Report) -> str:
+    s = report.summary
+    lines = [
+        "| measure | value |",
+        "|---|---|",
+        f"| jobs submitted (acknowledged) | {s['jobs_submitted']} |",
+        f"| completed / failed / dead-lettered | {s['completed']} / {s['failed']} / "
+        f"{s['dead_lettered']} |",
+        f"| **lost** | **{s['lost']}** |",
+        f"| executions (retries by policy) | {s['executions']} ({s['retries']}) |",
+        f"| duplicate executions | {s['duplicate_executions']} {_pairs(s['duplicate_causes'])} |",
+        f"| duplicates whose earlier run had succeeded | {s['duplicates_after_success']} |",
+        f"| stale writes rejected (while a newer claim held the job) | "
+        f"{s['stale_writes_rejected']} ({s['stale_writes_rejected_by_token']}) |",
+        f"| stale writes applied | {s['stale_writes_applied']} |",
+        f"| faults injected | {sum(s['faults_injected'].values())} "
+        f"{_pairs(s['faults_injected'])} |",
+    ]
+    for kind, t in s["recovery_seconds"].items():
+        lines.append(f"| recovery after {kind} (p50 / max) | {t['p50']}s / {t['max']}s |")
+    lines += [
+        f"| submissions retried by the client | {sum(s['submission_retries'].values())} |",
+        f"| invariant violations | {s['violations']} |",
+        f"| run time | {s['duration_seconds']}s |",
+    ]
+    return "\n".join(lines)
+
+
+def _pairs(counts: dict[str, int]) -> str:
+    return "(" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")" if counts else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--duration", type=float, default=240.0, help="fault phase, seconds")
+    parser.add_argument("--json", type=Path, help="write the summary and violations here")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--kinds", default=",".join(faults.KINDS), help="fault kinds to inject")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(faults.KINDS)
+    if unknown:
+        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    report = run_chaos(jobs=args.jobs, duration=args.duration, seed=seed, kinds=kinds, log=log)
+    print(table(report))
+    for violation in report.violations[:50]:
+        print(f"VIOLATION: {violation}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {"summary": report.summary, "violations": report.violations}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"written to {args.json}")
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

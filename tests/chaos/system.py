@@ -1,0 +1,268 @@
+"""The system under test in a chaos run: the cluster, a fault proxy per service, 2 APIs, 3 workers.
+
+Every service reaches PostgreSQL through a `FaultProxy` of its own, so a
+network fault can hit one service while the others keep working. Each service
+incarnation (a restart makes a new one) writes its stdout to its own file
+under the run directory; the checker reads them all at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from alembic import command
+
+from tests.chaos.cluster import Cluster
+from tests.faultproxy import FaultProxy
+from tests.pg import alembic_config
+from tests.procs import BIN, free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+# Short timings so leases expire, recovery runs and retries happen within a short run.
+TIMINGS = {
+    "JOB_TIMEOUT": "2s",
+    "LEASE_DURATION": "8s",
+    "RECOVERY_INTERVAL": "1s",
+    "POLL_INTERVAL": "200ms",
+    "SHUTDOWN_TIMEOUT": "3s",
+    "BACKOFF_BASE": "100ms",
+    "BACKOFF_MAX": "1s",
+    "MAX_ATTEMPTS": "5",
+}
+LEASE_SECONDS = 8.0
+WORKER_PROCESSES = 2
+
+
+class Process:
+    """One incarnation of a console script, in a session of its own, stdout to a file."""
+
+    def __init__(self, command: str, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(BIN / command)],
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pid = self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def children(self) -> list[int]:
+        """Pids of the worker processes (spawned children) running under this one."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_bytes()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+            if ppid == self.pid and b"spawn_main" in cmdline:
+                found.append(int(entry.name))
+        return sorted(found)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL the whole process group (the service and every process it started)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+@dataclass(eq=False)
+class Service:
+    """A named service slot (`api-0`, `worker-2`): its proxy, port and incarnations."""
+
+    name: str
+    command: str
+    port: int
+    proxy: FaultProxy
+    env: dict[str, str]
+    incarnations: list[Process] = field(default_factory=list)
+
+    @property
+    def current(self) -> Process:
+        return self.incarnations[-1]
+
+    @property
+    def is_worker(self) -> bool:
+        return self.command == "jobqueue-worker"
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+class System:
+    """Owns every process, proxy and directory of a run; `close()` removes them all."""
+
+    def __init__(self, run_dir: Path, apis: int = 2, workers: int = 3, slots: int = 8) -> None:
+        self.run_dir = run_dir
+        self.exec_dir = run_dir / "executions"
+        self.logs_dir = run_dir / "logs"
+        self.exec_dir.mkdir(parents=True)
+        self.logs_dir.mkdir()
+        self.cluster = Cluster()
+        self.services: list[Service] = []
+        self._apis, self._workers, self._slots = apis, workers, slots
+        self.http = httpx.Client(timeout=2.0)
+        self._observer: psycopg.Connection | None = None
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.cluster.init()
+        self.cluster.start()
+        self.cluster.create_database()
+        command.upgrade(alembic_config(self.cluster.url()), "head")
+        common = {
+            **TIMINGS,
+            "JOB_HANDLERS": "tests.chaos.handlers",
+            "PYTHONPATH": str(ROOT),
+            "CHAOS_LOG_DIR": str(self.exec_dir),
+            "LOG_LEVEL": "info",
+        }
+        for i in range(self._apis):
+            self._add(f"api-{i}", "jobqueue-api", "HTTP_ADDR", common)
+        for i in range(self._workers):
+            env = {
+                **common,
+                "WORKER_PROCESSES": str(WORKER_PROCESSES),
+                "WORKERS": str(self._slots),
+            }
+            self._add(f"worker-{i}", "jobqueue-worker", "METRICS_ADDR", env)
+        for service in self.services:
+            self.launch(service)
+
+    def _add(self, name: str, command: str, addr_var: str, env: dict[str, str]) -> None:
+        proxy = FaultProxy(("127.0.0.1", self.cluster.port))
+        port = free_port()
+        env = {
+            **env,
+            "DATABASE_URL": proxy.database_url(self.cluster.url()),
+            addr_var: f"127.0.0.1:{port}",
+        }
+        self.services.append(Service(name, command, port, proxy, env))
+
+    def launch(self, service: Service) -> Process:
+        """Start a new incarnation of `service`."""
+        n = len(service.incarnations)
+        env = dict(service.env)
+        if service.is_worker:
+            # Inside the run directory, so even a SIGKILLed worker leaves nothing behind.
+            metrics = self.run_dir / "metrics" / f"{service.name}.{n}"
+            metrics.mkdir(parents=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
+        process = Process(service.command, env, self.logs_dir / f"{service.name}.{n}.log")
+        service.incarnations.append(process)
+        return process
+
+    def close(self) -> None:
+        """Kill whatever still runs and stop the cluster; idempotent, never raises."""
+        for service in self.services:
+            for process in service.incarnations:
+                if process.alive():
+                    with contextlib.suppress(Exception):
+                        process.signal(signal.SIGCONT)
+                        process.kill_group()
+            with contextlib.suppress(Exception):
+                service.proxy.close()
+        with contextlib.suppress(Exception):
+            self.http.close()
+        if self._observer is not None:
+            with contextlib.suppress(Exception):
+                self._observer.close()
+        with contextlib.suppress(Exception):
+            self.cluster.cleanup()
+
+    # --- observation ------------------------------------------------------------------
+
+    @property
+    def apis(self) -> list[Service]:
+        return [s for s in self.services if not s.is_worker]
+
+    @property
+    def workers(self) -> list[Service]:
+        return [s for s in self.services if s.is_worker]
+
+    def ready(self, service: Service) -> bool:
+        if not service.incarnations or not service.current.alive():
+            return False
+        try:
+            ok = self.http.get(service.url("/readyz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+        if ok and service.is_worker:
+            return len(service.current.children()) == WORKER_PROCESSES
+        return ok
+
+    def all_ready(self) -> bool:
+        return all(self.ready(s) for s in self.services)
+
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Run `sql` on a direct connection (never through a proxy); reconnects after faults."""
+        for attempt in range(2):
+            try:
+                if self._observer is None or self._observer.closed:
+                    self._observer = self.cluster.connect()
+                return self._observer.execute(sql, params).fetchall()
+            except psycopg.OperationalError:
+                if self._observer is not None:
+                    with contextlib.suppress(Exception):
+                        self._observer.close()
+                self._observer = None
+                if attempt == 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def execution_records(self) -> Iterator[dict[str, Any]]:
+        for path in sorted(self.exec_dir.glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+    def service_log_lines(self) -> Iterator[tuple[str, str]]:
+        """(file name, line) for every line any service incarnation wrote."""
+        for path in sorted(self.logs_dir.glob("*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.strip():
+                    yield path.name, line
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> float | None:
+    """Poll until `predicate()` is truthy; the time.time() it was, or None after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return time.time()
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
