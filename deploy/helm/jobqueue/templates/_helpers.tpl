@@ -81,8 +81,9 @@ Seconds in a duration written as the services read it: Go style (500ms, 20s,
 {{/*
 terminationGracePeriodSeconds: the longest a graceful shutdown may take, plus
 a margin for releasing unfinished jobs and exiting. The API first answers
-/readyz 503 for DRAIN_DELAY, then finishes in-flight requests; the worker
-gives running jobs SHUTDOWN_TIMEOUT, then releases them.
+/readyz 503 for DRAIN_DELAY, then gives in-flight requests up to
+SHUTDOWN_TIMEOUT; the worker gives running jobs SHUTDOWN_TIMEOUT, then
+releases them.
 */}}
 {{- define "jobqueue.workerGracePeriod" -}}
 {{- $shutdown := include "jobqueue.seconds" .Values.config.SHUTDOWN_TIMEOUT -}}
