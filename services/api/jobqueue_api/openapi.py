@@ -16,6 +16,23 @@ _TIME = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC"
 _ID = {"type": "string", "format": "uuid"}
 
 
+# What jsonb can store, so that clients and fuzzers see the U+0000 rule in the schema
+# itself (the depth limit cannot be expressed; the description states it).
+_NO_NUL = {"pattern": "^[^\\u0000]*$"}
+_PAYLOAD = {
+    "anyOf": [
+        {"type": ["null", "boolean", "number"]},
+        {"type": "string", **_NO_NUL},
+        {"type": "array", "items": {"$ref": _REF + "Payload"}},
+        {
+            "type": "object",
+            "propertyNames": _NO_NUL,
+            "additionalProperties": {"$ref": _REF + "Payload"},
+        },
+    ]
+}
+
+
 def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
     status = {"type": "string", "enum": [s.value for s in Status]}
     nullable_text = {"type": ["string", "null"]}
@@ -46,6 +63,7 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
                     "description": "A registered handler type.",
                 },
                 "payload": {
+                    "$ref": _REF + "Payload",
                     "description": (
                         "Any JSON value (default {}). Strings, keys included, must not "
                         f"contain U+0000; nesting is limited to {MAX_DEPTH} levels."
@@ -60,6 +78,7 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
                 },
             },
         },
+        "Payload": _PAYLOAD,
         "Error": _object({"error": {"type": "string"}}),
         "Health": _object({"status": {"type": "string"}}),
     }
