@@ -9,7 +9,7 @@ import pytest
 
 from jobcore.db import make_engine
 from jobqueue_worker import database
-from jobqueue_worker.database import PgJobStore
+from jobqueue_worker.database import Availability, PgJobStore
 from tests.faultproxy import FaultProxy
 from tests.worker.support import submit
 
@@ -60,3 +60,19 @@ async def test_a_silent_connection_times_out_and_the_store_recovers(
         finally:
             await proxied.dispose()
     assert [c.id for c in claimed] == [job]
+
+
+def test_a_call_begun_before_the_last_success_does_not_report_an_outage(caplog):
+    availability = Availability(clock=lambda: 0.0)
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        availability.failed("claim", ConnectionError("refused"), started=1.0)
+        availability.succeeded(started=3.0)
+        # This call hung on a connection broken during the outage; it says nothing new.
+        availability.failed("complete", TimeoutError(), started=2.0)
+        assert availability.up
+        availability.failed("claim", ConnectionError("refused"), started=4.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "database unavailable",
+        "database available again",
+        "database unavailable",
+    ]

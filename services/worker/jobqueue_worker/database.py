@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
@@ -56,18 +57,28 @@ class JobStore(Protocol):
 
 
 class Availability:
-    """Remembers whether the last database call worked; logs only when that changes."""
+    """Remembers whether the database answered lately; logs only when that changes.
 
-    def __init__(self) -> None:
+    A call that started before the latest success says nothing new when it fails
+    (it may have hung on a connection that broke earlier), so it does not count.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.up = True
+        self._clock = clock
+        self._last_success = float("-inf")
 
-    def succeeded(self) -> None:
+    def now(self) -> float:
+        return self._clock()
+
+    def succeeded(self, started: float) -> None:
+        self._last_success = max(self._last_success, started)
         if not self.up:
             self.up = True
             log.info("database available again")
 
-    def failed(self, operation: str, exc: BaseException) -> None:
-        if self.up:
+    def failed(self, operation: str, exc: BaseException, started: float) -> None:
+        if self.up and started >= self._last_success:
             self.up = False
             log.warning(
                 "database unavailable", extra={"operation": operation, "error": describe(exc)}
@@ -94,13 +105,14 @@ class PgJobStore:
         statement: Callable[..., Awaitable[T]],
         *args: Any,
     ) -> T:
+        started = self.availability.now()
         try:
             async with asyncio.timeout(limit), self.engine.begin() as conn:
                 result = await statement(conn, *args)
         except Exception as exc:
-            self.availability.failed(operation, exc)
+            self.availability.failed(operation, exc, started)
             raise
-        self.availability.succeeded()
+        self.availability.succeeded(started)
         return result
 
     async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
