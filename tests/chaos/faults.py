@@ -45,11 +45,13 @@ KINDS = (
 
 
 class Tail:
-    """Reads the execution records appended since the last call, across every file."""
+    """Reads the execution records appended since the last call, across every file, and
+    keeps track of the executions that have started and not ended."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._offsets: dict[Path, int] = {}
+        self.running: dict[tuple[str, int], int] = {}  # (job_id, lease_token) -> pid
 
     def poll(self) -> list[dict[str, Any]]:
         records = []
@@ -61,7 +63,19 @@ class Tail:
             complete = data[: data.rfind(b"\n") + 1]
             self._offsets[path] = offset + len(complete)
             records.extend(json.loads(line) for line in complete.splitlines() if line.strip())
+        for r in records:
+            key = (r["job_id"], r["lease_token"])
+            if r["event"] == "start":
+                self.running[key] = r["pid"]
+            else:
+                self.running.pop(key, None)
         return records
+
+    def busy(self, pids: list[int]) -> list[int]:
+        """Those of `pids` running a job right now."""
+        self.poll()
+        running = set(self.running.values())
+        return [pid for pid in pids if pid in running]
 
 
 @dataclass
@@ -89,15 +103,32 @@ class Injected:
 # --- injectors ----------------------------------------------------------------------
 
 
+def _busy_pid(c: Chaos) -> int | None:
+    """A worker process in the middle of a job, the crash worth testing; if none is busy,
+    one that has just started a slow job submitted for the purpose."""
+    pids = [pid for w in c.system.workers for pid in w.current.working_children()]
+    busy = c.tail.busy(pids)
+    if busy:
+        return c.rng.choice(busy)
+    job_id = c.load.submit({"type": "chaos-slow", "payload": {"seconds": PROBE_SECONDS}})
+    started = _wait_start(c, job_id, 60) if job_id is not None else None
+    return started[0] if started is not None and started[0] in pids else None
+
+
+def _owner_of(c: Chaos, pid: int | None) -> Service:
+    owners = [w for w in c.system.workers if pid in w.current.children()]
+    return owners[0] if owners else c.rng.choice(c.system.workers)
+
+
 def kill_child(c: Chaos) -> Injected:
-    service = c.rng.choice([w for w in c.system.workers if w.current.children()])
-    pid = c.rng.choice(service.current.children())
+    children = {pid: w for w in c.system.workers for pid in w.current.children()}
+    pid = _busy_pid(c) or c.rng.choice(list(children))
     os.kill(pid, signal.SIGKILL)
-    return Injected(service.name, killed_pids=(pid,), note=f"pid {pid}")
+    return Injected(children[pid].name, killed_pids=(pid,), note=f"pid {pid}")
 
 
 def kill_worker(c: Chaos) -> Injected:
-    service = c.rng.choice(c.system.workers)
+    service = _owner_of(c, _busy_pid(c))
     pids = (service.current.pid, *service.current.children())
     service.current.kill_group()
     c.system.launch(service)
@@ -105,7 +136,7 @@ def kill_worker(c: Chaos) -> Injected:
 
 
 def term_worker(c: Chaos) -> Injected:
-    service = c.rng.choice(c.system.workers)
+    service = _owner_of(c, _busy_pid(c))
     process = service.current
     process.signal(signal.SIGTERM)
     code = process.wait(STOP_LIMIT)
@@ -197,7 +228,7 @@ def pause(c: Chaos) -> Injected:
         note = f"pid {pid}, job {job_id} lease {token}"
         if reclaimed is None:
             note += ": never re-claimed"
-        return Injected(_owner(c, pid), time.time(), paused_pids=(pid,), note=note)
+        return Injected(_owner_of(c, pid).name, time.time(), paused_pids=(pid,), note=note)
     c.problems.append("pause: no probe job could be paused mid-run")
     return Injected("none", time.time(), note="probe missed")
 
@@ -230,10 +261,6 @@ def _token_after(c: Chaos, job_id: str, token: int) -> bool:
     return bool(rows) and int(rows[0][0]) > token
 
 
-def _owner(c: Chaos, pid: int) -> str:
-    return next((w.name for w in c.system.workers if pid in w.current.children()), "worker")
-
-
 INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
     "kill_child": kill_child,
     "kill_worker": kill_worker,
@@ -252,10 +279,12 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
 # --- the schedule -----------------------------------------------------------------------
 
 
-def recovered(system: System, since: float) -> bool:
-    """Every service ready, and a job finished since `since` (or none waiting)."""
-    if not system.all_ready():
-        return False
+def not_recovered(system: System, since: float) -> str | None:
+    """None once every service is ready and a job reached a resting state since `since`
+    (or none is waiting); else what is still missing."""
+    down = [s.name for s in system.services if not system.ready(s)]
+    if down:
+        return "not ready: " + ", ".join(down)
     try:
         ((finished, waiting),) = system.query(
             "SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead_letter')"
@@ -264,16 +293,25 @@ def recovered(system: System, since: float) -> bool:
             "  OR status = 'processing') FROM jobs",
             (since,),
         )
-    except Exception:
-        return False
-    return finished > 0 or waiting == 0
+    except Exception as exc:
+        return f"observer query failed: {type(exc).__name__}"
+    if finished == 0 and waiting > 0:
+        return f"no job finished yet, {waiting} waiting"
+    return None
 
 
 def inject(c: Chaos, kind: str) -> Fault:
     injected_at = time.time()
     done = INJECTORS[kind](c)
     since = done.healed_at or injected_at
-    recovered_at = wait_until(lambda: recovered(c.system, since), RECOVERY_LIMIT)
+    missing: list[str | None] = [None, None]  # now, and the last thing waited for
+
+    def recovered() -> bool:
+        missing[0] = not_recovered(c.system, since)
+        missing[1] = missing[0] or missing[1]
+        return missing[0] is None
+
+    recovered_at = wait_until(recovered, RECOVERY_LIMIT)
     fault = Fault(
         kind,
         done.target,
@@ -282,11 +320,12 @@ def inject(c: Chaos, kind: str) -> Fault:
         recovered_at,
         done.killed_pids,
         done.paused_pids,
-        done.note,
+        done.note if recovered_at is not None else f"{done.note} ({missing[0]})",
     )
     c.faults.append(fault)
     took = "never" if recovered_at is None else f"{recovered_at - since:.2f}s"
-    c.log(f"fault {kind:<21} {done.target:<9} {done.note:<40} recovered after {took}")
+    waited = f" (waited for: {missing[1]})" if missing[1] else ""
+    c.log(f"fault {kind:<21} {done.target:<9} {fault.note:<40} recovered after {took}{waited}")
     return fault
 
 

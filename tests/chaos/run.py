@@ -45,6 +45,7 @@ def run_chaos(
     kinds: Sequence[str] = faults.KINDS,
     gap: tuple[float, float] = (1.0, 3.0),
     log: Callable[[str], None] = print,
+    keep: bool = False,
 ) -> Report:
     """One complete run; the report's violations are empty when every guarantee held."""
     started = time.time()
@@ -113,7 +114,10 @@ def run_chaos(
         if load is not None:
             load.close()
         system.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if keep:
+            log(f"service logs and execution records kept in {run_dir}")
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _unsettled(system: System, ids: list[str]) -> int:
@@ -220,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the summary and violations here")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--kinds", default=",".join(faults.KINDS), help="fault kinds to inject")
+    parser.add_argument("--keep", action="store_true", help="keep the logs of the run")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -230,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(message: str) -> None:
         print(message, flush=True)
 
-    report = run_chaos(jobs=args.jobs, duration=args.duration, seed=seed, kinds=kinds, log=log)
+    report = run_chaos(
+        jobs=args.jobs, duration=args.duration, seed=seed, kinds=kinds, log=log, keep=args.keep
+    )
     print(table(report))
     for violation in report.violations[:50]:
         print(f"VIOLATION: {violation}")

@@ -36,7 +36,8 @@ TIMINGS = {
     "LEASE_DURATION": "8s",
     "RECOVERY_INTERVAL": "1s",
     "POLL_INTERVAL": "200ms",
-    "SHUTDOWN_TIMEOUT": "3s",
+    # Shorter than JOB_TIMEOUT, so a SIGTERM can interrupt a job and release it.
+    "SHUTDOWN_TIMEOUT": "1s",
     "BACKOFF_BASE": "100ms",
     "BACKOFF_MAX": "1s",
     "MAX_ATTEMPTS": "5",
@@ -60,6 +61,20 @@ class Process:
                 start_new_session=True,
             )
         self.pid = self.proc.pid
+        self._read = 0
+        self.started_children: set[int] = set()
+
+    def working_children(self) -> list[int]:
+        """Children that are past their imports and running (they logged their start)."""
+        with open(self.log, "rb") as f:
+            f.seek(self._read)
+            data = f.read()
+        data = data[: data.rfind(b"\n") + 1]
+        self._read += len(data)
+        for line in data.splitlines():
+            if b'"worker process started"' in line:
+                self.started_children.add(int(json.loads(line)["pid"]))
+        return [pid for pid in self.children() if pid in self.started_children]
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -221,7 +236,7 @@ class System:
         except httpx.HTTPError:
             return False
         if ok and service.is_worker:
-            return len(service.current.children()) == WORKER_PROCESSES
+            return len(service.current.working_children()) == WORKER_PROCESSES
         return ok
 
     def all_ready(self) -> bool:
