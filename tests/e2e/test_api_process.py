@@ -1,0 +1,176 @@
+"""The real `jobqueue-api` process: serving, startup refusals, and graceful shutdown."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.procs import Service, free_port, wait_for
+
+pytestmark = pytest.mark.e2e
+
+STARTUP = 60  # generous: two shared cores, other suites running
+
+
+class Api:
+    def __init__(self, database_url: str, **env: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.service = Service(
+            "jobqueue-api",
+            {"DATABASE_URL": database_url, "HTTP_ADDR": f"127.0.0.1:{self.port}", **env},
+        )
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        return httpx.get(self.base + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def post(self, path: str, **kwargs: object) -> httpx.Response:
+        return httpx.post(self.base + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def status_of(self, path: str) -> int | None:
+        try:
+            return self.get(path).status_code
+        except httpx.TransportError:
+            return None
+
+    def wait_ready(self) -> None:
+        def ready() -> bool:
+            assert self.service.proc.poll() is None, self.service.output()
+            return self.status_of("/readyz") == 200
+
+        wait_for(ready, STARTUP, "jobqueue-api to become ready")
+
+
+@pytest.fixture
+def start_api(database_url: str) -> Iterator[Callable[..., Api]]:
+    started: list[Api] = []
+
+    def start(**env: str) -> Api:
+        api = Api(database_url, **env)
+        started.append(api)
+        api.wait_ready()
+        return api
+
+    yield start
+    for api in started:
+        if api.service.proc.poll() is None:
+            api.service.kill()
+
+
+def test_serves_jobs_logs_json_and_exits_0_on_sigterm(start_api: Callable[..., Api]):
+    api = start_api()
+    created = api.post(
+        "/jobs",
+        content=b'{"type":"sleep","payload":{"duration":"2s"}}',
+        headers={"Content-Type": "application/x-www-form-urlencoded", "X-Request-ID": "e2e-1"},
+    )
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert api.get(created.headers["location"]).json() == job
+    assert api.get(f"/jobs/{job['id']}/status").json()["status"] == "pending"
+    assert "jobs_submitted_total 1.0" in api.get("/metrics").text
+
+    assert api.service.stop() == 0
+    lines = api.service.logs()  # every stdout line is one JSON object
+    messages = [line["msg"] for line in lines]
+    assert any("API_TOKENS is not set" in m for m in messages)
+    access = [line for line in lines if line["msg"] == "request" and line["request_id"] == "e2e-1"]
+    assert len(access) == 1
+    assert access[0]["method"] == "POST" and access[0]["status"] == 201
+    assert messages[-1] == "stopped"
+
+
+def test_with_api_tokens_there_is_no_warning_and_a_token_is_required(
+    start_api: Callable[..., Api],
+):
+    api = start_api(API_TOKENS="s3cret")
+    assert api.post("/jobs", json={"type": "sleep"}).status_code == 401
+    ok = api.post("/jobs", json={"type": "sleep"}, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 201
+    assert api.service.stop() == 0
+    assert not any("API_TOKENS" in line["msg"] for line in api.service.logs())
+
+
+def test_refuses_to_start_when_the_schema_is_not_at_head(empty_database_url: str):
+    service = Service(
+        "jobqueue-api",
+        {"DATABASE_URL": empty_database_url, "HTTP_ADDR": f"127.0.0.1:{free_port()}"},
+    )
+    code = service.wait(STARTUP)
+    assert code != 0
+    assert "alembic upgrade head" in service.output()
+    service.logs()  # still JSON
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("MAX_BODY_BYTES", "lots"),
+        ("JOB_HANDLERS", "no.such.module"),
+    ],
+)
+def test_invalid_configuration_is_one_line_naming_the_variable_and_exit_2(
+    database_url: str, variable: str, value: str
+):
+    service = Service("jobqueue-api", {"DATABASE_URL": database_url, variable: value})
+    assert service.wait(STARTUP) == 2
+    (line,) = service.logs()
+    assert line["level"] == "error" and variable in line["msg"]
+    assert line["variable"] == variable
+
+
+def test_sigterm_drains_for_drain_delay_then_exits_0(start_api: Callable[..., Api]):
+    api = start_api(DRAIN_DELAY="3s")
+    signalled = time.monotonic()
+    api.service.signal(signal.SIGTERM)
+    wait_for(lambda: api.status_of("/readyz") == 503, 10, "/readyz to answer 503")
+    # Still serving while load balancers take it out of rotation.
+    assert api.get("/healthz").status_code == 200
+    assert api.post("/jobs", json={"type": "sleep"}).status_code == 201
+    assert api.service.wait(30) == 0
+    assert time.monotonic() - signalled >= 3
+    assert "shutdown requested: /readyz now answers 503" in [m["msg"] for m in api.service.logs()]
+
+
+def test_an_in_flight_request_finishes_after_the_listener_closes(start_api: Callable[..., Api]):
+    # The drain window gives the server ample time to take up the request before the
+    # listener closes; the request then stays in flight until the test sends the rest.
+    api = start_api(DRAIN_DELAY="1s")
+    body = b'{"type":"sleep","payload":{"in_flight":true}}'
+    head = (
+        f"POST /jobs HTTP/1.1\r\nHost: api\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", api.port), timeout=30) as conn:
+        conn.sendall(head + body[:10])  # the request has started; its body is half sent
+        api.service.signal(signal.SIGTERM)
+
+        def listener_closed() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", api.port), timeout=1).close()
+                return False
+            except ConnectionRefusedError:
+                return True
+
+        wait_for(listener_closed, 15, "the listener to close")
+        assert api.service.proc.poll() is None  # still finishing our request
+        conn.sendall(body[10:])
+        response = b""
+        while chunk := conn.recv(65536):
+            response += chunk
+    assert response.startswith(b"HTTP/1.1 201"), response[:200]
+    assert api.service.wait(30) == 0
+
+
+def test_a_second_signal_exits_at_once(start_api: Callable[..., Api]):
+    api = start_api(DRAIN_DELAY="60s")
+    api.service.signal(signal.SIGTERM)
+    wait_for(lambda: api.status_of("/readyz") == 503, 10, "/readyz to answer 503")
+    api.service.signal(signal.SIGINT)
+    assert api.service.wait(10) == 128 + signal.SIGINT
+    assert "second signal: exiting now" in [m["msg"] for m in api.service.logs()]
