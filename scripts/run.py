@@ -7,11 +7,13 @@ from the environment to both services.
 The services run in sessions of their own so that Ctrl-C in the terminal reaches
 only this script, which forwards it once to each: a signal delivered twice would
 make them skip their graceful shutdown. A second Ctrl-C here kills both at once.
-If one service exits on its own, the other is stopped and its status is ours.
+If one service exits on its own, the other is stopped and its status is ours. If
+this script is killed outright, Linux sends both services SIGTERM.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SERVICES = ("jobqueue-api", "jobqueue-worker")
 INTERRUPTED = 130  # the shell's status for a run cut short by Ctrl-C
+PR_SET_PDEATHSIG = 1
 
 log = logging.getLogger("jobqueue.run")
 
@@ -69,7 +73,13 @@ def supervise(env: dict[str, str], received: list[int]) -> int:
     """Run both services until a signal or until one of them exits; returns our exit status."""
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name in SERVICES:
-        procs[name] = subprocess.Popen([str(BIN / name)], cwd=ROOT, env=env, start_new_session=True)
+        procs[name] = subprocess.Popen(
+            [str(BIN / name)],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_stop_with_parent(os.getpid()),
+        )
         log.info(f"{name} started", extra={"service": name, "pid": procs[name].pid})
 
     status: int | None = None  # set when a service exits on its own
@@ -107,6 +117,23 @@ def supervise(env: dict[str, str], received: list[int]) -> int:
         status = next((code for code in codes.values() if code != 0), 0)
     log.info("stopped", extra={"status": status, **{f"{n}_status": c for n, c in codes.items()}})
     return status
+
+
+def _stop_with_parent(parent: int) -> Callable[[], None] | None:
+    """In the child: ask Linux for SIGTERM when this script dies, even by SIGKILL.
+
+    The services sit in sessions of their own, so nothing else would stop them.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arrange() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange
 
 
 def _signal_all(procs: dict[str, subprocess.Popen[bytes]], signum: int) -> None:

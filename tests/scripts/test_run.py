@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,13 @@ def pids(service: Service) -> list[int]:
     ]
 
 
+def cleanup(run: Service) -> None:
+    run.kill()
+    for pid in pids(run):  # in sessions of their own: not in run.py's process group
+        with suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -86,7 +95,7 @@ def test_run_migrates_an_empty_database_runs_a_job_and_stops_cleanly_on_ctrl_c(
         assert not any(alive(pid) for pid in services)
         run.logs()  # every line, the services' included, is JSON
     finally:
-        run.kill()
+        cleanup(run)
 
 
 def test_a_service_exiting_on_its_own_stops_the_other_and_sets_the_exit_status(database_url):
@@ -100,7 +109,7 @@ def test_a_service_exiting_on_its_own_stops_the_other_and_sets_the_exit_status(d
             assert len(pids(run)) == 2 and not any(alive(pid) for pid in pids(run))
             assert any("jobqueue-worker exited with status 1" in e["msg"] for e in run.logs())
         finally:
-            run.kill()
+            cleanup(run)
 
 
 def test_second_ctrl_c_kills_both_services_at_once(database_url):
@@ -123,7 +132,7 @@ def test_second_ctrl_c_kills_both_services_at_once(database_url):
         assert run.wait(30) == 130, run.output()
         wait_for(lambda: not any(alive(pid) for pid in pids(run)), 30, "both services gone")
     finally:
-        run.kill()
+        cleanup(run)
 
 
 def test_migration_failure_stops_before_starting_services():
@@ -134,4 +143,15 @@ def test_migration_failure_stops_before_starting_services():
         assert pids(run) == []
         assert any(entry.get("step") == "migrations" for entry in run.logs())
     finally:
-        run.kill()
+        cleanup(run)
+
+
+def test_services_stop_when_run_is_killed_outright(database_url):
+    run, _ = start(database_url)
+    try:
+        services = wait_for(lambda: len(pids(run)) == 2 and pids(run), 90, "both services started")
+        wait_for(lambda: all(alive(pid) for pid in services), 30, "both services running")
+        run.kill()  # SIGKILL: run.py cannot forward anything
+        wait_for(lambda: not any(alive(pid) for pid in services), 60, "both services gone")
+    finally:
+        cleanup(run)
