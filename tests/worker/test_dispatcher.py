@@ -48,7 +48,8 @@ async def test_never_more_than_workers_jobs_run_at_once_and_every_claim_runs():
 async def test_claim_asks_for_exactly_the_free_slots():
     store = FakeStore()
     for i in range(30):
-        store.add("unit.dispatch.concurrent", {"seconds": 0.003 * (i % 5)})
+        # Quick and slow jobs mixed, so slots free up at different times.
+        store.add("unit.dispatch.concurrent", {"seconds": 0.05 if i % 2 else 0})
     stack = Stack(store, slots=4)
     free_at_claim: list[int] = []
     store.on_claim = lambda n: free_at_claim.append(stack.executor.free)
