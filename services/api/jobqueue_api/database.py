@@ -30,12 +30,16 @@ REQUEST_DEADLINE = 5.0
 
 
 def open_engine(url: str) -> AsyncEngine:
+    """The API's engine. Every API request runs single statements (each store
+    operation is one), so connections autocommit: no BEGIN/COMMIT round trips,
+    one round trip per statement plus the pool's pre-ping."""
     engine = make_engine(
         url,
         pool_size=POOL_SIZE,
         connect_timeout=CONNECT_TIMEOUT,
         statement_timeout=STATEMENT_TIMEOUT,
         application_name="jobqueue-api",
+        isolation_level="AUTOCOMMIT",
     )
 
     @event.listens_for(engine.sync_engine, "do_connect")
