@@ -161,7 +161,8 @@ class System:
         common = {
             **TIMINGS,
             "JOB_HANDLERS": "tests.chaos.handlers",
-            "PYTHONPATH": str(ROOT),
+            # The repository (for tests.chaos.handlers) ahead of whatever the caller put there.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "CHAOS_LOG_DIR": str(self.exec_dir),
             "LOG_LEVEL": "info",
         }
