@@ -32,5 +32,10 @@ lint: install
 	$(BIN)/mypy shared/jobcore services
 	$(BIN)/python scripts/validate_deploy.py
 
+# POST /jobs throughput and latency (p50/p99) of one real jobqueue-api process, loaded by an
+# asyncio client (bench/api.py); `make bench-api BENCH_API_ARGS="--concurrency 64"`.
+bench-api: install
+	$(BIN)/python -m bench.api $(BENCH_API_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
