@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import signal
 import sys
@@ -178,7 +179,12 @@ def _service_logs(system: System) -> tuple[list[dict[str, Any]], int]:
 
 
 def _errors(entries: list[dict[str, Any]]) -> dict[str, int]:
-    found = Counter(str(e.get("msg"))[:80] for e in entries if e.get("level") == "error")
+    """Error-level service log lines by message (first line, numbers folded)."""
+    found = Counter(
+        re.sub(r"\d+", "N", str(e.get("msg")).splitlines()[0])[:100]
+        for e in entries
+        if e.get("level") == "error"
+    )
     return dict(found.most_common(10))
 
 
@@ -207,6 +213,7 @@ def table(report: Report) -> str:
         lines.append(f"| recovery after {kind} (p50 / max) | {t['p50']}s / {t['max']}s |")
     lines += [
         f"| submissions retried by the client | {sum(s['submission_retries'].values())} |",
+        f"| service log lines at level error | {sum(s['error_log_lines'].values())} |",
         f"| invariant violations | {s['violations']} |",
         f"| run time | {s['duration_seconds']}s |",
     ]
