@@ -32,6 +32,13 @@ lint: install
 	$(BIN)/mypy shared/jobcore services
 	$(BIN)/python scripts/validate_deploy.py
 
+# Fault injection under load: own PostgreSQL cluster, 2 APIs, 3 workers, 5,000 jobs, every
+# fault kind; then the invariant checker. Table on stdout, JSON in chaos-results/.
+# `make chaos CHAOS_ARGS="--seed N"` replays a run's job mix and fault order.
+chaos: install
+	$(BIN)/python -m tests.chaos.run --jobs 5000 --duration 240 \
+		--json chaos-results/$$(date -u +%Y%m%dT%H%M%SZ).json $(CHAOS_ARGS)
+
 # POST /jobs throughput and latency (p50/p99) of one real jobqueue-api process, loaded by an
 # asyncio client (bench/api.py); `make bench-api BENCH_API_ARGS="--concurrency 64"`.
 bench-api: install
