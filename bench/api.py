@@ -96,7 +96,15 @@ class Client:
         self.writer.close()
 
 
-async def load(port: int, concurrency: int, duration: float, keys: bool) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(
+    port: int, concurrency: int, duration: float, keys: bool, pid: int
+) -> dict[str, Any]:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     stop_at = time.monotonic() + duration
@@ -115,9 +123,9 @@ async def load(port: int, concurrency: int, duration: float, keys: bool) -> dict
         finally:
             client.close()
 
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), cpu_seconds(pid)
     await asyncio.gather(*(worker(n) for n in range(concurrency)))
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, cpu_seconds(pid) - cpu_before
     return {
         "concurrency": concurrency,
         "seconds": round(elapsed, 2),
@@ -128,6 +136,8 @@ async def load(port: int, concurrency: int, duration: float, keys: bool) -> dict
         "p99_ms": round(percentile(latencies, 99) * 1000, 2),
         "mean_ms": round(statistics.fmean(latencies) * 1000, 2),
         "max_ms": round(max(latencies) * 1000, 2),
+        # Independent of how busy the machine is: the server's own cost per request.
+        "server_cpu_ms_per_request": round(cpu / len(latencies) * 1000, 3),
     }
 
 
@@ -179,9 +189,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         port = _free_port()
         proc = _start_api(url, port, log_path)
         await _wait_ready(port, proc)
-        await load(port, 4, 2.0, args.idempotency_keys)  # warm-up: pools, caches, JIT-free paths
+        await load(port, 4, 2.0, args.idempotency_keys, proc.pid)  # warm-up: pools, caches
         jobs_before = await _job_count(url)
-        runs = [await load(port, c, args.duration, args.idempotency_keys) for c in args.concurrency]
+        runs = [
+            await load(port, c, args.duration, args.idempotency_keys, proc.pid)
+            for c in args.concurrency
+        ]
         created = sum(r["statuses"].get("201", 0) for r in runs)
         stored = await _job_count(url) - jobs_before
         if stored != created:
@@ -220,11 +233,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
     result = asyncio.run(run(args))
-    print(f"{'conc':>5} {'requests':>9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    print(f"load average before: {result['load_average_before']}")
+    print(
+        f"{'conc':>5} {'requests':>9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f" {'server CPU ms/req':>18}"
+    )
     for r in result["runs"]:
         print(
             f"{r['concurrency']:>5} {r['requests']:>9} {r['throughput_rps']:>8} "
-            f"{r['p50_ms']:>8} {r['p99_ms']:>8} {r['max_ms']:>8}  statuses {r['statuses']}"
+            f"{r['p50_ms']:>8} {r['p99_ms']:>8} {r['max_ms']:>8}"
+            f" {r['server_cpu_ms_per_request']:>18}  statuses {r['statuses']}"
         )
     out = args.json or ROOT / "bench-results" / f"api-{time.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(exist_ok=True)
