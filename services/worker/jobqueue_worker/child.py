@@ -78,6 +78,9 @@ async def _run(settings: Settings, index: int) -> int:
         pool_size=POOL_SIZE,
         connect_timeout=5.0,
         application_name="jobqueue-worker",
+        # Every store call is a single statement: autocommit spares the BEGIN and COMMIT
+        # round trips (and makes the pool's pre-ping one round trip instead of three).
+        isolation_level="AUTOCOMMIT",
     )
     store = PgJobStore(engine)
     completer = Completer(store, batch_size=settings.workers, linger=_LINGER)

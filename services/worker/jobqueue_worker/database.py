@@ -2,9 +2,10 @@
 
 The dispatcher, completer and recovery loop depend only on `JobStore`, so unit
 tests can hand them an in-memory store. `PgJobStore` runs each `jobcore.store`
-operation in a short transaction of its own under a client-side timeout (which
-also covers a connection that went silent), and logs the database's
-availability once per change of state, not once per call.
+operation (a single statement) in a transaction of its own, which costs no
+extra round trip on an autocommit engine, under a client-side timeout that also
+covers a connection gone silent; it logs the database's availability once per
+change of state, not once per call.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ class Supervisor:
             pool_size=1,
             connect_timeout=READY_TIMEOUT,
             application_name="jobqueue-worker-supervisor",
+            isolation_level="AUTOCOMMIT",
         )
 
     def pids(self) -> list[int]:
