@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint bench bench-api bench-compare chaos clean
+.PHONY: install run test test-fast lint bench bench-api bench-compare bench-install chaos clean
 
 install: $(STAMP)
 
@@ -31,6 +31,19 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy shared/jobcore services
 	$(BIN)/python scripts/validate_deploy.py
+
+# Queue benchmarks on the local PostgreSQL (starts and stops its own services; ~20 min,
+# `make bench BENCH_ARGS=--quick` for a short run). Table on stdout, JSON in bench-results/.
+bench: install
+	$(BIN)/python -m bench.queues $(BENCH_ARGS)
+
+# The peers (Procrastinate, PgQueuer) and py-spy: only bench-compare needs them.
+bench-install: install
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,bench]'
+
+# Ours against Procrastinate and PgQueuer, interleaved in the same run, with ratios.
+bench-compare: bench-install
+	$(BIN)/python -m bench.queues --compare $(BENCH_ARGS)
 
 # Fault injection under load: own PostgreSQL cluster, 2 APIs, 3 workers, 5,000 jobs, every
 # fault kind; then the invariant checker. Table on stdout, JSON in chaos-results/.

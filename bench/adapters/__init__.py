@@ -1,0 +1,1 @@
+"""One adapter per measured queue, each exposing the same operations (see `base.Adapter`)."""

@@ -1,0 +1,110 @@
+"""The measurements, written once against `Adapter` so every system is measured the same way.
+
+Clocks: handler start times come from `time.time()` in the worker (see
+`beacon`); completion times from the database's `now()` in the transaction
+that recorded the completion. Both read this machine's one wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from typing import Any
+
+from bench.adapters.base import Adapter
+from bench.beacon import Receiver
+from bench.stats import latency_ms
+
+_markers = itertools.count()
+
+
+def _marker(kind: str) -> str:
+    return f"{kind}{next(_markers)}"
+
+
+async def wait_drained(adapter: Adapter, limit: float, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + limit
+    while (left := await adapter.remaining()) > 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{adapter.name}: {left} jobs still unfinished after {limit:.0f}s")
+        await asyncio.sleep(interval)
+
+
+async def warm_up(adapter: Adapter, rx: Receiver, processes: int, limit: float = 90) -> int:
+    """Send single jobs until every worker process has run one (or time is up).
+
+    Proves the workers are up and connected before anything is timed; returns
+    how many distinct processes answered.
+    """
+    pids: set[int] = set()
+    deadline = time.monotonic() + limit
+    # Once one process answered, the others get a little longer to show up.
+    tries_after_first = 0
+    while len(pids) < processes and tries_after_first < 200:
+        marker = _marker("w")
+        future = rx.expect(marker)
+        await adapter.submit(rx.payload(marker))
+        _, pid = await asyncio.wait_for(future, max(1.0, deadline - time.monotonic()))
+        pids.add(pid)
+        tries_after_first += 1
+        await asyncio.sleep(0.005)
+    await wait_drained(adapter, 30)
+    return len(pids)
+
+
+async def drain(adapter: Adapter, n: int, limit: float) -> dict[str, float]:
+    """Workers idle; enqueue n jobs in bulk; rate from the enqueue commit to the last completion."""
+    called = time.time()
+    await adapter.enqueue_many(n)
+    committed = time.time()
+    await wait_drained(adapter, limit)
+    finished = await adapter.last_completion()
+    elapsed = max(finished - committed, 1e-6)
+    return {
+        "drain_jobs_per_s": n / elapsed,
+        "drain_seconds": elapsed,
+        "bulk_enqueue_jobs_per_s": n / max(committed - called, 1e-6),
+    }
+
+
+async def pickup_latency(
+    adapter: Adapter, rx: Receiver, samples: int, limit: float = 30
+) -> dict[str, Any]:
+    """Idle workers; one job at a time; handler start minus submit return (and submit start)."""
+    from_commit: list[float] = []
+    from_call: list[float] = []
+    for _ in range(samples):
+        marker = _marker("l")
+        future = rx.expect(marker)
+        called = time.time()
+        await adapter.submit(rx.payload(marker))
+        returned = time.time()
+        started, _ = await asyncio.wait_for(future, limit)
+        from_commit.append(started - returned)
+        from_call.append(started - called)
+        # Let the worker record the outcome and go idle again; jitter avoids
+        # falling into step with any polling period.
+        await asyncio.sleep(random.uniform(0.01, 0.03))
+    await wait_drained(adapter, limit)
+    return {"from_commit": latency_ms(from_commit), "from_call": latency_ms(from_call)}
+
+
+async def end_to_end(adapter: Adapter, m: int, concurrency: int, limit: float) -> dict[str, float]:
+    """Workers running; m single submits from `concurrency` clients; until all completed."""
+    left = iter(range(m))
+
+    async def client() -> None:
+        for _ in left:
+            await adapter.submit({})
+
+    started = time.time()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    submitted = time.time()
+    await wait_drained(adapter, limit)
+    finished = await adapter.last_completion()
+    return {
+        "e2e_jobs_per_s": m / max(finished - started, 1e-6),
+        "e2e_submit_jobs_per_s": m / max(submitted - started, 1e-6),
+    }

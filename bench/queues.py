@@ -1,0 +1,426 @@
+"""`make bench` / `make bench-compare`: our queue, and optionally its peers, measured in one run.
+
+    python -m bench.queues [--compare] [--quick] [--jobs N] [--repeat R] ...
+
+Every system gets the same sessions, interleaved round-robin over the repeats
+(the order rotates each repeat): a fresh database, K worker processes started
+and warmed up, then the measurements (see `bench.measure`); then everything is
+stopped and the database dropped. Figures are medians over the repeats. Ours
+also gets a WORKERS sweep, the API submit measurements (`bench.submit`) and
+the backlog check (`bench.backlog`). A progress bar goes to stderr, the table
+to stdout, everything measured to bench-results/<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import backlog, measure, pg, procs, submit
+from bench.adapters.base import Adapter, Unsupported
+from bench.adapters.ours import Ours
+from bench.beacon import Receiver
+from bench.procs import ROOT
+from bench.progress import Progress
+from bench.report import render, summarize
+
+PEERS = ("procrastinate", "pgqueuer")
+
+
+@dataclass
+class Config:
+    compare: bool = False
+    jobs: int = 20_000
+    repeat: int = 3
+    workers: int = 50
+    processes: list[int] = field(default_factory=lambda: [1, 2])
+    sweep: list[int] = field(default_factory=lambda: [10, 50, 200])
+    latency_samples: int = 400
+    e2e_jobs: int = 5_000
+    concurrency: int = 16
+    single_requests: int = 5_000
+    batch_jobs: int = 100_000
+    batch_concurrency: int = 4
+    backlog: bool = True
+    backlog_completed: int = 1_000_000
+    backlog_pending: int = 200_000
+    backlog_window: int = 20_000
+    backlog_skip: int = 1_000
+    claim_samples: int = 300
+    claim_n: int = 10
+    server: str = ""
+    keep_logs: bool = False
+    output_dir: str = str(ROOT / "bench-results")
+
+
+QUICK = {
+    "jobs": 2_000,
+    "repeat": 1,
+    "sweep": [10, 50],
+    "latency_samples": 100,
+    "e2e_jobs": 500,
+    "single_requests": 500,
+    "batch_jobs": 10_000,
+    "backlog_completed": 100_000,
+    "backlog_pending": 20_000,
+    "backlog_window": 2_000,
+    "backlog_skip": 200,
+    "claim_samples": 100,
+}
+
+
+class Run:
+    """Collects raw results and errors while the sessions execute."""
+
+    def __init__(self, config: Config, progress: Progress) -> None:
+        self.config = config
+        self.progress = progress
+        self.workdir = Path(tempfile.mkdtemp(prefix="jobqueue-bench-"))
+        self.rx: Receiver | None = None
+        self.results: list[dict[str, Any]] = []
+        self.errors: list[dict[str, str]] = []
+        self.systems: dict[str, Any] = {}
+
+    def adapter(self, system: str, workers: int | None = None) -> Adapter:
+        server = self.config.server
+        if system == "jobqueue":
+            return Ours(server, self.workdir, workers or self.config.workers)
+        if system == "procrastinate":
+            from bench.adapters.procrastinate_peer import Procrastinate
+
+            return Procrastinate(server, self.workdir)
+        from bench.adapters.pgqueuer_peer import PgQueuerPeer
+
+        return PgQueuerPeer(server, self.workdir)
+
+    async def step(self, label: str, body: Callable[[], Awaitable[None]]) -> None:
+        self.progress.step(label)
+        try:
+            await body()
+        except Unsupported as exc:
+            self.errors.append({"step": label, "error": str(exc), "kind": "unsupported"})
+        except Exception as exc:
+            self.errors.append(
+                {"step": label, "error": f"{exc!r}", "trace": traceback.format_exc()}
+            )
+        finally:
+            self.progress.advance()
+
+    async def session(
+        self, rep: int, system: str, processes: int, workers: int | None, full: bool
+    ) -> None:
+        """Fresh database, K warmed-up worker processes, the measurements, clean-up."""
+        config = self.config
+        adapter = self.adapter(system, workers)
+        self.systems.setdefault(system, adapter.describe())
+        assert self.rx is not None
+        try:
+            await adapter.prepare()
+            await adapter.start_workers(processes)
+            await measure.warm_up(adapter, self.rx, processes)
+            figures: dict[str, Any] = {}
+            if full:
+                figures["pickup"] = await measure.pickup_latency(
+                    adapter, self.rx, config.latency_samples
+                )
+            figures.update(await measure.drain(adapter, config.jobs, _timeout(config.jobs)))
+            if full:
+                figures.update(
+                    await measure.end_to_end(
+                        adapter, config.e2e_jobs, config.concurrency, _timeout(config.e2e_jobs)
+                    )
+                )
+        finally:
+            await adapter.cleanup()
+        self.results.append(
+            {
+                "kind": "session",
+                "repeat": rep,
+                "system": system,
+                "processes": processes,
+                "workers": workers,
+                **figures,
+            }
+        )
+
+    async def api_session(self, rep: int) -> None:
+        ours = Ours(self.config.server, self.workdir, self.config.workers)
+        try:
+            await ours.prepare()
+            await ours.start_api()
+            single = await submit.single(ours, self.config.single_requests, self.config.concurrency)
+            self.results.append({"kind": "http_single", "repeat": rep, **single})
+            batch = await submit.batch(ours, self.config.batch_jobs, self.config.batch_concurrency)
+            self.results.append({"kind": "http_batch", "repeat": rep, **batch})
+        finally:
+            await ours.cleanup()
+
+    async def backlog_sessions(self) -> None:
+        """One big table kept for every repeat; a fresh empty one per repeat."""
+        c = self.config
+        use = backlog.consumed(
+            c.claim_samples, c.claim_n, c.backlog_skip, c.backlog_window, 2 * c.workers
+        )
+        options = {
+            "processes": 2,
+            "claim_samples": c.claim_samples,
+            "claim_n": c.claim_n,
+            "skip": c.backlog_skip,
+            "window": c.backlog_window,
+            "limit": _timeout(c.backlog_window + c.backlog_skip),
+        }
+        full = Ours(c.server, self.workdir, c.workers)
+        try:
+            await self.step(
+                f"backlog: writing {c.backlog_completed:,} completed + "
+                f"{c.backlog_pending:,} pending rows",
+                lambda: _fill(full, c.backlog_completed, max(c.backlog_pending, use)),
+            )
+            for rep in range(c.repeat):
+
+                async def empty_run(rep: int = rep) -> None:
+                    empty = Ours(c.server, self.workdir, c.workers)
+                    try:
+                        await empty.prepare()
+                        await backlog.fill(empty, 0, use)
+                        figures = await backlog.measure(empty, **options)
+                    finally:
+                        await empty.cleanup()
+                    self.results.append(
+                        {"kind": "backlog", "table": "empty", "repeat": rep, **figures}
+                    )
+
+                async def full_run(rep: int = rep) -> None:
+                    # Top the backlog up to its size: earlier repeats consumed some.
+                    missing = max(c.backlog_pending, use) - await backlog.pending_count(full)
+                    if missing > 0:
+                        await backlog.fill(full, 0, missing)
+                    figures = await backlog.measure(full, **options)
+                    self.results.append(
+                        {"kind": "backlog", "table": "backlog", "repeat": rep, **figures}
+                    )
+
+                runs = [("empty", empty_run), ("backlog", full_run)]
+                for name, body in runs if rep % 2 == 0 else runs[::-1]:
+                    await self.step(f"backlog {rep + 1}/{c.repeat}: {name} table", body)
+        finally:
+            await full.cleanup()
+
+    async def execute(self) -> None:
+        c = self.config
+        self.rx = await Receiver.open()
+        try:
+            for name in await pg.drop_stale(c.server):
+                print(f"dropped stale benchmark database {name}", file=sys.stderr)
+            systems = ["jobqueue", *(PEERS if c.compare else ())]
+            for rep in range(c.repeat):
+                shift = rep % len(systems)
+                for system in systems[shift:] + systems[:shift]:
+                    for processes in c.processes:
+                        # Latency and end-to-end are measured once per repeat, with the most
+                        # processes: the production-like setting.
+                        await self.step(
+                            f"{rep + 1}/{c.repeat} {system}: {processes} worker process(es)",
+                            lambda s=system, p=processes, r=rep: self.session(
+                                r,
+                                s,
+                                p,
+                                c.workers if s == "jobqueue" else None,
+                                p == max(c.processes),
+                            ),
+                        )
+                for workers in c.sweep:
+                    if workers == c.workers:
+                        continue  # measured above
+                    for processes in c.processes:
+                        await self.step(
+                            f"{rep + 1}/{c.repeat} jobqueue WORKERS={workers}: "
+                            f"{processes} process(es)",
+                            lambda w=workers, p=processes, r=rep: self.session(
+                                r, "jobqueue", p, w, False
+                            ),
+                        )
+                await self.step(
+                    f"{rep + 1}/{c.repeat} jobqueue-api submit",
+                    lambda r=rep: self.api_session(r),
+                )
+            if c.backlog:
+                await self.backlog_sessions()
+        finally:
+            self.rx.close()
+            if self.config.keep_logs:
+                print(f"service logs kept in {self.workdir}", file=sys.stderr)
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _fill(adapter: Ours, completed: int, pending: int) -> None:
+    await adapter.prepare()
+    await backlog.fill(adapter, completed, pending)
+
+
+def _timeout(jobs: int) -> float:
+    # Generous: the slowest peer drains a few hundred jobs per second on a busy machine.
+    return 120 + jobs / 20
+
+
+def total_steps(c: Config) -> int:
+    systems = 1 + (len(PEERS) if c.compare else 0)
+    sweep = len([w for w in c.sweep if w != c.workers])
+    per_repeat = (systems + sweep) * len(c.processes) + 1
+    return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0)
+
+
+async def postgres_version(server: str) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(server)
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.queues", description=__doc__.split("\n")[0]
+    )
+    d = Config()
+    parser.add_argument("--compare", action="store_true", help="also Procrastinate and PgQueuer")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument("--jobs", type=int, help=f"jobs per drain (default {d.jobs})")
+    parser.add_argument(
+        "--repeat", type=int, help=f"repeats, medians reported (default {d.repeat})"
+    )
+    parser.add_argument(
+        "--workers", type=int, help=f"our WORKERS in the comparison (default {d.workers})"
+    )
+    parser.add_argument("--processes", help="worker process counts to drain with (default 1,2)")
+    parser.add_argument("--sweep", help="our WORKERS values for the drain sweep, e.g. 10,50,200")
+    parser.add_argument("--latency-samples", type=int)
+    parser.add_argument("--e2e-jobs", type=int)
+    parser.add_argument("--concurrency", type=int, help="HTTP / submit clients")
+    parser.add_argument("--single-requests", type=int)
+    parser.add_argument("--batch-jobs", type=int)
+    parser.add_argument("--no-backlog", action="store_true", help="skip the backlog check")
+    parser.add_argument("--backlog-completed", type=int)
+    parser.add_argument("--backlog-pending", type=int)
+    parser.add_argument("--backlog-window", type=int, help="jobs whose drain rate is compared")
+    parser.add_argument("--backlog-skip", type=int, help="completions ignored as start-up")
+    parser.add_argument("--claim-samples", type=int, help="single claims timed per table")
+    parser.add_argument(
+        "--server",
+        help=f"PostgreSQL maintenance URL (default $BENCH_DATABASE_URL or {pg.DEFAULT_SERVER})",
+    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs")
+    parser.add_argument("--output-dir", help="where the JSON goes (default bench-results/)")
+    args = parser.parse_args(argv)
+    config = Config(compare=args.compare)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(config, key, value)
+    for key in (
+        "jobs",
+        "repeat",
+        "workers",
+        "latency_samples",
+        "e2e_jobs",
+        "concurrency",
+        "single_requests",
+        "batch_jobs",
+        "backlog_completed",
+        "backlog_pending",
+        "backlog_window",
+        "backlog_skip",
+        "claim_samples",
+        "server",
+        "output_dir",
+    ):
+        value = getattr(args, key)
+        if value is not None:
+            setattr(config, key, value)
+    if args.sweep:
+        config.sweep = _ints(args.sweep)
+    if args.processes:
+        config.processes = _ints(args.processes)
+    config.keep_logs = args.keep_logs
+    if args.no_backlog:
+        config.backlog = False
+    config.server = config.server or pg.server_url()
+    if config.repeat < 1 or config.jobs < 1:
+        parser.error("--repeat and --jobs must be at least 1")
+    return config
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    if config.compare:
+        try:
+            import pgqueuer  # noqa: F401
+            import procrastinate  # noqa: F401
+        except ImportError as exc:
+            print(
+                f"bench-compare needs the bench extra ({exc}): run `make bench-install`",
+                file=sys.stderr,
+            )
+            return 2
+    progress = Progress(total_steps(config))
+    run = Run(config, progress)
+    started = datetime.now(UTC)
+    try:
+        asyncio.run(run.execute())
+    except KeyboardInterrupt:
+        print("\ninterrupted: processes stopped, databases dropped", file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    document = {
+        "started": started.isoformat(),
+        "finished": datetime.now(UTC).isoformat(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "postgresql": asyncio.run(postgres_version(config.server)),
+        },
+        "config": asdict(config) | {"server": "(omitted)"},
+        "systems": run.systems,
+        "results": run.results,
+        "errors": run.errors,
+        "process_groups": procs.STARTED,
+    }
+    document["summary"] = summarize(document)
+    out_dir = Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(render(document))
+    print(f"\nJSON: {path}")
+    failed = [e for e in run.errors if e.get("kind") != "unsupported"]
+    for error in run.errors:
+        print(f"\n{error['step']}: {error['error']}\n{error.get('trace', '')}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    code = main()
+    print(f"({time.monotonic() - started:.0f}s)", file=sys.stderr)
+    sys.exit(code)

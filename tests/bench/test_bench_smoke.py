@@ -1,0 +1,115 @@
+"""`make bench` keeps working: the harness runs end to end on tiny sizes and reports every figure.
+
+Timing belongs in the benchmark's output, not here: this only proves that each
+measurement ran and produced a positive number, and that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.pg import ROOT
+
+pytestmark = pytest.mark.e2e
+
+TINY = [
+    "--jobs", "200",
+    "--repeat", "1",
+    "--processes", "2",
+    "--workers", "10",
+    "--sweep", "10",
+    "--latency-samples", "10",
+    "--e2e-jobs", "50",
+    "--single-requests", "50",
+    "--batch-jobs", "2000",
+    "--backlog-completed", "2000",
+    "--backlog-pending", "500",
+    "--backlog-window", "200",
+    "--backlog-skip", "20",
+    "--claim-samples", "10",
+]  # fmt: skip
+
+OURS_FIGURES = {
+    "drain_2proc_jobs_per_s",
+    "bulk_enqueue_jobs_per_s",
+    "e2e_jobs_per_s",
+    "e2e_submit_jobs_per_s",
+    "pickup_from_commit_p50_ms",
+    "pickup_from_commit_p95_ms",
+    "pickup_from_commit_p99_ms",
+    "pickup_from_call_p50_ms",
+    "pickup_from_call_p95_ms",
+    "pickup_from_call_p99_ms",
+    "drain_by_workers",
+    "http_single",
+    "http_batch_jobs_per_s",
+}
+
+
+def numbers(value: Any, path: str = "") -> list[tuple[str, float]]:
+    if isinstance(value, dict):
+        return [n for key, v in value.items() for n in numbers(v, f"{path}.{key}")]
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [(path, value)]
+    return []
+
+
+def bench_databases(server: str) -> set[str]:
+    with psycopg.connect(server, autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'jq_bench_%'")
+        return {name for (name,) in rows}
+
+
+def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path) -> None:
+    before = bench_databases(pg_server)
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.queues", *TINY, "--server", pg_server,
+         "--output-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Queue benchmarks" in run.stdout
+    assert "[" in run.stderr  # the progress bar
+
+    (path,) = tmp_path.glob("*.json")
+    document = json.loads(path.read_text())
+    assert document["errors"] == []
+    summary = document["summary"]
+    ours = summary["systems"]["jobqueue"]
+    assert set(ours) >= OURS_FIGURES
+    assert set(ours["drain_by_workers"]["10"]) == {"2proc_jobs_per_s"}
+    assert {"jobs_per_s", "p50_ms", "p99_ms"} <= set(ours["http_single"])
+    backlog = summary["backlog"]
+    for table in ("empty", "backlog"):
+        assert set(backlog[table]) == {"claim_p50_ms", "claim_p99_ms", "drain_jobs_per_s"}
+
+    figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
+    assert len(figures) >= 20
+    not_positive = [(name, value) for name, value in figures if not value > 0]
+    assert not_positive == []
+
+    # Every database the run created is gone, and so is every process group it started.
+    assert bench_databases(pg_server) <= before
+    assert document["process_groups"]
+    assert [pgid for pgid in document["process_groups"] if alive(pgid)] == []
+
+
+def alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
