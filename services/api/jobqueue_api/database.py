@@ -40,6 +40,10 @@ def open_engine(url: str) -> AsyncEngine:
         statement_timeout=STATEMENT_TIMEOUT,
         application_name="jobqueue-api",
         isolation_level="AUTOCOMMIT",
+        # Waiting for a pooled connection is queueing behind busy requests, not an
+        # outage: under a burst it may outlast CONNECT_TIMEOUT, so only the request
+        # deadline bounds it.
+        pool_timeout=REQUEST_DEADLINE,
     )
 
     @event.listens_for(engine.sync_engine, "do_connect")
