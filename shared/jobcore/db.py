@@ -18,6 +18,12 @@ def async_url(url: str) -> str:
     return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
+def asyncpg_dsn(url: str) -> str:
+    """The plain `postgresql://` DSN asyncpg.connect() takes, for connections outside a pool."""
+    parsed = make_url(url.replace("postgres://", "postgresql://", 1))
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def make_engine(
     url: str,
     *,

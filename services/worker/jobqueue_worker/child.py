@@ -26,6 +26,7 @@ from jobqueue_worker.completer import Completer
 from jobqueue_worker.database import POOL_SIZE, PgJobStore
 from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
+from jobqueue_worker.listener import listen
 from jobqueue_worker.recovery import run_recovery
 
 log = logging.getLogger("jobqueue.worker")
@@ -100,7 +101,8 @@ async def _run(settings: Settings, index: int) -> int:
     )
     executor.on_slot_freed = dispatcher.slot_freed
     metrics.initialise()
-    recovery_stop = asyncio.Event()
+    # Set when shutdown starts: ends the recovery loop and the wake-up listener.
+    maintenance_stop = asyncio.Event()
 
     log.info("worker process started", extra={"pid": os.getpid(), "workers": settings.workers})
     dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")
@@ -108,7 +110,10 @@ async def _run(settings: Settings, index: int) -> int:
         dispatching,
         asyncio.create_task(completer.run(), name="completer"),
         asyncio.create_task(
-            run_recovery(store, settings.recovery_interval, recovery_stop), name="recovery"
+            run_recovery(store, settings.recovery_interval, maintenance_stop), name="recovery"
+        ),
+        asyncio.create_task(
+            listen(settings.database_url, dispatcher.wake, maintenance_stop), name="listener"
         ),
     }
     watcher = asyncio.create_task(_watch_parent(stop))
@@ -125,7 +130,7 @@ async def _run(settings: Settings, index: int) -> int:
 
     log.info("worker process stopping", extra={"running": executor.running})
     dispatcher.stop()
-    recovery_stop.set()
+    maintenance_stop.set()
     # The dispatcher finishes a claim in flight (bounded by its timeout) and hands it out.
     await asyncio.wait({dispatching})
     await executor.shutdown(settings.shutdown_timeout)

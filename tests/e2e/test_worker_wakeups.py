@@ -1,0 +1,65 @@
+"""LISTEN/NOTIFY wake-ups: a notified job is picked up long before the next poll, and a
+listening connection that went half-open is detected and re-established."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jobcore import store
+from jobcore.ids import new_id
+from tests.faultproxy import FaultProxy
+from tests.worker.support import all_in, eventually, start_worker, until
+
+pytestmark = pytest.mark.e2e
+
+# Far longer than any wait below: a job picked up within the test's deadlines was woken.
+POLL = "120s"
+
+
+async def _submit_and_notify(engine) -> list:
+    async with engine.begin() as conn:
+        job, _ = await store.submit(conn, store.NewJob(new_id(), "test.record", {}, 3))
+        await store.notify(conn)
+    return [job.id]
+
+
+def _listening(worker) -> int:
+    return len(worker.messages("listening for wake-ups"))
+
+
+async def test_a_notification_wakes_an_idle_worker_before_its_poll(database_url, engine, tmp_path):
+    worker = start_worker(database_url, tmp_path, POLL_INTERVAL=POLL)
+    try:
+        await until(lambda: _listening(worker) == 1, 90, "the listener")
+        await until(lambda: worker.messages("worker process started"), 30, "the process")
+        started = time.monotonic()
+        ids = await _submit_and_notify(engine)
+        await eventually(lambda: all_in(engine, ids, "completed"), 10, "the notified job")
+        assert time.monotonic() - started < 10
+    finally:
+        assert worker.stop(60) == 0
+
+
+async def test_a_half_open_listening_connection_is_detected_and_reestablished(
+    database_url, engine, tmp_path
+):
+    with FaultProxy.to_database(database_url) as proxy:
+        worker = start_worker(proxy.database_url(database_url), tmp_path, POLL_INTERVAL=POLL)
+        try:
+            await until(lambda: _listening(worker) == 1, 90, "the listener")
+            # Half-open: the connection stays up, but nothing crosses it any more.
+            proxy.blackhole()
+            await until(
+                lambda: worker.messages("wake-up listener lost"),
+                30,
+                "the silent connection noticed",
+            )
+            proxy.cut()
+            proxy.pass_through()
+            await until(lambda: _listening(worker) == 2, 30, "listening again")
+            ids = await _submit_and_notify(engine)
+            await eventually(lambda: all_in(engine, ids, "completed"), 20, "the notified job")
+        finally:
+            assert worker.stop(60) == 0
