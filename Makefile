@@ -47,7 +47,7 @@ bench-compare: bench-install
 
 # Fault injection under load: own PostgreSQL cluster, 2 APIs, 3 workers, 5,000 jobs, every
 # fault kind; then the invariant checker. Table on stdout, JSON in chaos-results/.
-# `make chaos CHAOS_ARGS="--seed N"` replays a run's job mix and fault order.
+# `make chaos CHAOS_ARGS="--seed N"` replays a run's job mix and seeds its faults alike.
 chaos: install
 	$(BIN)/python -m tests.chaos.run --jobs 5000 --duration 240 \
 		--json chaos-results/$$(date -u +%Y%m%dT%H%M%SZ).json $(CHAOS_ARGS)

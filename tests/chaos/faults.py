@@ -228,6 +228,7 @@ def pause(c: Chaos) -> Injected:
         note = f"pid {pid}, job {job_id} lease {token}"
         if reclaimed is None:
             note += ": never re-claimed"
+            c.problems.append(f"pause: job {job_id} was not re-claimed after its lease expired")
         return Injected(_owner_of(c, pid).name, time.time(), paused_pids=(pid,), note=note)
     c.problems.append("pause: no probe job could be paused mid-run")
     return Injected("none", time.time(), note="probe missed")

@@ -207,8 +207,7 @@ class System:
             for process in service.incarnations:
                 if process.alive():
                     with contextlib.suppress(Exception):
-                        process.signal(signal.SIGCONT)
-                        process.kill_group()
+                        process.kill_group()  # SIGKILL also ends a stopped process
             with contextlib.suppress(Exception):
                 service.proxy.close()
         with contextlib.suppress(Exception):
