@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every service and test process imports SQLAlchemy & co.; without cached bytecode
+# each one would compile them from source again (seconds per process start).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install run test test-fast lint bench bench-api bench-compare bench-install chaos clean
 
@@ -13,6 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	touch $(STAMP)
 
 # Starts PostgreSQL if needed (local server, else embedded under .devdb/),
