@@ -6,16 +6,32 @@ import contextlib
 import itertools
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 DEFAULT_SERVER = "postgresql://127.0.0.1:5432/postgres"
 PREFIX = "jq_bench_"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def server_url() -> str:
-    return os.environ.get("BENCH_DATABASE_URL", DEFAULT_SERVER)
+    """$BENCH_DATABASE_URL, else the local server on 127.0.0.1:5432, else the embedded one
+    `make run` and the tests use (scripts/devdb.py decides)."""
+    url = os.environ.get("BENCH_DATABASE_URL")
+    if url:
+        return url
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "devdb.py"), "test-url"],
+        capture_output=True,
+        text=True,
+    )
+    return (
+        found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else DEFAULT_SERVER
+    )
 
 
 def with_database(url: str, name: str) -> str:

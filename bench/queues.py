@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, measure, pg, procs, submit
+from bench import backlog, measure, pg, procs, profile, submit
 from bench.adapters.base import Adapter, Unsupported
 from bench.adapters.ours import Ours
 from bench.beacon import Receiver
@@ -63,6 +63,7 @@ class Config:
     claim_n: int = 10
     server: str = ""
     keep_logs: bool = False
+    profile: bool = False
     output_dir: str = str(ROOT / "bench-results")
 
 
@@ -143,6 +144,8 @@ class Run:
                         adapter, config.e2e_jobs, config.concurrency, _timeout(config.e2e_jobs)
                     )
                 )
+            if full and config.profile and rep == 0 and isinstance(adapter, Ours):
+                figures["profile"] = await self.profile_drain(adapter)
         finally:
             await adapter.cleanup()
         self.results.append(
@@ -155,6 +158,17 @@ class Run:
                 **figures,
             }
         )
+
+    async def profile_drain(self, adapter: Ours) -> dict[str, Any]:
+        """One more drain, not measured, with py-spy attached to every worker child."""
+        pids = profile.worker_children(adapter.worker_procs[0].pid)
+        spies = profile.start(pids, self.workdir)
+        await asyncio.sleep(1)  # attached before the jobs arrive
+        try:
+            await measure.drain(adapter, self.config.jobs, _timeout(self.config.jobs))
+        finally:
+            result = await profile.stop(spies)
+        return result
 
     async def api_session(self, rep: int) -> None:
         ours = Ours(self.config.server, self.workdir, self.config.workers)
@@ -323,7 +337,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--claim-samples", type=int, help="single claims timed per table")
     parser.add_argument(
         "--server",
-        help=f"PostgreSQL maintenance URL (default $BENCH_DATABASE_URL or {pg.DEFAULT_SERVER})",
+        help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy our worker during one extra drain"
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs")
     parser.add_argument("--output-dir", help="where the JSON goes (default bench-results/)")
@@ -357,6 +374,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if args.processes:
         config.processes = _ints(args.processes)
     config.keep_logs = args.keep_logs
+    config.profile = args.profile
+    if config.profile and not profile.available():
+        parser.error("--profile needs py-spy: run `make bench-install`")
     if args.no_backlog:
         config.backlog = False
     config.server = config.server or pg.server_url()

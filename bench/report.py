@@ -102,6 +102,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
             }
             summary["ratios"][peer] = {k: v for k, v in ratios.items() if v is not None}
 
+    profiles = [r["profile"] for r in sessions if r.get("profile")]
+    if profiles:
+        summary["profile"] = profiles[0]
     backlog = [r for r in results if r["kind"] == "backlog"]
     if backlog:
         summary["backlog"] = _backlog(backlog, config)
@@ -329,6 +332,15 @@ def render(document: dict[str, Any]) -> str:
             f" (within 20%: {'yes' if backlog['within_20pct'] else 'NO'})",
             _table(["", "empty table", "backlog", "difference"], rows_),
         ]
+    prof = summary.get("profile")
+    if prof:
+        out += [
+            "",
+            f"Where our worker processes spend a drain (py-spy, {prof['samples']:,} samples)",
+        ]
+        out += [f"  {pct:5.1f}%  {area}" for area, pct in prof["areas_pct"].items()]
+        out += ["  functions with the most samples of their own:"]
+        out += [f"  {pct:5.1f}%  {name}" for name, pct in prof["top_self_pct"].items()]
     if summary["targets"]:
         out += ["", "Targets"]
         for t in summary["targets"]:
