@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
-from tests.api.conftest import LogCapture, MakeApi, job_count
+from tests.api.conftest import LogCapture, MakeApi, app_of, job_count
 
 GENERATED_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -226,3 +226,40 @@ async def test_a_body_of_exactly_max_body_bytes_is_accepted(make_api: MakeApi, e
     over = head + b"x" * (1025 - len(head) - len(tail)) + tail
     assert (await api.post("/jobs", content=over)).status_code == 413
     assert await job_count(engine) == 1
+
+
+async def test_a_client_that_disconnects_mid_body_is_logged_not_answered(
+    api: httpx.AsyncClient, engine: AsyncEngine, captured_logs: LogCapture
+):
+    app = app_of(api)
+    messages = [
+        {"type": "http.request", "body": b'{"type": "sl', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/jobs",
+        "raw_path": b"/jobs",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"x-request-id", b"gone-1")],
+        "server": ("api", 80),
+        "client": ("127.0.0.1", 1),
+    }
+    await app(scope, receive, send)
+    assert sent == []
+    lines = [line for line in captured_logs.lines() if line.get("request_id") == "gone-1"]
+    assert [(line["msg"], line.get("status")) for line in lines] == [("request", 499)]
+    assert await job_count(engine) == 0

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,6 +23,9 @@ from jobqueue_api import metrics
 from jobqueue_api.errors import BodyTooLarge, error_response, response_for
 
 log = logging.getLogger("jobqueue_api.access")
+
+# The status logged (never sent) when the client disconnects mid-request, as nginx does.
+CLIENT_CLOSED = 499
 
 # A caller's id is echoed only if it cannot forge or break a log line.
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,128}")
@@ -77,6 +81,9 @@ class RequestContext:
         with bind(request_id=rid):
             try:
                 await self.app(scope, receive, send_with_id)
+            except ClientDisconnect:
+                # The client went away before the answer: nothing to send, nothing wrong.
+                status = CLIENT_CLOSED
             except Exception as exc:
                 if response_started:
                     log.error("error after the response started", exc_info=exc)
