@@ -171,3 +171,16 @@ def test_a_second_signal_exits_at_once(start_api: Callable[..., Api]):
     api.service.signal(signal.SIGINT)
     assert api.service.wait(10) == 128 + signal.SIGINT
     assert "second signal: exiting now" in [m["msg"] for m in api.service.logs()]
+
+
+def test_an_address_in_use_is_one_line_naming_http_addr_and_exit_1(database_url: str):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        service = Service(
+            "jobqueue-api", {"DATABASE_URL": database_url, "HTTP_ADDR": f"127.0.0.1:{port}"}
+        )
+        assert service.wait(STARTUP) == 1
+    errors = [line for line in service.logs() if line["level"] == "error"]
+    assert len(errors) == 1 and "HTTP_ADDR" in errors[0]["msg"], errors

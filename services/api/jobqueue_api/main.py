@@ -21,6 +21,7 @@ import sys
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcore import logs
 from jobcore.db import check_schema
@@ -41,6 +42,23 @@ def hypercorn_config(settings: Settings) -> Config:
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = settings.shutdown_timeout
     return config
+
+
+def without_lifespan(app: ASGIApp) -> ASGIApp:
+    """Answer the server's lifespan messages here: the app has nothing to start or stop
+    (`run` owns the engine), and a failed bind then leaves no half-run lifespan to log."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            await send({"type": f"{message['type']}.complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+
+    return wrapped
 
 
 def _on_signal(app: Starlette, signalled: asyncio.Event, signum: int) -> None:
@@ -85,7 +103,7 @@ async def run(settings: Settings) -> int:
             loop.add_signal_handler(signum, _on_signal, app, signalled, signum)
         try:
             await serve(
-                app,  # type: ignore[arg-type]  # Starlette is an ASGI app; the protocols differ
+                without_lifespan(app),  # type: ignore[arg-type]  # ASGI app, other protocol
                 hypercorn_config(settings),
                 shutdown_trigger=lambda: _drained(signalled, settings.drain_delay),
             )
@@ -110,7 +128,12 @@ def main() -> None:
     if not settings.tokens:
         log.warning("API_TOKENS is not set: the /jobs endpoints accept requests without a token")
     log.info("starting", extra={"http_addr": settings.http_addr})
-    sys.exit(asyncio.run(run(settings)))
+    try:
+        status = asyncio.run(run(settings))
+    except Exception:  # still one JSON line, with the traceback inside it
+        log.exception("jobqueue-api failed")
+        status = 1
+    sys.exit(status)
 
 
 if __name__ == "__main__":
