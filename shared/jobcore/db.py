@@ -30,9 +30,14 @@ def make_engine(
     pool_size: int = 5,
     connect_timeout: float = 5.0,
     statement_timeout: float | None = None,
+    pre_ping: bool = True,
     **kwargs: Any,
 ) -> AsyncEngine:
-    """An asyncpg engine that fails fast when the database is unreachable."""
+    """An asyncpg engine that fails fast when the database is unreachable.
+
+    `pre_ping` costs a round trip per checkout; a caller that retries failed
+    statements anyway (the worker) turns it off.
+    """
     server_settings = {"application_name": kwargs.pop("application_name", "jobqueue")}
     if statement_timeout is not None:
         server_settings["statement_timeout"] = str(int(statement_timeout * 1000))
@@ -41,7 +46,7 @@ def make_engine(
         pool_size=pool_size,
         max_overflow=kwargs.pop("max_overflow", 0),
         pool_timeout=kwargs.pop("pool_timeout", connect_timeout),
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         connect_args={"timeout": connect_timeout, "server_settings": server_settings},
         **kwargs,
     )

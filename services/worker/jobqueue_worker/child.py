@@ -80,8 +80,10 @@ async def _run(settings: Settings, index: int) -> int:
         connect_timeout=5.0,
         application_name="jobqueue-worker",
         # Every store call is a single statement: autocommit spares the BEGIN and COMMIT
-        # round trips (and makes the pool's pre-ping one round trip instead of three).
+        # round trips. No pre-ping either: every failed call is retried, and the pool
+        # replaces a connection that failed.
         isolation_level="AUTOCOMMIT",
+        pre_ping=False,
     )
     store = PgJobStore(engine)
     completer = Completer(store, batch_size=settings.workers, linger=_LINGER)
