@@ -12,9 +12,10 @@ from logging.config import fileConfig
 
 import sqlalchemy as sa
 from alembic import context
+from sqlalchemy.engine import Connection
+
 from jobcore.db import make_engine
 from jobcore.schema import metadata
-from sqlalchemy.engine import Connection
 
 # Any constant shared by all migrators; "jobqueue" spelled in hex.
 MIGRATION_LOCK = 0x6A6F6271756575
