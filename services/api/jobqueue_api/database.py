@@ -7,6 +7,9 @@ should get a 503 within seconds, not hang until a TCP timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import sqlalchemy.exc as sa_exc
@@ -51,6 +54,27 @@ def open_engine(url: str) -> AsyncEngine:
         cparams["command_timeout"] = COMMAND_TIMEOUT
 
     return engine
+
+
+_turns: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+@contextlib.asynccontextmanager
+async def in_turn(engine: AsyncEngine) -> AsyncIterator[None]:
+    """Wait for a pooled connection (of an `open_engine` engine) in arrival order; check
+    it out inside this block.
+
+    SQLAlchemy's async pool lets a request arriving just as a connection is returned
+    take it ahead of the waiter that was woken for it, which then queues again at
+    the back. Under a burst some requests starved past REQUEST_DEADLINE (503s while
+    the database was fine); a first-come-first-served gate of the pool's size
+    (asyncio.Semaphore is fair) keeps the waits even.
+    """
+    turn = _turns.get(engine.sync_engine)
+    if turn is None:
+        turn = _turns[engine.sync_engine] = asyncio.Semaphore(POOL_SIZE)
+    async with turn:
+        yield
 
 
 # Errors that mean the statement reached the database and was wrong: a bug, not an outage.

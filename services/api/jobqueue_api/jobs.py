@@ -22,7 +22,7 @@ from jobcore.ids import parse_id
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
 from jobqueue_api import metrics, validation
-from jobqueue_api.database import REQUEST_DEADLINE
+from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
 
 log = logging.getLogger("jobqueue_api")
@@ -66,7 +66,7 @@ async def submit(engine: AsyncEngine, new: store.NewJob) -> tuple[store.Job, boo
 
     Raises IdempotencyConflict. The job exists once this returns (committed).
     """
-    async with asyncio.timeout(REQUEST_DEADLINE), engine.begin() as conn:
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
         job, created = await store.submit(conn, new)
     if created:
         metrics.SUBMITTED.inc()
@@ -116,7 +116,8 @@ async def _read(request: Request) -> store.Job | None:
     job_id = _job_id(request)
     if job_id is None:
         return None
-    async with asyncio.timeout(REQUEST_DEADLINE), _engine(request).connect() as conn:
+    engine = _engine(request)
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         return await store.get(conn, job_id)
 
 
@@ -138,7 +139,8 @@ async def retry_job(request: Request) -> Response:
     job_id = _job_id(request)
     if job_id is None:
         return _not_found(request)
-    async with asyncio.timeout(REQUEST_DEADLINE), _engine(request).begin() as conn:
+    engine = _engine(request)
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
         job = await store.manual_retry(conn, job_id)
         current = None if job is not None else await store.get(conn, job_id)
     if job is not None:
