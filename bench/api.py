@@ -173,7 +173,7 @@ async def _wait_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 6
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = _server_url()
-    name = f"jq_bench_api_{os.getpid()}"
+    name = f"jq_apibench_{os.getpid()}"
     admin = await asyncpg.connect(server)
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = _with_database(server, name)
