@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install run test test-fast lint bench bench-api bench-compare bench-install chaos clean
+.PHONY: install run test test-fast lint bench bench-api bench-compare bench-install chaos fuzz-deep load clean
 
 install: $(STAMP)
 
@@ -60,6 +60,20 @@ chaos: install
 # asyncio client (bench/api.py); `make bench-api BENCH_API_ARGS="--concurrency 64"`.
 bench-api: install
 	$(BIN)/python -m bench.api $(BENCH_API_ARGS)
+
+# Deep API fuzzing: the property tests of request validation and schemathesis against real
+# jobqueue-api processes (open and with tokens), FUZZ_EXAMPLES examples per test and per
+# operation (make test runs a few dozen). `make fuzz-deep FUZZ_EXAMPLES=2000` to dig deeper.
+FUZZ_EXAMPLES ?= 1000
+fuzz-deep: install
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 2 --timeout 0 \
+		tests/api/test_fuzz_properties.py tests/api/test_schemathesis_deep.py $(PYTEST_ARGS)
+
+# 200 clients on one real jobqueue-api for LOAD_SECONDS (default 60) while a 2-process worker
+# drains, then claim latency at 1k vs 200k pending. Figures on stdout and in
+# chaos-results/load-<time>.json.
+load: install
+	$(BIN)/python -m pytest -m load --timeout 0 tests/load $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
