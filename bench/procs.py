@@ -51,8 +51,21 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(max(0.1, deadline - time.monotonic()))
     for proc in procs:
-        # Children of a process that exited may still be alive in its group.
+        # Children of a process that exited may still be alive in its group (multiprocessing's
+        # resource tracker outlives the supervisor by a moment).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
+        _wait_group_gone(proc.pid, 10.0)
+
+
+def _wait_group_gone(pgid: int, limit: float) -> None:
+    """Until no process, not even an unreaped one, is left in the group."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)

@@ -189,7 +189,7 @@ class Run:
             c.claim_samples, c.claim_n, c.backlog_skip, c.backlog_window, 2 * c.workers
         )
         options = {
-            "processes": 2,
+            "processes": max(c.processes),
             "claim_samples": c.claim_samples,
             "claim_n": c.claim_n,
             "skip": c.backlog_skip,

@@ -314,7 +314,7 @@ def render(document: dict[str, Any]) -> str:
         for key, label in (
             ("claim_p50_ms", f"claim({backlog['claim_n']}) p50 ms"),
             ("claim_p99_ms", f"claim({backlog['claim_n']}) p99 ms"),
-            ("drain_jobs_per_s", f"drain of {backlog['drain_window']:,} jobs/s (2 procs)"),
+            ("drain_jobs_per_s", f"drain of {backlog['drain_window']:,} jobs, jobs/s"),
         ):
             digits = 2 if key.endswith("ms") else 0
             rows_.append(
