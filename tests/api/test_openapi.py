@@ -21,6 +21,7 @@ def test_document_lists_every_endpoint_and_the_registered_types():
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
         "/jobs",
+        "/jobs/batch",
         "/jobs/{id}",
         "/jobs/{id}/status",
         "/jobs/{id}/retry",
@@ -82,18 +83,25 @@ def test_fuzzed_requests_never_get_a_5xx_or_a_response_the_document_does_not_all
     schema = schemathesis.openapi.from_url(f"{server}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     labels = {operation.label for operation in operations}
-    jobs = {"POST /jobs", "GET /jobs/{id}", "GET /jobs/{id}/status", "POST /jobs/{id}/retry"}
+    jobs = {
+        "POST /jobs",
+        "POST /jobs/batch",
+        "GET /jobs/{id}",
+        "GET /jobs/{id}/status",
+        "POST /jobs/{id}/retry",
+    }
     assert jobs <= labels
     for operation in operations:
-        # Only POST /jobs constrains its input, so only it has invalid requests to make.
-        constrained = operation.label == "POST /jobs"
+        # Only the create endpoints constrain their input, so only they have invalid
+        # requests to make.
+        constrained = operation.label in ("POST /jobs", "POST /jobs/batch")
         modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if constrained else [])
         for mode in modes:
             _fuzz(operation.as_strategy(mode), constrained)
 
 
 def _fuzz(cases: SearchStrategy[Case], constrained: bool) -> None:
-    # POST /jobs is deliberately stricter than JSON Schema can say (3.0 is an
+    # The create endpoints are deliberately stricter than JSON Schema can say (3.0 is an
     # "integer" there but not to us), so schema-valid input may rightly get a 400.
     excluded = [positive_data_acceptance] if constrained else []
 

@@ -22,6 +22,7 @@ from jobcore.settings import Settings
 from jobqueue_api import jobs, metrics, openapi
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
+from jobqueue_api.notify import Notifier
 
 # Readiness must answer well before a prober's own timeout (often 1 s to a few).
 READY_TIMEOUT = 2.0
@@ -55,6 +56,7 @@ async def openapi_json(request: Request) -> Response:
 def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     routes = [
         Route("/jobs", jobs.create_job, methods=["POST"]),
+        Route("/jobs/batch", jobs.create_jobs, methods=["POST"]),
         Route("/jobs/{id}", jobs.get_job, methods=["GET"]),
         Route("/jobs/{id}/status", jobs.get_status, methods=["GET"]),
         Route("/jobs/{id}/retry", jobs.retry_job, methods=["POST"]),
@@ -75,6 +77,7 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     # `/jobs/` is not `/jobs`: a 404, never a redirect.
     app.router.redirect_slashes = False
     app.state.engine = engine
+    app.state.notifier = Notifier(engine)
     app.state.settings = settings
     app.state.shutting_down = False
     app.state.openapi = openapi.document(

@@ -24,6 +24,7 @@ from jobcore.settings import Settings
 from jobqueue_api import metrics, validation
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
+from jobqueue_api.notify import Notifier
 
 log = logging.getLogger("jobqueue_api")
 
@@ -61,7 +62,9 @@ def status_json(job: store.Job) -> dict[str, Any]:
     }
 
 
-async def submit(engine: AsyncEngine, new: store.NewJob) -> tuple[store.Job, bool]:
+async def submit(
+    engine: AsyncEngine, notifier: Notifier, new: store.NewJob
+) -> tuple[store.Job, bool]:
     """Create `new`, or find the job its idempotency key already names: (job, created).
 
     Raises IdempotencyConflict. The job exists once this returns (committed).
@@ -69,6 +72,7 @@ async def submit(engine: AsyncEngine, new: store.NewJob) -> tuple[store.Job, boo
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
         job, created = await store.submit(conn, new)
     if created:
+        notifier.jobs_due()
         metrics.SUBMITTED.inc()
     log.info(
         "job submitted" if created else "job replayed",
@@ -77,9 +81,28 @@ async def submit(engine: AsyncEngine, new: store.NewJob) -> tuple[store.Job, boo
     return job, created
 
 
+async def submit_batch(
+    engine: AsyncEngine, notifier: Notifier, batch: list[store.NewJob]
+) -> list[store.Submitted]:
+    """Create every job of `batch` in one statement; per-item results in input order."""
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
+        results = await store.submit_many(conn, batch)
+    created = sum(1 for r in results if r.result == "created")
+    if created:
+        notifier.jobs_due()
+        metrics.SUBMITTED.inc(created)
+    log.info("jobs submitted", extra={"jobs": len(batch), "jobs_created": created})
+    return results
+
+
 def _engine(request: Request) -> AsyncEngine:
     engine: AsyncEngine = request.app.state.engine
     return engine
+
+
+def _notifier(request: Request) -> Notifier:
+    notifier: Notifier = request.app.state.notifier
+    return notifier
 
 
 def _job_id(request: Request) -> UUID | None:
@@ -104,12 +127,37 @@ async def create_job(request: Request) -> Response:
     except validation.Invalid as exc:
         return error_response(400, str(exc))
     try:
-        job, created = await submit(_engine(request), new)
+        job, created = await submit(_engine(request), _notifier(request), new)
     except IdempotencyConflict as exc:
         return error_response(409, str(exc))
     if created:
         return JSONResponse(job_json(job), status_code=201, headers={"Location": f"/jobs/{job.id}"})
     return JSONResponse(job_json(job), status_code=200)
+
+
+async def create_jobs(request: Request) -> Response:
+    """POST /jobs/batch: all items valid or nothing written; one statement for all."""
+    settings: Settings = request.app.state.settings
+    try:
+        batch = validation.new_jobs(
+            validation.parse_json(await request.body()),
+            known_types=registered_types(),
+            default_max_attempts=settings.max_attempts,
+        )
+    except validation.Invalid as exc:
+        return error_response(400, str(exc))
+    results = await submit_batch(_engine(request), _notifier(request), batch)
+    pairs = zip(results, batch, strict=True)
+    return JSONResponse({"results": [_batch_result(result, new) for result, new in pairs]})
+
+
+def _batch_result(result: store.Submitted, new: store.NewJob) -> dict[str, Any]:
+    if result.job_id is None:
+        return {
+            "status": result.result,
+            "error": str(IdempotencyConflict(new.idempotency_key or "")),
+        }
+    return {"status": result.result, "id": str(result.job_id)}
 
 
 async def _read(request: Request) -> store.Job | None:
@@ -144,6 +192,7 @@ async def retry_job(request: Request) -> Response:
         job = await store.manual_retry(conn, job_id)
         current = None if job is not None else await store.get(conn, job_id)
     if job is not None:
+        _notifier(request).jobs_due()
         log.info("manual_retry", extra={"job_id": str(job.id), "job_type": job.type})
         return JSONResponse(job_json(job))
     if current is None:

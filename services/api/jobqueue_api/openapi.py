@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from jobcore.states import Status
-from jobqueue_api.validation import MAX_ATTEMPTS, MAX_DEPTH, MAX_KEY_LENGTH, MIN_ATTEMPTS
+from jobqueue_api.validation import (
+    MAX_ATTEMPTS,
+    MAX_BATCH,
+    MAX_DEPTH,
+    MAX_KEY_LENGTH,
+    MIN_ATTEMPTS,
+)
 
 _REF = "#/components/schemas/"
 _TIME = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC"}
@@ -49,35 +55,64 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
         "updated_at": _TIME,
     }
     status_fields = ("id", "status", "attempts", "max_attempts", "run_at", "last_error")
+    create: dict[str, Any] = {
+        "type": "object",
+        "required": ["type"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {
+                "type": "string",
+                "enum": job_types,
+                "description": "A registered handler type.",
+            },
+            "payload": {
+                "$ref": _REF + "Payload",
+                "description": (
+                    "Any JSON value (default {}). Strings, keys included, must not "
+                    f"contain U+0000; nesting is limited to {MAX_DEPTH} levels."
+                ),
+                "default": {},
+            },
+            "max_attempts": {
+                "type": "integer",
+                "minimum": MIN_ATTEMPTS,
+                "maximum": MAX_ATTEMPTS,
+                "default": default_max_attempts,
+            },
+        },
+    }
     return {
         "Job": _object(job),
         "JobStatus": _object({name: job[name] for name in status_fields}),
-        "CreateJob": {
-            "type": "object",
-            "required": ["type"],
-            "additionalProperties": False,
-            "properties": {
-                "type": {
-                    "type": "string",
-                    "enum": job_types,
-                    "description": "A registered handler type.",
-                },
-                "payload": {
-                    "$ref": _REF + "Payload",
-                    "description": (
-                        "Any JSON value (default {}). Strings, keys included, must not "
-                        f"contain U+0000; nesting is limited to {MAX_DEPTH} levels."
-                    ),
-                    "default": {},
-                },
-                "max_attempts": {
-                    "type": "integer",
-                    "minimum": MIN_ATTEMPTS,
-                    "maximum": MAX_ATTEMPTS,
-                    "default": default_max_attempts,
-                },
-            },
+        "CreateJob": create,
+        "BatchItem": {
+            **create,
+            "properties": {**create["properties"], "idempotency_key": _KEY_SCHEMA},
         },
+        "BatchRequest": _object(
+            {
+                "jobs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MAX_BATCH,
+                    "items": {"$ref": _REF + "BatchItem"},
+                }
+            }
+        ),
+        "BatchResults": _object(
+            {
+                "results": {
+                    "type": "array",
+                    "description": "One result per submitted item, in input order.",
+                    "items": {
+                        "oneOf": [
+                            _object({"status": {"enum": ["created", "replayed"]}, "id": _ID}),
+                            _object({"status": {"const": "conflict"}, "error": {"type": "string"}}),
+                        ]
+                    },
+                }
+            }
+        ),
         "Payload": _PAYLOAD,
         "Error": _object({"error": {"type": "string"}}),
         "Health": _object({"status": {"type": "string"}}),
@@ -123,6 +158,12 @@ _JOB_ID = {
     "schema": {"type": "string"},
     "description": "A job id. An unknown or malformed id answers 404.",
 }
+_KEY_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_KEY_LENGTH,
+    "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
+}
 _IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key",
     "in": "header",
@@ -131,12 +172,7 @@ _IDEMPOTENCY_KEY = {
         "Makes the submission safe to repeat: the same key with the same type, payload "
         "and max_attempts returns the existing job (200); with a different request, 409."
     ),
-    "schema": {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": MAX_KEY_LENGTH,
-        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
-    },
+    "schema": _KEY_SCHEMA,
 }
 
 
@@ -170,6 +206,30 @@ def _paths(auth: bool) -> dict[str, Any]:
                     "400": _error("Invalid request (the message says what)."),
                     **unauthorized,
                     "409": _error("The idempotency key was used for a different request."),
+                    "413": _error("The body is larger than MAX_BODY_BYTES."),
+                    "503": _UNAVAILABLE,
+                },
+            }
+        },
+        "/jobs/batch": {
+            "post": {
+                "operationId": "createJobs",
+                "summary": f"Submit 1 to {MAX_BATCH} jobs in one request",
+                **locked,
+                "requestBody": {
+                    "required": True,
+                    "description": (
+                        "All items are validated first: if any is invalid the answer is 400 "
+                        "naming the invalid items and nothing is written. Otherwise all are "
+                        "written in one statement. A key repeated within the batch acts like "
+                        "sequential submissions."
+                    ),
+                    "content": {"application/json": {"schema": {"$ref": _REF + "BatchRequest"}}},
+                },
+                "responses": {
+                    "200": _response("Per-item results, in input order.", "BatchResults"),
+                    "400": _error("An invalid request or item(s); nothing was written."),
+                    **unauthorized,
                     "413": _error("The body is larger than MAX_BODY_BYTES."),
                     "503": _UNAVAILABLE,
                 },

@@ -19,6 +19,8 @@ MAX_DEPTH = 100
 MAX_KEY_LENGTH = 255
 KEY_PATTERN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 CREATE_FIELDS = ("type", "payload", "max_attempts")
+BATCH_ITEM_FIELDS = (*CREATE_FIELDS, "idempotency_key")
+MAX_BATCH = 1000
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 100
 
 
@@ -132,6 +134,42 @@ def new_job(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
     )
+
+
+def new_jobs(body: Any, *, known_types: Iterable[str], default_max_attempts: int) -> list[NewJob]:
+    """Validate a bulk create request `{"jobs": [...]}`: every item or none.
+
+    Each item is a create request plus an optional `idempotency_key`. When any
+    item is invalid, the message names every invalid item by its index.
+    """
+    if not isinstance(body, Mapping) or set(body) != {"jobs"}:
+        raise Invalid('request body must be a JSON object {"jobs": [...]}')
+    items = body["jobs"]
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise Invalid(f"field 'jobs' must be an array of 1 to {MAX_BATCH} job requests")
+    types = sorted(known_types)
+    valid: list[NewJob] = []
+    problems: list[str] = []
+    for index, item in enumerate(items):
+        try:
+            key = None
+            if isinstance(item, Mapping) and "idempotency_key" in item:
+                key = check_key(item["idempotency_key"], "field 'idempotency_key'")
+            valid.append(
+                new_job(
+                    item,
+                    known_types=types,
+                    default_max_attempts=default_max_attempts,
+                    idempotency_key=key,
+                    allowed=BATCH_ITEM_FIELDS,
+                )
+            )
+        except Invalid as exc:
+            problems.append(f"[{index}] {exc}")
+    if problems:
+        shown = "; ".join(problems[:20]) + ("; ..." if len(problems) > 20 else "")
+        raise Invalid(f"{len(problems)} invalid item(s), nothing was written: {shown}")
+    return valid
 
 
 def idempotency_key(values: list[str]) -> str | None:
