@@ -38,6 +38,7 @@ async def test_database_outage_is_logged_once_per_change_of_state(database_url, 
             assert _messages(caplog, "database unavailable") == 1
             assert _messages(caplog, "database available again") == 1
         finally:
+            await store.close()
             await proxied.dispose()
     assert [c.id for c in claimed] == [job]
 
@@ -58,6 +59,7 @@ async def test_a_silent_connection_times_out_and_the_store_recovers(
             proxy.pass_through()
             claimed = await store.claim(1, 60)
         finally:
+            await store.close()
             await proxied.dispose()
     assert [c.id for c in claimed] == [job]
 

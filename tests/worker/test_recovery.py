@@ -29,9 +29,12 @@ async def test_expired_leases_go_back_to_pending_or_dead_letter_counted_and_logg
     dead_before = _sample("jobs_failed_total", status="dead_letter")
 
     pg = PgJobStore(engine)
-    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
-        # The leases run out 50 ms after the claim, by the database's clock.
-        await eventually(lambda: recover_once(pg), 10, "the expired leases")
+    try:
+        with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+            # The leases run out 50 ms after the claim, by the database's clock.
+            await eventually(lambda: recover_once(pg), 10, "the expired leases")
+    finally:
+        await pg.close()
 
     found = await fetch(engine, [again, last])
     assert found[again].status == Status.PENDING and found[again].attempts == 1
@@ -48,10 +51,12 @@ async def test_recovery_runs_at_start_and_stops_when_told(engine):
         await store.claim(conn, 1, 0.01)
     await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
     stopped = asyncio.Event()
-    loop = asyncio.create_task(run_recovery(PgJobStore(engine), 3600, stopped))
+    pg = PgJobStore(engine)
+    loop = asyncio.create_task(run_recovery(pg, 3600, stopped))
     await eventually(lambda: _status(engine, job, Status.PENDING), 10, "recovery on the first pass")
     stopped.set()
     await asyncio.wait_for(loop, 5)
+    await pg.close()
 
 
 async def _status(engine, job, status) -> bool:

@@ -1,11 +1,15 @@
 """The worker's view of the database: the `JobStore` protocol and its PostgreSQL implementation.
 
 The dispatcher, completer and recovery loop depend only on `JobStore`, so unit
-tests can hand them an in-memory store. `PgJobStore` runs each `jobcore.store`
-operation (a single statement) in a transaction of its own, which costs no
-extra round trip on an autocommit engine, under a client-side timeout that also
-covers a connection gone silent; it logs the database's availability once per
-change of state, not once per call.
+tests can hand them an in-memory store. `PgJobStore` runs each store operation
+(a single statement, which commits on its own) under a client-side timeout that
+also covers a connection gone silent, and logs the database's availability once
+per change of state, not once per call.
+
+The statements are `jobcore.store`'s, run through `jobcore.compiled` on the
+asyncpg connection, the hot path's cost being the driver's alone. For the same
+reason a connection stays checked out of the engine's pool between calls; one
+that failed in any way is closed and replaced, so a broken one is never reused.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from jobcore import store
+from jobcore import compiled
 from jobcore.states import Status
 from jobcore.store import Claimed, Lease
 
@@ -93,11 +97,14 @@ def describe(exc: BaseException) -> str:
 
 
 class PgJobStore:
-    """`JobStore` over `jobcore.store`: one transaction per call, each under a timeout."""
+    """`JobStore` over `jobcore.compiled`: one statement per call, each under a timeout."""
 
     def __init__(self, engine: AsyncEngine, availability: Availability | None = None) -> None:
         self.engine = engine
         self.availability = availability or Availability()
+        # Connections checked out of the engine and kept between calls, with their asyncpg
+        # connection: at most one per concurrent caller (dispatcher, completer, recovery).
+        self._idle: list[tuple[AsyncConnection, compiled.Driver]] = []
 
     async def _run(
         self,
@@ -107,36 +114,71 @@ class PgJobStore:
         *args: Any,
     ) -> T:
         started = self.availability.now()
+        held = None
         try:
-            async with asyncio.timeout(limit), self.engine.begin() as conn:
-                result = await statement(conn, *args)
-        except Exception as exc:
-            self.availability.failed(operation, exc, started)
+            async with asyncio.timeout(limit):
+                held = self._idle.pop() if self._idle else await self._checkout()
+                result = await statement(held[1], *args)
+        except BaseException as exc:
+            if held is not None:
+                await _discard(held)
+            if isinstance(exc, Exception):
+                self.availability.failed(operation, exc, started)
             raise
+        self._idle.append(held)
         self.availability.succeeded(started)
         return result
 
+    async def _checkout(self) -> tuple[AsyncConnection, compiled.Driver]:
+        conn = await self.engine.connect()
+        try:
+            raw = await conn.get_raw_connection()
+        except BaseException:
+            await conn.close()
+            raise
+        driver = raw.driver_connection
+        assert driver is not None  # a checked-out connection has one
+        return conn, driver
+
+    async def close(self) -> None:
+        """Give the kept connections back to the engine (before it is disposed)."""
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            await conn.close()
+
     async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
-        return await self._run("claim", CLAIM_TIMEOUT, store.claim, n, lease_seconds)
+        return await self._run("claim", CLAIM_TIMEOUT, compiled.claim, n, lease_seconds)
 
     async def complete(self, leases: Sequence[Lease]) -> list[Lease]:
-        return await self._run("complete", WRITE_TIMEOUT, store.complete, leases)
+        return await self._run("complete", WRITE_TIMEOUT, compiled.complete, leases)
 
     async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        return await self._run("fail", WRITE_TIMEOUT, store.fail, leases, errors)
+        return await self._run("fail", WRITE_TIMEOUT, compiled.fail, leases, errors)
 
     async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        return await self._run("dead_letter", WRITE_TIMEOUT, store.dead_letter, leases, errors)
+        return await self._run("dead_letter", WRITE_TIMEOUT, compiled.dead_letter, leases, errors)
 
     async def retry_later(
         self, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
     ) -> list[Lease]:
         return await self._run(
-            "retry_later", WRITE_TIMEOUT, store.retry_later, leases, errors, delays
+            "retry_later", WRITE_TIMEOUT, compiled.retry_later, leases, errors, delays
         )
 
     async def release(self, leases: Sequence[Lease]) -> list[Lease]:
-        return await self._run("release", WRITE_TIMEOUT, store.release, leases)
+        return await self._run("release", WRITE_TIMEOUT, compiled.release, leases)
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
-        return await self._run("recover_expired", RECOVER_TIMEOUT, store.recover_expired)
+        return await self._run("recover_expired", RECOVER_TIMEOUT, compiled.recover_expired)
+
+
+async def _discard(held: tuple[AsyncConnection, Any]) -> None:
+    """Drop a connection a call failed on: whatever state it is in, it is not reused."""
+    conn, driver = held
+    # terminate() first: closing a silent connection gracefully would wait on it.
+    driver.terminate()
+    try:
+        await conn.invalidate()
+        await conn.close()
+    except Exception:
+        log.debug("closing a failed connection failed", exc_info=True)
