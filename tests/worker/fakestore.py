@@ -65,9 +65,10 @@ class FakeStore:
             raise DatabaseDown("connection refused")
 
     async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
+        # on_claim sees the caller's state when it asked, before the round trip yields.
+        self.on_claim(n)
         await asyncio.sleep(0)  # a round trip yields to the loop
         self._check()
-        self.on_claim(n)
         self.claims.append(n)
         now = self.clock()
         due = [j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now]

@@ -30,7 +30,7 @@ class Stack:
         batch_size = completer.pop("batch_size", slots)
         self.completer = Completer(store, batch_size=batch_size, **completer)
         self.executor = Executor(
-            self.completer.record,
+            self.completer.add,
             slots=slots,
             job_timeout=job_timeout,
             backoff_base=backoff_base,

@@ -33,8 +33,9 @@ log = logging.getLogger("jobqueue.worker")
 
 # How often a child checks that its supervisor is still alive.
 _PARENT_CHECK = 1.0
-# Outcomes wait at most this long to join a batch.
-_LINGER = 0.002
+# Outcomes do not wait for company: a write takes what arrived while the last one ran,
+# which under load is a full batch anyway, and a lone job is recorded at once.
+_LINGER = 0.0
 
 _stop_requested = False
 
@@ -88,7 +89,7 @@ async def _run(settings: Settings, index: int) -> int:
     store = PgJobStore(engine)
     completer = Completer(store, batch_size=settings.workers, linger=_LINGER)
     executor = Executor(
-        completer.record,
+        completer.add,
         slots=settings.workers,
         job_timeout=settings.job_timeout,
         backoff_base=settings.backoff_base,
@@ -140,6 +141,7 @@ async def _run(settings: Settings, index: int) -> int:
     await asyncio.wait(loops)
     watcher.cancel()
     stopped.cancel()
+    await store.close()
     await engine.dispose()
     log.info("worker process stopped")
     return 1 if broken else 0

@@ -1,12 +1,13 @@
 """The batched completer: records attempt outcomes, many jobs per statement.
 
-Executors hand an `Outcome` to `Completer.record()` and wait for it. The
-completer gathers outcomes for a few milliseconds, or until `batch_size` are
-waiting, then writes each kind (complete, fail, dead_letter, retry_later,
-release) with one fenced statement. `record()` returns once the write committed
-(True), or the lease was found lost or ran out while the database was failing
-(False); only then may the executor free the job's slot, so a slot never runs
-a second job while the first one's outcome is still unwritten.
+Executors hand an `Outcome` to `Completer.add()` with a callback. The completer
+writes what has arrived as soon as it runs (outcomes that arrive while a write
+is in flight make the next batch; with `linger` it also waits that long for
+company, up to `batch_size`), each kind (complete, fail, dead_letter,
+retry_later, release) with one fenced statement. The callback gets True once
+the write committed, or False when the lease was found lost or ran out while
+the database was failing; only then may the executor free the job's slot, so a
+slot never runs a second job while the first one's outcome is still unwritten.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
+from jobcore import logs
 from jobcore.store import Lease
 from jobqueue_worker.database import JobStore
 
@@ -30,8 +32,7 @@ _RETRY_FIRST = 0.05
 _RETRY_MAX = 2.0
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What an attempt produced, for the job held under `lease`."""
 
     kind: str  # one of KINDS
@@ -43,10 +44,8 @@ class Outcome:
     delay: float = 0.0  # retry_later only: seconds until the job is due again
 
 
-@dataclass(eq=False)
-class _Waiting:
-    outcome: Outcome
-    done: asyncio.Future[bool]
+Recorded = Callable[[bool], None]
+_Waiting = tuple[Outcome, Recorded]
 
 
 class Completer:
@@ -57,7 +56,7 @@ class Completer:
         store: JobStore,
         *,
         batch_size: int = 100,
-        linger: float = 0.002,
+        linger: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if batch_size < 1:
@@ -71,22 +70,35 @@ class Completer:
         self._full = asyncio.Event()
         self._closing = False
         self._stopped = False
+        self._late: set[asyncio.Task[None]] = set()
 
-    async def record(self, outcome: Outcome) -> bool:
-        """Write `outcome`; True if it applied, False if the lease was lost or ran out."""
+    def add(self, outcome: Outcome, recorded: Recorded) -> None:
+        """Write `outcome`, then call `recorded(applied)`: True if it applied, False if the
+        lease was lost or ran out."""
         if outcome.kind not in KINDS:
             raise ValueError(f"unknown outcome kind {outcome.kind!r}")
-        item = _Waiting(outcome, asyncio.get_running_loop().create_future())
         if self._stopped:
             # Late outcome after the loop ended: write it alone rather than drop it.
-            await self._write([item])
-        else:
-            self._waiting.append(item)
-            self._arrived.set()
-            if len(self._waiting) >= self._batch_size:
-                self._full.set()
-        # The slot waits for the write even if its own task is being cancelled.
-        return await asyncio.shield(item.done)
+            task = asyncio.get_running_loop().create_task(self._write([(outcome, recorded)]))
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+            return
+        self._waiting.append((outcome, recorded))
+        self._arrived.set()
+        if len(self._waiting) >= self._batch_size:
+            self._full.set()
+
+    async def record(self, outcome: Outcome) -> bool:
+        """`add()` for a caller that awaits the result."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def recorded(applied: bool) -> None:
+            if not done.done():
+                done.set_result(applied)
+
+        self.add(outcome, recorded)
+        # The caller waits for the write even if its own task is being cancelled.
+        return await asyncio.shield(done)
 
     def close(self) -> None:
         """Write what is waiting without lingering, then let `run()` return."""
@@ -103,7 +115,8 @@ class Completer:
                     self._arrived.clear()
                     await self._arrived.wait()
                     continue
-                if len(self._waiting) < self._batch_size and not self._closing:
+                lingering = self._linger > 0 and not self._closing
+                if lingering and len(self._waiting) < self._batch_size:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(self._linger):
                             await self._full.wait()
@@ -115,12 +128,15 @@ class Completer:
         finally:
             self._stopped = True
             if self._waiting:
-                await self._write(self._waiting)
-                self._waiting = []
+                waiting, self._waiting = self._waiting, []
+                await self._write(waiting)
 
     async def _write(self, batch: list[_Waiting]) -> None:
+        by_kind: dict[str, list[_Waiting]] = {}
+        for item in batch:
+            by_kind.setdefault(item[0].kind, []).append(item)
         for kind in KINDS:
-            items = [item for item in batch if item.outcome.kind == kind]
+            items = by_kind.get(kind)
             if items:
                 await self._write_kind(kind, items)
 
@@ -128,7 +144,7 @@ class Completer:
         delay = _RETRY_FIRST
         while items:
             try:
-                lost = set(await self._apply(kind, [item.outcome for item in items]))
+                lost = await self._apply(kind, [outcome for outcome, _ in items])
             except Exception:
                 # The store logs the outage; keep trying while the leases still hold.
                 items = self._drop_expired(items, margin=delay)
@@ -136,53 +152,58 @@ class Completer:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, _RETRY_MAX)
                 continue
-            for item in items:
-                applied = item.outcome.lease not in lost
-                if not applied:
-                    log.warning(
-                        "lease lost",
-                        extra={
-                            "job_id": str(item.outcome.lease.job_id),
-                            "lease_token": item.outcome.lease.lease_token,
-                            "operation": kind,
-                        },
-                    )
-                _resolve(item, applied)
+            lost_leases = set(lost)
+            # The callbacks log a line per job: one write for the batch.
+            with logs.batch():
+                for outcome, recorded in items:
+                    applied = not lost_leases or outcome.lease not in lost_leases
+                    if not applied:
+                        log.warning(
+                            "lease lost",
+                            extra={
+                                "job_id": str(outcome.lease.job_id),
+                                "lease_token": outcome.lease.lease_token,
+                                "operation": kind,
+                            },
+                        )
+                    _resolve(recorded, applied)
             return
 
     def _drop_expired(self, items: list[_Waiting], margin: float) -> list[_Waiting]:
         now = self._clock()
         keep = []
-        for item in items:
-            if item.outcome.deadline > now + margin:
-                keep.append(item)
+        for outcome, recorded in items:
+            if outcome.deadline > now + margin:
+                keep.append((outcome, recorded))
                 continue
             log.warning(
                 "lease lost",
                 extra={
-                    "job_id": str(item.outcome.lease.job_id),
-                    "lease_token": item.outcome.lease.lease_token,
-                    "operation": item.outcome.kind,
+                    "job_id": str(outcome.lease.job_id),
+                    "lease_token": outcome.lease.lease_token,
+                    "operation": outcome.kind,
                     "error": "the lease ran out before the outcome could be recorded",
                 },
             )
-            _resolve(item, False)
+            _resolve(recorded, False)
         return keep
 
     async def _apply(self, kind: str, outcomes: list[Outcome]) -> list[Lease]:
         leases = [o.lease for o in outcomes]
-        errors = [o.error or "" for o in outcomes]
         if kind == "complete":
             return await self._store.complete(leases)
+        if kind == "release":
+            return await self._store.release(leases)
+        errors = [o.error or "" for o in outcomes]
         if kind == "fail":
             return await self._store.fail(leases, errors)
         if kind == "dead_letter":
             return await self._store.dead_letter(leases, errors)
-        if kind == "retry_later":
-            return await self._store.retry_later(leases, errors, [o.delay for o in outcomes])
-        return await self._store.release(leases)
+        return await self._store.retry_later(leases, errors, [o.delay for o in outcomes])
 
 
-def _resolve(item: _Waiting, applied: bool) -> None:
-    if not item.done.done():
-        item.done.set_result(applied)
+def _resolve(recorded: Recorded, applied: bool) -> None:
+    try:
+        recorded(applied)
+    except Exception:  # one job's bookkeeping must not stop the others' outcomes
+        log.exception("recording an outcome's result failed")

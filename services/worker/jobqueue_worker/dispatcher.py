@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from jobcore import logs
 from jobcore.store import Claimed
 from jobqueue_worker.database import JobStore
 
@@ -90,8 +91,10 @@ class Dispatcher:
                 continue
             failures = 0
             self._last_claim_full = len(jobs) >= free
-            for job in jobs:
-                self._slots.start(job, claimed_at + self._lease_seconds)
+            # A line per job started: one write for the claim.
+            with logs.batch():
+                for job in jobs:
+                    self._slots.start(job, claimed_at + self._lease_seconds)
             if not self._last_claim_full:
                 await self._idle(self._poll_interval)
 

@@ -1,32 +1,39 @@
 """The job slots of one worker process: each runs one attempt, decides its outcome, records it.
 
-An attempt runs under JOB_TIMEOUT; `async def` handlers are awaited in their
-own task, plain `def` handlers run in a bounded thread pool. Whatever a handler
-does (raise, time out, swallow cancellation, raise SystemExit), the attempt ends
-in exactly one outcome: complete, fail (PermanentError, unknown type),
-retry_later with backoff, or dead_letter on the last attempt; release when
-shutdown interrupts it. A slot is freed only after its outcome was recorded.
+An attempt runs in a task of its own under JOB_TIMEOUT: `async def` handlers
+are awaited in it, plain `def` handlers run in a bounded thread pool. Whatever
+a handler does (raise, time out, swallow cancellation, raise SystemExit), the
+attempt ends in exactly one outcome: complete, fail (PermanentError, unknown
+type), retry_later with backoff, or dead_letter on the last attempt; release
+when shutdown interrupts it. The outcome goes to the completer, and the slot is
+freed when the completer reports it written (or the lease lost), never before.
+
+Timeout and shutdown interrupt an attempt by cancelling its task. A handler
+that swallows the cancellation keeps its task but not its slot: after
+`cancel_grace` the attempt is recorded as interrupted and the task is left to
+end on its own, its result ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from jobcore import logs
 from jobcore.backoff import backoff
 from jobcore.errors import PermanentError
-from jobcore.logs import bind
 from jobcore.registry import Handler, JobContext, get_handler
 from jobcore.store import Claimed
 from jobqueue_worker import metrics
-from jobqueue_worker.completer import Outcome
+from jobqueue_worker.completer import Outcome, Recorded
 from jobqueue_worker.database import describe
 
 log = logging.getLogger("jobqueue.worker")
@@ -34,9 +41,51 @@ log = logging.getLogger("jobqueue.worker")
 # last_error is TEXT: PostgreSQL rejects NUL characters, and a huge message helps nobody.
 _MAX_ERROR = 2000
 
+# Why an attempt was interrupted.
+_TIMEOUT = "timeout"
+_SHUTDOWN = "shutdown"
+
 
 class JobTimeout(Exception):
     """The attempt ran past JOB_TIMEOUT."""
+
+
+class _Attempt:
+    """One job in a slot, from start until its outcome is recorded."""
+
+    __slots__ = (
+        "delay",
+        "duration",
+        "error",
+        "fields",
+        "in_handler",
+        "interrupted",
+        "job",
+        "kind",
+        "lease_deadline",
+        "settled",
+        "started",
+        "task",
+        "timer",
+    )
+
+    def __init__(self, job: Claimed, lease_deadline: float) -> None:
+        self.job = job
+        self.lease_deadline = lease_deadline
+        self.fields = logs.Fields(
+            job_id=str(job.id), job_type=job.type, attempt=job.attempts, lease_token=job.lease_token
+        )
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.in_handler = False
+        self.interrupted: str | None = None
+        # The outcome went to the completer (from the task, or on its behalf once abandoned).
+        self.settled = False
+        self.kind = ""
+        self.error: str | None = None
+        self.delay = 0.0
+        self.started = 0.0
+        self.duration = 0.0
 
 
 class Executor:
@@ -44,7 +93,7 @@ class Executor:
 
     def __init__(
         self,
-        record: Callable[[Outcome], Awaitable[bool]],
+        record: Callable[[Outcome, Recorded], None],
         *,
         slots: int,
         job_timeout: float,
@@ -64,8 +113,9 @@ class Executor:
         self.on_slot_freed = on_slot_freed
         self._cancel_grace = cancel_grace
         self._clock = clock
-        # A running attempt and the future that interrupts it at shutdown.
-        self._running: dict[asyncio.Task[None], asyncio.Future[None]] = {}
+        self._running: set[_Attempt] = set()
+        self._all_freed: asyncio.Future[None] | None = None
+        self._shutting_down = False
         self._threads = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="handler")
 
     @property
@@ -78,63 +128,56 @@ class Executor:
 
     def start(self, job: Claimed, lease_deadline: float) -> None:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
-        if self.free <= 0:
+        if len(self._running) >= self.slots:
             raise RuntimeError("no free job slot")
-        interrupt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._execute(job, lease_deadline, interrupt))
-        self._running[task] = interrupt
-        task.add_done_callback(self._slot_done)
-
-    def _slot_done(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("job slot failed", exc_info=task.exception())
-        self.on_slot_freed()
+        attempt = _Attempt(job, lease_deadline)
+        self._running.add(attempt)
+        logs.line(log, "job started", attempt.fields)
+        attempt.task = asyncio.get_running_loop().create_task(self._run(attempt))
 
     async def shutdown(self, shutdown_timeout: float) -> None:
         """Give running attempts `shutdown_timeout` seconds to finish, then interrupt and
         release them."""
-        if self._running:
-            await asyncio.wait(list(self._running), timeout=shutdown_timeout)
+        await self._until_all_freed(shutdown_timeout)
         if self._running:
             log.info("interrupting running jobs", extra={"running": len(self._running)})
-            for interrupt in self._running.values():
-                if not interrupt.done():
-                    interrupt.set_result(None)
+            self._shutting_down = True
+            for attempt in list(self._running):
+                self._interrupt(attempt, _SHUTDOWN)
             # Bounded: cancel_grace, then the release write (retried only while the lease holds).
-            await asyncio.wait(list(self._running))
+            await self._until_all_freed(None)
         # Threads of plain handlers that ignore the end of their attempt are not waited for.
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def _execute(
-        self, job: Claimed, deadline: float, interrupt: asyncio.Future[None]
-    ) -> None:
-        with bind(
-            job_id=str(job.id), job_type=job.type, attempt=job.attempts, lease_token=job.lease_token
-        ):
-            log.info("job started")
-            started = self._clock()
-            kind, error, delay = await self._attempt(job, interrupt)
-            duration = self._clock() - started
-            applied = await self._record(Outcome(kind, job.lease, deadline, error, delay))
-            metrics.attempt_finished(kind, applied, duration)
-            log.info(
-                "job finished",
-                extra={
-                    "outcome": metrics.OUTCOMES[kind],
-                    "duration_ms": round(duration * 1000, 3),
-                    "error": error,
-                    "retry_in": round(delay, 3) if kind == "retry_later" else None,
-                },
-            )
+    async def _until_all_freed(self, seconds: float | None) -> None:
+        if not self._running:
+            return
+        if self._all_freed is None or self._all_freed.done():
+            self._all_freed = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await asyncio.shield(self._all_freed)
 
-    async def _attempt(
-        self, job: Claimed, interrupt: asyncio.Future[None]
-    ) -> tuple[str, str | None, float]:
-        """Run the handler; return (outcome kind, error, retry delay)."""
+    async def _run(self, attempt: _Attempt) -> None:
+        try:
+            await self._attempt(attempt)
+        except BaseException:
+            # A fault of ours, not the handler's: free the slot; the lease runs out and
+            # recovery takes the job back.
+            log.exception("job slot failed", extra=attempt.fields.values)
+            if not attempt.settled:
+                attempt.settled = True
+                self._free(attempt)
+
+    async def _attempt(self, attempt: _Attempt) -> None:
+        job = attempt.job
         handler = get_handler(job.type)
         if handler is None:
-            return "fail", f"no handler is registered for job type {job.type!r}", 0.0
+            self._settle(attempt, "fail", f"no handler is registered for job type {job.type!r}")
+            return
+        if self._shutting_down:
+            self._settle(attempt, "release", "interrupted by shutdown")
+            return
         ctx = JobContext(
             job_id=job.id,
             type=job.type,
@@ -143,54 +186,116 @@ class Executor:
             lease_token=job.lease_token,
             webhook_allow_private=self._webhook_allow_private,
         )
-        call = asyncio.create_task(self._call(handler, job.payload, ctx))
-        waiting: set[asyncio.Future[Any]] = {call, interrupt}
-        done, _ = await asyncio.wait(
-            waiting, timeout=self._job_timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        failure: BaseException | None
-        if call in done:
-            failure = asyncio.CancelledError() if call.cancelled() else call.result()
-            if failure is None:
-                return "complete", None, 0.0
-        else:
-            await self._stop(call)
-            if interrupt.done():
-                return "release", "interrupted by shutdown", 0.0
-            failure = JobTimeout(f"timed out after {self._job_timeout:g}s")
-        error = _error_text(failure)
-        if isinstance(failure, PermanentError):
-            return "fail", error, 0.0
-        if job.attempts >= job.max_attempts:
-            return "dead_letter", error, 0.0
-        return "retry_later", error, backoff(job.attempts, self._backoff_base, self._backoff_max)
-
-    async def _stop(self, call: asyncio.Task[BaseException | None]) -> None:
-        call.cancel()
-        await asyncio.wait({call}, timeout=self._cancel_grace)
-        if not call.done():
-            # A handler that swallows cancellation keeps running, but its slot moves on.
-            log.warning("handler did not stop when cancelled")
-
-    async def _call(self, handler: Handler, payload: Any, ctx: JobContext) -> BaseException | None:
-        """Run the handler; return what it raised (None on success) instead of raising it."""
+        # Lines the handler logs carry the job's fields.
+        logs.bind_task(**attempt.fields.values)
+        loop = asyncio.get_running_loop()
+        task = attempt.task
+        assert task is not None
+        attempt.started = self._clock()
+        attempt.timer = loop.call_later(self._job_timeout, self._interrupt, attempt, _TIMEOUT)
+        attempt.in_handler = True
+        failure: BaseException | None = None
         try:
             if inspect.iscoroutinefunction(handler):
-                await handler(payload, ctx)
+                await handler(job.payload, ctx)
             else:
-                # Copy the context so lines a threaded handler logs carry the job's fields.
-                run = functools.partial(contextvars.copy_context().run, handler, payload, ctx)
-                result = await asyncio.get_running_loop().run_in_executor(self._threads, run)
-                if inspect.isawaitable(result):
-                    await result
-            return None
+                await self._in_thread(handler, job.payload, ctx)
         except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # timeout or shutdown: the caller decides the outcome
-            return exc  # a cancellation from inside the handler, e.g. of a thread's future
+            # Ours if interrupted; else from inside the handler (it cancelled itself, or a
+            # thread's future), a retryable error like any other.
+            failure = exc
         except BaseException as exc:  # a handler must never take the worker process down
-            return exc
+            failure = exc
+        finally:
+            attempt.in_handler = False
+            attempt.timer.cancel()
+            # A cancellation consumed here must not hit the rest of the task.
+            while task.cancelling():
+                task.uncancel()
+        if attempt.settled:
+            return  # abandoned after ignoring its interruption: recorded already
+        attempt.duration = self._clock() - attempt.started
+        if attempt.interrupted is not None:
+            self._settle_interrupted(attempt)
+        elif failure is None:
+            self._settle(attempt, "complete")
+        else:
+            self._settle_failure(attempt, failure)
+
+    async def _in_thread(self, handler: Handler, payload: Any, ctx: JobContext) -> None:
+        # Copy the context so lines a threaded handler logs carry the job's fields.
+        run = functools.partial(contextvars.copy_context().run, handler, payload, ctx)
+        result = await asyncio.get_running_loop().run_in_executor(self._threads, run)
+        if inspect.isawaitable(result):
+            await result
+
+    def _interrupt(self, attempt: _Attempt, reason: str) -> None:
+        """Cancel the attempt's handler; it has cancel_grace to stop before its slot moves on."""
+        if not attempt.in_handler or attempt.interrupted is not None:
+            return
+        assert attempt.task is not None and attempt.timer is not None
+        attempt.interrupted = reason
+        attempt.timer.cancel()
+        attempt.task.cancel()
+        attempt.timer = asyncio.get_running_loop().call_later(
+            self._cancel_grace, self._abandon, attempt
+        )
+
+    def _abandon(self, attempt: _Attempt) -> None:
+        if attempt.settled or not attempt.in_handler:
+            return
+        # A handler that swallows cancellation keeps running, but its slot moves on.
+        log.warning("handler did not stop when cancelled", extra=attempt.fields.values)
+        attempt.duration = self._clock() - attempt.started
+        self._settle_interrupted(attempt)
+
+    def _settle_interrupted(self, attempt: _Attempt) -> None:
+        if attempt.interrupted == _SHUTDOWN:
+            self._settle(attempt, "release", "interrupted by shutdown")
+        else:
+            self._settle_failure(attempt, JobTimeout(f"timed out after {self._job_timeout:g}s"))
+
+    def _settle_failure(self, attempt: _Attempt, failure: BaseException) -> None:
+        error = _error_text(failure)
+        job = attempt.job
+        if isinstance(failure, PermanentError):
+            self._settle(attempt, "fail", error)
+        elif job.attempts >= job.max_attempts:
+            self._settle(attempt, "dead_letter", error)
+        else:
+            delay = backoff(job.attempts, self._backoff_base, self._backoff_max)
+            self._settle(attempt, "retry_later", error, delay)
+
+    def _settle(
+        self, attempt: _Attempt, kind: str, error: str | None = None, delay: float = 0.0
+    ) -> None:
+        """Hand the outcome to the completer; the slot is freed once it is written."""
+        attempt.settled = True
+        attempt.kind, attempt.error, attempt.delay = kind, error, delay
+        outcome = Outcome(kind, attempt.job.lease, attempt.lease_deadline, error, delay)
+        self._record(outcome, functools.partial(self._recorded, attempt))
+
+    def _recorded(self, attempt: _Attempt, applied: bool) -> None:
+        kind = attempt.kind
+        metrics.attempt_finished(kind, applied, attempt.duration)
+        logs.line(
+            log,
+            "job finished",
+            attempt.fields,
+            {
+                "outcome": metrics.OUTCOMES[kind],
+                "duration_ms": round(attempt.duration * 1000, 3),
+                "error": attempt.error,
+                "retry_in": round(attempt.delay, 3) if kind == "retry_later" else None,
+            },
+        )
+        self._free(attempt)
+
+    def _free(self, attempt: _Attempt) -> None:
+        self._running.discard(attempt)
+        if not self._running and self._all_freed is not None and not self._all_freed.done():
+            self._all_freed.set_result(None)
+        self.on_slot_freed()
 
 
 def _error_text(exc: BaseException) -> str:
