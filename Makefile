@@ -49,12 +49,17 @@ bench-install: install
 bench-compare: bench-install
 	$(BIN)/python -m bench.queues --compare $(BENCH_ARGS)
 
-# Fault injection under load: own PostgreSQL cluster, 2 APIs, 3 workers, 5,000 jobs, every
-# fault kind; then the invariant checker. Table on stdout, JSON in chaos-results/.
+# The reliability proof (~15 min): fault injection under load (own PostgreSQL cluster,
+# 2 APIs, 3 workers, 5,000 jobs, every fault kind, then the invariant checker; table on
+# stdout, JSON in chaos-results/), then deep API fuzzing and the API load + backlog run.
 # `make chaos CHAOS_ARGS="--seed N"` replays a run's job mix and seeds its faults alike.
 chaos: install
 	$(BIN)/python -m tests.chaos.run --jobs 5000 --duration 240 \
 		--json chaos-results/$$(date -u +%Y%m%dT%H%M%SZ).json $(CHAOS_ARGS)
+	$(MAKE) fuzz-deep FUZZ_EXAMPLES=$(CHAOS_FUZZ_EXAMPLES)
+	$(MAKE) load
+
+CHAOS_FUZZ_EXAMPLES ?= 500
 
 # POST /jobs throughput and latency (p50/p99) of one real jobqueue-api process, loaded by an
 # asyncio client (bench/api.py); `make bench-api BENCH_API_ARGS="--concurrency 64"`.
