@@ -10,14 +10,7 @@ from jobcore import store
 from jobcore.ids import new_id
 from jobcore.schema import jobs
 from jobcore.states import Status
-
-P, R, C, F, D = (
-    Status.PENDING,
-    Status.PROCESSING,
-    Status.COMPLETED,
-    Status.FAILED,
-    Status.DEAD_LETTER,
-)
+from tests.jobcore.test_states import SPEC_TRANSITIONS, C, D, F, P, R
 
 # (operation, from) -> to, per SPEC §3. Anything not listed must leave the job unchanged.
 EXPECTED = {
@@ -31,7 +24,6 @@ EXPECTED = {
     ("recover_expired_last", R): D,  # the lost attempt was the last
     ("manual_retry", D): P,
 }
-SPEC_EDGES = {(P, R), (R, C), (R, P), (R, F), (R, D), (D, P)}
 TOKEN = 7
 
 
@@ -87,7 +79,7 @@ async def test_store_accepts_exactly_the_spec_transitions(engine, operation):
         if after != status:
             observed.add((status, after))
     for status_from, status_to in observed:
-        assert (status_from, status_to) in SPEC_EDGES
+        assert (status_from, status_to) in SPEC_TRANSITIONS
 
 
 async def test_all_spec_transitions_are_reachable_through_the_store(engine):
@@ -99,7 +91,7 @@ async def test_all_spec_transitions_are_reachable_through_the_store(engine):
             await _apply(conn, operation, lease)
             assert Status(await conn.scalar(sa.select(jobs.c.status))) == target
         reached.add((status, target))
-    assert reached == SPEC_EDGES
+    assert reached == SPEC_TRANSITIONS
 
 
 @pytest.mark.parametrize("operation", ["complete", "fail", "dead_letter", "retry_later", "release"])
