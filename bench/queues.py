@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -385,6 +386,19 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return config
 
 
+def _code_version() -> dict[str, Any]:
+    """The commit measured, and whether the services or jobcore had uncommitted changes."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(git("status", "--porcelain", "--", "services", "shared")),
+    }
+
+
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
@@ -420,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
             "postgresql": asyncio.run(postgres_version(config.server)),
         },
+        "code": _code_version(),
         "config": asdict(config) | {"server": "(omitted)"},
         "systems": run.systems,
         "results": run.results,

@@ -233,6 +233,12 @@ def render(document: dict[str, Any]) -> str:
         f"Queue benchmarks: {document['machine']['cpus']} CPUs, PostgreSQL "
         f"{document['machine']['postgresql']}, drain of {config['jobs']:,} no-op jobs, "
         f"medians of {config['repeat']} repeat(s); our WORKERS={config['workers']}",
+    ]
+    code = document.get("code")
+    if code:
+        dirty = " (with uncommitted changes)" if code["uncommitted_changes"] else ""
+        out.append(f"code: {code['commit'][:12]}{dirty}")
+    out += [
         "",
     ]
     rows = []
