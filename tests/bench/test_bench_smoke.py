@@ -64,17 +64,6 @@ def numbers(value: Any, path: str = "") -> list[tuple[str, float]]:
     return []
 
 
-def batch_served(document: dict[str, Any]) -> bool:
-    """False only while jobqueue-api has no POST /jobs/batch (the harness says so, no more)."""
-    errors = document["errors"]
-    if errors and all(e.get("kind") == "unsupported" for e in errors):
-        assert [e["error"] for e in errors] == [
-            "POST /jobs/batch is not served by this jobqueue-api"
-        ]
-        return False
-    return True
-
-
 def bench_databases(server: str) -> set[str]:
     with psycopg.connect(server, autocommit=True) as conn:
         rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'jq_bench_%'")
@@ -97,14 +86,10 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
 
     (path,) = tmp_path.glob("*.json")
     document = json.loads(path.read_text())
+    assert document["errors"] == []
     summary = document["summary"]
     ours = summary["systems"]["jobqueue"]
-    expected = set(OURS_FIGURES)
-    if not batch_served(document):
-        expected.remove("http_batch_jobs_per_s")
-    else:
-        assert document["errors"] == []
-    assert set(ours) >= expected
+    assert set(ours) >= OURS_FIGURES
     assert set(ours["drain_by_workers"]["10"]) == {"1proc_jobs_per_s"}
     assert {"jobs_per_s", "p50_ms", "p99_ms"} <= set(ours["http_single"])
     backlog = summary["backlog"]
