@@ -87,7 +87,7 @@ async def drop_stale(server: str) -> list[str]:
     dropped = []
     try:
         names = await conn.fetch(
-            "SELECT datname FROM pg_database WHERE datname LIKE $1", PREFIX + "%"
+            "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", PREFIX
         )
         for (name,) in names:
             match = re.search(r"_(\d+)$", name)

@@ -66,7 +66,9 @@ def numbers(value: Any, path: str = "") -> list[tuple[str, float]]:
 
 def bench_databases(server: str) -> set[str]:
     with psycopg.connect(server, autocommit=True) as conn:
-        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'jq_bench_%'")
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, 'jq_bench_')"
+        )
         return {name for (name,) in rows}
 
 
