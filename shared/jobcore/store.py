@@ -24,6 +24,10 @@ from jobcore.schema import jobs
 from jobcore.states import OPERATIONS, Status, source
 
 c = jobs.c
+
+# Workers LISTEN on this channel; a notification is only a hint that jobs are
+# due, so polling stays correct when one is lost.
+NOTIFY_CHANNEL = "jobqueue_jobs"
 _ONE_SECOND: Any = sa.literal_column("interval '1 second'")
 
 
@@ -111,17 +115,37 @@ _CREATED: Any = sa.literal_column("(xmax = 0)").label("created")
 
 SUBMIT = _conflict_target(pg.insert(jobs)).returning(*_JOB_COLUMNS, _CREATED)
 
+# The same, plus a NOTIFY when a job was created: it is delivered when the insert
+# commits, so an idle worker can start the job before the submitter hears back.
+_submitted = (
+    _conflict_target(
+        pg.insert(jobs).values({name: sa.bindparam(name) for name in NewJob.__dataclass_fields__})
+    )
+    .returning(*_JOB_COLUMNS, _CREATED)
+    .cte("submitted")
+)
+SUBMIT_AND_NOTIFY = sa.select(
+    _submitted,
+    sa.case(
+        (
+            _submitted.c.created,
+            sa.func.pg_notify(sa.literal_column(f"'{NOTIFY_CHANNEL}'"), sa.literal_column("''")),
+        )
+    ).label("notified"),
+)
 
-async def submit(conn: AsyncConnection, new: NewJob) -> tuple[Job, bool]:
+
+async def submit(conn: AsyncConnection, new: NewJob, *, notify: bool = False) -> tuple[Job, bool]:
     """Insert a job, or return the job already bound to its idempotency key.
 
     Returns (job, created). Raises IdempotencyConflict when the key is bound to
-    a different type, payload (compared as jsonb) or max_attempts.
+    a different type, payload (compared as jsonb) or max_attempts. With
+    `notify`, a created job also wakes listening workers (at commit).
     """
     row = (
         (
             await conn.execute(
-                SUBMIT,
+                SUBMIT_AND_NOTIFY if notify else SUBMIT,
                 {
                     "id": new.id,
                     "type": new.type,
@@ -422,9 +446,6 @@ async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:
 
 # --- wake-ups -----------------------------------------------------------------
 
-# Workers LISTEN on this channel; a notification is only a hint that jobs are
-# due, so polling stays correct when one is lost.
-NOTIFY_CHANNEL = "jobqueue_jobs"
 NOTIFY = sa.select(sa.func.pg_notify(sa.literal(NOTIFY_CHANNEL), sa.literal("")))
 
 

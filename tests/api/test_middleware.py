@@ -120,7 +120,7 @@ async def test_an_unexpected_error_is_a_json_500_without_traceback(
 async def test_a_connection_error_is_a_json_503(
     api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ):
-    async def unreachable(*args: object) -> None:
+    async def unreachable(*args: object, **kwargs: object) -> None:
         raise ConnectionRefusedError("connect call failed")
 
     monkeypatch.setattr(store, "submit", unreachable)

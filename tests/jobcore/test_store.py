@@ -208,3 +208,34 @@ async def test_submissions_without_a_key_always_create(engine):
         for _ in range(3):
             _, created = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1))
             assert created
+
+
+async def test_submit_with_notify_wakes_listeners_only_when_it_creates(engine, database_url):
+    import asyncpg
+
+    from jobcore.db import asyncpg_dsn
+
+    listener = await asyncpg.connect(asyncpg_dsn(database_url))
+    heard: list[object] = []
+    await listener.add_listener(store.NOTIFY_CHANNEL, lambda *args: heard.append(args))
+    try:
+        async with engine.begin() as conn:
+            job, created = await store.submit(
+                conn, store.NewJob(new_id(), "sleep", {"x": 1}, 3, "n-1"), notify=True
+            )
+        assert created and job.payload == {"x": 1}
+        for _ in range(500):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        assert len(heard) == 1
+        async with engine.begin() as conn:
+            _, created = await store.submit(
+                conn, store.NewJob(new_id(), "sleep", {"x": 1}, 3, "n-1"), notify=True
+            )
+        assert not created
+        await listener.execute("SELECT 1")  # a notification would have arrived by now
+        await asyncio.sleep(0.1)
+        assert len(heard) == 1
+    finally:
+        await listener.close()

@@ -69,10 +69,12 @@ async def submit(
 
     Raises IdempotencyConflict. The job exists once this returns (committed).
     """
+    inline = notifier.inline()
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
-        job, created = await store.submit(conn, new)
+        job, created = await store.submit(conn, new, notify=inline)
     if created:
-        notifier.jobs_due()
+        if not inline:
+            notifier.jobs_due()
         metrics.SUBMITTED.inc()
     log.info(
         "job submitted" if created else "job replayed",

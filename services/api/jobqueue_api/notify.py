@@ -1,10 +1,12 @@
-"""Wake-ups for workers: a NOTIFY after jobs are created, coalesced under load.
+"""Wake-ups for workers: a NOTIFY when jobs are created, debounced under load.
 
-The notification is sent after the job committed, on a connection of its own,
-without holding up the response. While one NOTIFY is in flight, further
-requests for one collapse into a single follow-up, so a burst of submissions
-costs a handful of notifications, not one each. A lost notification only
-delays pickup until the workers' next poll.
+A single submission normally carries its NOTIFY in its own statement
+(`store.submit(..., notify=True)`), delivered at commit, so an idle worker can
+start the job before the client has its answer. At most one submission per
+`INLINE_EVERY` does so; the others ask `jobs_due()` for a NOTIFY after their
+commit, on a connection of its own: while one is in flight, further requests
+collapse into a single follow-up, so a burst costs a handful of notifications,
+not one each. A lost notification only delays pickup until the next poll.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from jobcore import store
 log = logging.getLogger("jobqueue_api")
 
 NOTIFY_TIMEOUT = 2.0
+INLINE_EVERY = 0.005
 
 
 class Notifier:
@@ -26,6 +29,15 @@ class Notifier:
         self._engine = engine
         self._wanted = False
         self._sending: asyncio.Task[None] | None = None
+        self._last_inline = float("-inf")
+
+    def inline(self) -> bool:
+        """Whether the next submission should carry its own NOTIFY (see the module docstring)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last_inline < INLINE_EVERY:
+            return False
+        self._last_inline = now
+        return True
 
     def jobs_due(self) -> None:
         """Ask for a NOTIFY; returns at once."""
