@@ -229,10 +229,8 @@ class Fields:
 # The JSON of the last context dict seen: bind() makes a new dict per binding, so the
 # same dict means the same fields.
 _context_json: tuple[dict[str, Any] | None, str] = (None, "")
-_LEVELS = {
-    level: logging.getLevelName(level).lower()
-    for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
-}
+# What follows the time in a line, up to the msg included, per (logger, level, msg).
+_heads: dict[tuple[str, int, str], str] = {}
 
 
 def line(
@@ -253,16 +251,16 @@ def line(
     if output is None or _overlap(context, fields.values, extra):
         logger.log(level, msg, extra={**fields.values, **(extra or {})})
         return
-    parts = [
-        '{"time": "',
-        _timestamp(time.time()),
-        '", "level": "',
-        _LEVELS[level],
-        '", "logger": ',
-        encode_basestring_ascii(logger.name),
-        ', "msg": ',
-        encode_basestring_ascii(msg),
-    ]
+    head = _heads.get((logger.name, level, msg))
+    if head is None:
+        head = (
+            f'", "level": "{logging.getLevelName(level).lower()}", '
+            f'"logger": {encode_basestring_ascii(logger.name)}, '
+            f'"msg": {encode_basestring_ascii(msg)}'
+        )
+        if len(_heads) < 1000:
+            _heads[(logger.name, level, msg)] = head
+    parts = ['{"time": "', _timestamp(time.time()), head]
     if context:
         cached, members = _context_json
         if cached is not context:

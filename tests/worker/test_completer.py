@@ -114,3 +114,24 @@ async def test_close_flushes_what_is_waiting_without_lingering():
     await runner
     assert time.monotonic() - started < 5
     assert store.jobs[lease.job_id].attempts == 0  # release gives the attempt back
+
+
+async def test_without_linger_a_lone_outcome_is_written_at_once_and_a_burst_together():
+    store = FakeStore()
+    leases = await _claimed(store, 11)
+    completer = Completer(store, batch_size=50)  # linger 0, the worker's setting
+    runner = asyncio.create_task(completer.record(_outcome("complete", leases[0])))
+    writer = asyncio.create_task(completer.run())
+    # No timer involved: a few turns of the loop are enough.
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert store.writes == [("complete", 1)]
+    assert await runner is True
+    # Outcomes handed over in one turn of the loop (a claim's jobs finishing) share a write.
+    results: list[bool] = []
+    for lease in leases[1:]:
+        completer.add(_outcome("complete", lease), results.append)
+    await until(lambda: len(results) == 10, 5, "the burst recorded")
+    assert store.writes == [("complete", 1), ("complete", 10)]
+    completer.close()
+    await writer

@@ -1,16 +1,23 @@
-"""PgJobStore on the real PostgreSQL, through a fault proxy: outages are logged once per
-change of state, and a connection that goes silent times out instead of hanging."""
+"""PgJobStore on the real PostgreSQL: its statements have exactly jobcore.store's effects;
+through a fault proxy, outages are logged once per change of state, and a connection that
+goes silent times out instead of hanging."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
+import sqlalchemy as sa
 
+from jobcore import store
 from jobcore.db import make_engine
+from jobcore.schema import jobs
+from jobcore.states import Status
 from jobqueue_worker import database
 from jobqueue_worker.database import Availability, PgJobStore
 from tests.faultproxy import FaultProxy
+from tests.jobcore.test_store_transitions import _job_in
 from tests.worker.support import submit
 
 
@@ -78,3 +85,114 @@ def test_a_call_begun_before_the_last_success_does_not_report_an_outage(caplog):
         "database available again",
         "database unavailable",
     ]
+
+
+# --- the statements PgJobStore runs are jobcore.store's, with the same effect -------------
+
+_OPERATIONS = [
+    "claim",
+    "complete",
+    "fail",
+    "dead_letter",
+    "retry_later",
+    "release",
+    "recover_expired",
+    "recover_expired_last",
+]
+
+
+async def _run_store(conn, operation: str, lease: store.Lease):
+    """The operation through jobcore.store in `conn`'s transaction: the reference."""
+    if operation == "claim":
+        return await store.claim(conn, 10, 60)
+    if operation in ("complete", "release"):
+        return await getattr(store, operation)(conn, [lease])
+    if operation in ("fail", "dead_letter"):
+        return await getattr(store, operation)(conn, [lease], ["boom"])
+    if operation == "retry_later":
+        return await store.retry_later(conn, [lease], ["boom"], [30.0])
+    return await store.recover_expired(conn)
+
+
+async def _run_worker(pg: PgJobStore, operation: str, lease: store.Lease):
+    if operation == "claim":
+        return await pg.claim(10, 60)
+    if operation in ("complete", "release"):
+        return await getattr(pg, operation)([lease])
+    if operation in ("fail", "dead_letter"):
+        return await getattr(pg, operation)([lease], ["boom"])
+    if operation == "retry_later":
+        return await pg.retry_later([lease], ["boom"], [30.0])
+    return await pg.recover_expired()
+
+
+_ROW = sa.select(
+    jobs.c.status,
+    jobs.c.attempts,
+    jobs.c.lease_token,
+    jobs.c.last_error,
+    jobs.c.locked_until.is_(None).label("unlocked"),
+    # Times relative to the statement's now(): equal for both ways within the minute.
+    (jobs.c.locked_until > sa.func.now() + sa.text("interval '59 seconds'")).label("leased"),
+    (jobs.c.run_at > sa.func.now() + sa.text("interval '29 seconds'")).label("deferred"),
+)
+
+
+@pytest.mark.parametrize("operation", _OPERATIONS)
+async def test_the_worker_store_applies_exactly_what_jobcore_store_does(engine, operation):
+    pg = PgJobStore(engine)
+    try:
+        for status in Status:
+            effects = []
+            for run in ("reference", "worker"):
+                async with engine.begin() as conn:
+                    await conn.execute(sa.delete(jobs))
+                    lease = await _job_in(conn, status, last_attempt=operation.endswith("_last"))
+                    await conn.execute(
+                        sa.update(jobs).values(payload={"nested": [1, "two", None], "n": 1.5})
+                    )
+                    if run == "reference":
+                        result = await _run_store(conn, operation, lease)
+                if run == "worker":
+                    result = await _run_worker(pg, operation, lease)
+                async with engine.connect() as conn:
+                    row = (await conn.execute(_ROW)).one()
+                # Ids differ between the two runs; compare everything else.
+                effects.append((tuple(row), _without_ids(result, lease)))
+            assert effects[0] == effects[1], f"{operation} on {status}"
+    finally:
+        await pg.close()
+
+
+def _without_ids(result, lease):
+    if not isinstance(result, list):
+        return result
+    out = []
+    for item in result:
+        if isinstance(item, store.Claimed):
+            assert item.id == lease.job_id
+            item = dataclasses.replace(item, id=None)
+        elif isinstance(item, store.Lease):
+            assert item == lease
+            item = "lease"
+        else:
+            assert item[0] == lease.job_id
+            item = ("job", *item[1:])
+        out.append(item)
+    return out
+
+
+async def test_the_worker_store_reports_exactly_the_lost_leases(engine):
+    pg = PgJobStore(engine)
+    try:
+        async with engine.begin() as conn:
+            good = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+            other = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+        stale = store.Lease(other.job_id, other.lease_token + 1)
+        assert await pg.complete([good, stale]) == [stale]
+        assert await pg.complete([good]) == [good]  # already completed
+        async with engine.connect() as conn:
+            status = await conn.scalar(sa.select(jobs.c.status).where(jobs.c.id == other.job_id))
+        assert status == "processing"  # the stale write changed nothing
+    finally:
+        await pg.close()

@@ -54,6 +54,28 @@ async def stubborn(payload: Any, ctx: JobContext) -> None:
         await asyncio.sleep(payload["seconds"])
 
 
+# Releases the handlers below that ignore their interruption, once a test is done with them.
+_let_go = threading.Event()
+
+
+@handler("unit.exec.deaf")
+async def deaf(payload: Any, ctx: JobContext) -> None:
+    """Swallows every cancellation until the test lets it go."""
+    while not _let_go.is_set():
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            seen.setdefault("deaf_cancelled", 0)
+            seen["deaf_cancelled"] += 1
+    seen["deaf_returned"] = True
+
+
+@handler("unit.exec.blocking")
+def blocking(payload: Any, ctx: JobContext) -> None:
+    """Blocks its thread until the test lets it go."""
+    _let_go.wait(30)
+
+
 _RAISERS = {
     "system-exit": SystemExit(3),
     "keyboard-interrupt": KeyboardInterrupt(),
@@ -195,3 +217,32 @@ async def test_shutdown_releases_jobs_past_shutdown_timeout_without_spending_an_
         assert store.status(job) is Status.PENDING
         assert store.jobs[job].attempts == 0
     assert sum(n for op, n in store.writes if op == "release") == 3
+
+
+@pytest.mark.parametrize("kind", ["deaf", "blocking"])
+async def test_a_handler_that_ignores_its_timeout_cannot_hold_its_slot(kind, caplog):
+    _let_go.clear()
+    seen.pop("deaf_returned", None)
+    store = FakeStore()
+    stuck = store.add(f"unit.exec.{kind}", max_attempts=3)
+    after = store.add("unit.exec.ok")
+    stack = Stack(store, slots=1, job_timeout=0.2, cancel_grace=0.2, backoff_base=30.0)
+    try:
+        async with stack:
+            # The only slot moves on to the next job although the handler never stops.
+            await until(lambda: store.status(after) is Status.COMPLETED, 10, "the next job")
+            assert store.status(stuck) is Status.PENDING  # retried: a timeout is retryable
+            assert "timed out after 0.2s" in (store.jobs[stuck].last_error or "")
+            _let_go.set()
+            if kind == "deaf":
+                await until(lambda: seen.get("deaf_returned"), 5, "the deaf handler to return")
+                # Each interruption reached it; it swallowed them all.
+                assert seen["deaf_cancelled"] >= 1
+                warned = [r for r in caplog.records if "did not stop" in r.getMessage()]
+                assert [r.job_id for r in warned] == [str(stuck)]  # type: ignore[attr-defined]
+            await asyncio.sleep(0.1)
+    finally:
+        _let_go.set()
+    # The late return of the abandoned attempt recorded nothing more: one outcome per attempt.
+    assert store.jobs[stuck].attempts == 1
+    assert sorted(store.writes) == [("complete", 1), ("retry_later", 1)]

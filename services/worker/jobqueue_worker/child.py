@@ -11,6 +11,7 @@ the process also shuts down if the supervisor disappears.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -104,6 +105,10 @@ async def _run(settings: Settings, index: int) -> int:
     )
     executor.on_slot_freed = dispatcher.slot_freed
     metrics.initialise()
+    # What start-up made (modules, SQLAlchemy's tables and caches) lives as long as the
+    # process: frozen, full collections stop walking it again and again under load.
+    gc.collect()
+    gc.freeze()
     # Set when shutdown starts: ends the recovery loop and the wake-up listener.
     maintenance_stop = asyncio.Event()
 
@@ -139,6 +144,7 @@ async def _run(settings: Settings, index: int) -> int:
     await executor.shutdown(settings.shutdown_timeout)
     completer.close()
     await asyncio.wait(loops)
+    metrics.flush()
     watcher.cancel()
     stopped.cancel()
     await store.close()

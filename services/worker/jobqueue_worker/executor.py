@@ -23,9 +23,9 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from jobcore import logs
 from jobcore.backoff import backoff
@@ -196,8 +196,8 @@ class Executor:
         attempt.in_handler = True
         failure: BaseException | None = None
         try:
-            if inspect.iscoroutinefunction(handler):
-                await handler(job.payload, ctx)
+            if _is_async(handler):
+                await cast(Awaitable[None], handler(job.payload, ctx))
             else:
                 await self._in_thread(handler, job.payload, ctx)
         except asyncio.CancelledError as exc:
@@ -296,6 +296,11 @@ class Executor:
         if not self._running and self._all_freed is not None and not self._all_freed.done():
             self._all_freed.set_result(None)
         self.on_slot_freed()
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler)
 
 
 def _error_text(exc: BaseException) -> str:
