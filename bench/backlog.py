@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from bench.adapters.base import log_tail
+from bench.adapters.base import log_tail, to_the_end
 from bench.adapters.ours import Ours
 from bench.adapters.ours_jobs import JOB_TYPE
 from bench.stats import latency_ms
@@ -83,7 +83,7 @@ async def drain_window(
                 )
             await asyncio.sleep(0.2)
     finally:
-        await adapter.stop_workers()
+        await to_the_end(adapter.stop_workers())
     rows = await adapter.sql.conn.fetch(
         "SELECT extract(epoch FROM updated_at) AS at FROM jobs"
         " WHERE status = 'completed' AND updated_at >= to_timestamp($1)"

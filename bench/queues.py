@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import backlog, measure, pg, procs, profile, submit
-from bench.adapters.base import Adapter, Unsupported
+from bench.adapters.base import Adapter, Unsupported, to_the_end
 from bench.adapters.ours import Ours
 from bench.beacon import Receiver
 from bench.procs import ROOT
@@ -84,6 +85,10 @@ QUICK = {
 }
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: stop after cleaning up (a BaseException, so no step records it)."""
+
+
 class Run:
     """Collects raw results and errors while the sessions execute."""
 
@@ -95,6 +100,7 @@ class Run:
         self.results: list[dict[str, Any]] = []
         self.errors: list[dict[str, str]] = []
         self.systems: dict[str, Any] = {}
+        self.interrupted = False
 
     def adapter(self, system: str, workers: int | None = None) -> Adapter:
         server = self.config.server
@@ -109,17 +115,33 @@ class Run:
         return PgQueuerPeer(server, self.workdir)
 
     async def step(self, label: str, body: Callable[[], Awaitable[None]]) -> None:
+        if self.interrupted:
+            raise Interrupted
         self.progress.step(label)
         try:
             await body()
+        except asyncio.CancelledError:
+            if self.interrupted:
+                raise Interrupted from None
+            raise
         except Unsupported as exc:
             self.errors.append({"step": label, "error": str(exc), "kind": "unsupported"})
         except Exception as exc:
+            if self.interrupted:
+                raise Interrupted from exc
             self.errors.append(
                 {"step": label, "error": f"{exc!r}", "trace": traceback.format_exc()}
             )
         finally:
             self.progress.advance()
+
+    def _on_signal(self, task: asyncio.Task[Any]) -> None:
+        # Cancel what runs now; the `finally` blocks stop the services and drop the databases.
+        # Only once: a second signal must not cut that clean-up short.
+        if not self.interrupted:
+            self.interrupted = True
+            print("\ninterrupted: stopping services, dropping databases", file=sys.stderr)
+            task.cancel()
 
     async def session(
         self, rep: int, system: str, processes: int, workers: int | None, full: bool
@@ -148,7 +170,7 @@ class Run:
             if full and config.profile and rep == 0 and isinstance(adapter, Ours):
                 figures["profile"] = await self.profile_drain(adapter)
         finally:
-            await adapter.cleanup()
+            await to_the_end(adapter.cleanup())
         self.results.append(
             {
                 "kind": "session",
@@ -181,7 +203,7 @@ class Run:
             batch = await submit.batch(ours, self.config.batch_jobs, self.config.batch_concurrency)
             self.results.append({"kind": "http_batch", "repeat": rep, **batch})
         finally:
-            await ours.cleanup()
+            await to_the_end(ours.cleanup())
 
     async def backlog_sessions(self) -> None:
         """One big table kept for every repeat; a fresh empty one per repeat."""
@@ -213,7 +235,7 @@ class Run:
                         await backlog.fill(empty, 0, use)
                         figures = await backlog.measure(empty, **options)
                     finally:
-                        await empty.cleanup()
+                        await to_the_end(empty.cleanup())
                     self.results.append(
                         {"kind": "backlog", "table": "empty", "repeat": rep, **figures}
                     )
@@ -232,10 +254,15 @@ class Run:
                 for name, body in runs if rep % 2 == 0 else runs[::-1]:
                     await self.step(f"backlog {rep + 1}/{c.repeat}: {name} table", body)
         finally:
-            await full.cleanup()
+            await to_the_end(full.cleanup())
 
     async def execute(self) -> None:
         c = self.config
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, task)
         self.rx = await Receiver.open()
         try:
             for name in await pg.drop_stale(c.server):
@@ -420,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     try:
         asyncio.run(run.execute())
-    except KeyboardInterrupt:
-        print("\ninterrupted: processes stopped, databases dropped", file=sys.stderr)
+    except (KeyboardInterrupt, Interrupted, asyncio.CancelledError):
+        print("interrupted: services stopped, databases dropped", file=sys.stderr)
         return 130
     finally:
         progress.close()

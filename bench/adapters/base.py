@@ -50,6 +50,20 @@ class Adapter(Protocol):
         ...
 
 
+async def to_the_end(clean_up: Awaitable[None]) -> None:
+    """Await a clean-up that a cancellation (Ctrl-C, SIGTERM) must not cut short.
+
+    The clean-up runs as a task of its own; if the caller is cancelled meanwhile,
+    it still waits for the clean-up to finish, then lets the cancellation go on.
+    """
+    task = asyncio.ensure_future(clean_up)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+
+
 class Unsupported(Exception):
     """The system lacks the operation a measurement needs."""
 
