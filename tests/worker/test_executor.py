@@ -36,7 +36,11 @@ async def boom(payload: Any, ctx: JobContext) -> None:
 
 @handler("unit.exec.slow")
 async def slow(payload: Any, ctx: JobContext) -> None:
-    await asyncio.sleep(payload["seconds"])
+    started = time.monotonic()
+    try:
+        await asyncio.sleep(payload["seconds"])
+    finally:
+        seen["slow_ran"] = time.monotonic() - started
 
 
 @handler("unit.exec.thread")
@@ -144,12 +148,13 @@ async def test_retryable_error_retries_with_backoff_then_dead_letters_on_the_las
     assert store.status(last) is Status.DEAD_LETTER
 
 
-async def test_timeout_is_retryable():
+async def test_timeout_is_retryable_and_never_early():
     store = FakeStore()
     job = store.add("unit.exec.slow", {"seconds": 30}, max_attempts=2)
     started = time.monotonic()
     await _run_until_settled(store, job_timeout=0.2, backoff_base=30.0)
     assert time.monotonic() - started < 10
+    assert seen["slow_ran"] >= 0.2  # interrupted after JOB_TIMEOUT, not before
     assert store.status(job) is Status.PENDING
     assert "timed out after 0.2s" in (store.jobs[job].last_error or "")
 

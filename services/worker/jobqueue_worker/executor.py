@@ -8,7 +8,8 @@ type), retry_later with backoff, or dead_letter on the last attempt; release
 when shutdown interrupts it. The outcome goes to the completer, and the slot is
 freed when the completer reports it written (or the lease lost), never before.
 
-Timeout and shutdown interrupt an attempt by cancelling its task. A handler
+Timeout and shutdown interrupt an attempt by cancelling its task (timeouts up to
+10 ms late: attempts share a timer per tick of their deadline). A handler
 that swallows the cancellation keeps its task but not its slot: after
 `cancel_grace` the attempt is recorded as interrupted and the task is left to
 end on its own, its result ignored.
@@ -22,6 +23,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +46,10 @@ _MAX_ERROR = 2000
 # Why an attempt was interrupted.
 _TIMEOUT = "timeout"
 _SHUTDOWN = "shutdown"
+# Attempts whose JOB_TIMEOUT runs out within the same tick share one timer, which fires at
+# the end of the tick: at most this late, never early. (A timer per attempt costs more
+# than the rest of a short attempt's bookkeeping.)
+_TICK = 0.01
 
 
 class JobTimeout(Exception):
@@ -76,7 +82,7 @@ class _Attempt:
             job_id=str(job.id), job_type=job.type, attempt=job.attempts, lease_token=job.lease_token
         )
         self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # for cancel_grace, once interrupted
         self.in_handler = False
         self.interrupted: str | None = None
         # The outcome went to the completer (from the task, or on its behalf once abandoned).
@@ -86,6 +92,16 @@ class _Attempt:
         self.delay = 0.0
         self.started = 0.0
         self.duration = 0.0
+
+
+class _Due:
+    """The attempts whose JOB_TIMEOUT runs out in one tick, and the timer for that tick."""
+
+    __slots__ = ("attempts", "timer")
+
+    def __init__(self, timer: asyncio.TimerHandle) -> None:
+        self.attempts: set[_Attempt] = set()
+        self.timer = timer
 
 
 class Executor:
@@ -114,6 +130,8 @@ class Executor:
         self._cancel_grace = cancel_grace
         self._clock = clock
         self._running: set[_Attempt] = set()
+        # Attempts in their handler, by the tick of their JOB_TIMEOUT deadline.
+        self._deadlines: dict[int, _Due] = {}
         self._all_freed: asyncio.Future[None] | None = None
         self._shutting_down = False
         self._threads = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="handler")
@@ -192,7 +210,11 @@ class Executor:
         task = attempt.task
         assert task is not None
         attempt.started = self._clock()
-        attempt.timer = loop.call_later(self._job_timeout, self._interrupt, attempt, _TIMEOUT)
+        tick = math.ceil((loop.time() + self._job_timeout) / _TICK)
+        due = self._deadlines.get(tick)
+        if due is None:
+            due = self._deadlines[tick] = _Due(loop.call_at(tick * _TICK, self._time_out, tick))
+        due.attempts.add(attempt)
         attempt.in_handler = True
         failure: BaseException | None = None
         try:
@@ -208,7 +230,12 @@ class Executor:
             failure = exc
         finally:
             attempt.in_handler = False
-            attempt.timer.cancel()
+            due.attempts.discard(attempt)
+            if not due.attempts and self._deadlines.get(tick) is due:
+                del self._deadlines[tick]
+                due.timer.cancel()
+            if attempt.timer is not None:
+                attempt.timer.cancel()
             # A cancellation consumed here must not hit the rest of the task.
             while task.cancelling():
                 task.uncancel()
@@ -229,13 +256,17 @@ class Executor:
         if inspect.isawaitable(result):
             await result
 
+    def _time_out(self, tick: int) -> None:
+        due = self._deadlines.pop(tick, None)
+        for attempt in list(due.attempts if due is not None else ()):
+            self._interrupt(attempt, _TIMEOUT)
+
     def _interrupt(self, attempt: _Attempt, reason: str) -> None:
         """Cancel the attempt's handler; it has cancel_grace to stop before its slot moves on."""
         if not attempt.in_handler or attempt.interrupted is not None:
             return
-        assert attempt.task is not None and attempt.timer is not None
+        assert attempt.task is not None
         attempt.interrupted = reason
-        attempt.timer.cancel()
         attempt.task.cancel()
         attempt.timer = asyncio.get_running_loop().call_later(
             self._cancel_grace, self._abandon, attempt
