@@ -3,7 +3,8 @@
 SQLAlchemy spends more CPU on a statement (compiled-cache lookup, execution
 context, result processing, the greenlet hop) than PostgreSQL spends on a
 batched claim. The functions here run the very constructs of `jobcore.store`
-(CLAIM, COMPLETE, FAIL, DEAD_LETTER, RETRY_LATER, RELEASE, RECOVER_EXPIRED),
+(CLAIM, COMPLETE, COMPLETE_AND_CLAIM, FAIL, DEAD_LETTER, RETRY_LATER, RELEASE,
+RECOVER_EXPIRED),
 compiled to asyncpg's SQL at import, on an asyncpg connection, which prepares
 each statement once and reuses it. Arguments and results are those of their
 `jobcore.store` namesakes, and so is the single-statement atomicity.
@@ -62,6 +63,7 @@ class Compiled:
 
 CLAIM = Compiled(store.CLAIM)
 COMPLETE = Compiled(store.COMPLETE)
+COMPLETE_AND_CLAIM = Compiled(store.COMPLETE_AND_CLAIM)
 FAIL = Compiled(store.FAIL)
 DEAD_LETTER = Compiled(store.DEAD_LETTER)
 RETRY_LATER = Compiled(store.RETRY_LATER)
@@ -102,6 +104,33 @@ async def _write(
 async def complete(conn: Driver, leases: Sequence[Lease]) -> list[Lease]:
     """processing -> completed. Returns the leases that were lost (not applied)."""
     return await _write(conn, COMPLETE, leases)
+
+
+async def complete_and_claim(
+    conn: Driver, leases: Sequence[Lease], n: int, lease_seconds: float
+) -> tuple[list[Lease], list[Claimed]]:
+    """`complete(leases)` and `claim(n, lease_seconds)` in one statement.
+
+    Returns (the lost leases, the claimed jobs)."""
+    if n < 1:
+        raise ValueError(f"claim needs n >= 1, got {n}")
+    values = {
+        "ids": [lease.job_id for lease in leases],
+        "tokens": [lease.lease_token for lease in leases],
+        "n": n,
+        "lease_seconds": lease_seconds,
+    }
+    rows = await conn.fetch(COMPLETE_AND_CLAIM.sql, *COMPLETE_AND_CLAIM.args(values))
+    applied = set()
+    claimed = []
+    for row in rows:
+        if row[0]:
+            applied.add(row[1])
+        else:
+            claimed.append(Claimed(row[1], row[2], row[3], row[4], row[5], row[6]))
+    if len(applied) == len(leases):
+        return [], claimed
+    return [lease for lease in leases if lease.job_id not in applied], claimed
 
 
 async def fail(conn: Driver, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:

@@ -401,6 +401,56 @@ async def release(conn: AsyncConnection, leases: Sequence[Lease]) -> list[Lease]
     return await _write(conn, RELEASE, leases)
 
 
+# --- complete, and claim for the slots that frees ------------------------------------------
+
+# COMPLETE and CLAIM in one statement, so a worker refills the slots its completed jobs
+# free with the same round trip and commit (WAL flush) that records them. Each transition
+# is still its own guarded UPDATE. COMPLETE runs first (the first branch is read first);
+# CLAIM never waits (SKIP LOCKED), so while the statement waits for a lock it holds no
+# lock of its claim. Both see one snapshot: CLAIM cannot see what COMPLETE changed, and
+# needs not (a job it completes is not pending). Rows: (True, id of a completed job, NULLs)
+# or (False, the columns of a claimed job, as CLAIM returns them).
+_done = COMPLETE.cte("done")
+_claimed = CLAIM.cte("claimed")
+# CLAIM returns Claimed's fields, in order; the id comes first.
+_CLAIMED_COLUMNS = [name for name in Claimed.__dataclass_fields__ if name != "id"]
+COMPLETE_AND_CLAIM = sa.union_all(
+    sa.select(
+        sa.true().label("completed"),
+        _done.c.id,
+        *(sa.cast(sa.null(), c[name].type).label(name) for name in _CLAIMED_COLUMNS),
+    ),
+    sa.select(sa.false(), _claimed.c.id, *(_claimed.c[name] for name in _CLAIMED_COLUMNS)),
+)
+
+
+async def complete_and_claim(
+    conn: AsyncConnection, leases: Sequence[Lease], n: int, lease_seconds: float
+) -> tuple[list[Lease], list[Claimed]]:
+    """`complete(leases)` and `claim(n, lease_seconds)` in one statement.
+
+    Returns (the lost leases, the claimed jobs)."""
+    if n < 1:
+        raise ValueError(f"claim needs n >= 1, got {n}")
+    result = await conn.execute(
+        COMPLETE_AND_CLAIM,
+        {
+            "ids": [lease.job_id for lease in leases],
+            "tokens": [lease.lease_token for lease in leases],
+            "n": n,
+            "lease_seconds": lease_seconds,
+        },
+    )
+    applied: set[UUID] = set()
+    claimed: list[Claimed] = []
+    for row in result:
+        if row.completed:
+            applied.add(row.id)
+        else:
+            claimed.append(Claimed(*row[1:]))
+    return [lease for lease in leases if lease.job_id not in applied], claimed
+
+
 # --- maintenance and operator actions ----------------------------------------
 
 RECOVER_EXPIRED = (

@@ -45,6 +45,7 @@ class FakeStore:
         self.jobs: dict[UUID, FakeJob] = {}
         self.claims: list[int] = []  # n asked for by each claim
         self.writes: list[tuple[str, int]] = []  # (operation, batch size) of each outcome write
+        self.combined: list[tuple[int, int]] = []  # (completions, n) of each complete_and_claim
         self.down = False
         self.failed_calls = 0
         self.on_claim: Callable[[int], None] = lambda n: None
@@ -70,6 +71,9 @@ class FakeStore:
         await asyncio.sleep(0)  # a round trip yields to the loop
         self._check()
         self.claims.append(n)
+        return self._claim_now(n, lease_seconds)
+
+    def _claim_now(self, n: int, lease_seconds: float) -> list[Claimed]:
         now = self.clock()
         due = [j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now]
         claimed = []
@@ -112,6 +116,14 @@ class FakeStore:
             job.status, job.last_error = Status.COMPLETED, None
 
         return await self._write("complete", leases, apply)
+
+    async def complete_and_claim(
+        self, leases: Sequence[Lease], n: int, lease_seconds: float
+    ) -> tuple[list[Lease], list[Claimed]]:
+        """complete, then claim, with no other call in between (one statement in the real store)."""
+        self.combined.append((len(leases), n))
+        lost = await self.complete(leases)
+        return lost, self._claim_now(n, lease_seconds)
 
     async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
         def apply(job: FakeJob, i: int) -> None:

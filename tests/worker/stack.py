@@ -41,6 +41,7 @@ class Stack:
             store, self.executor, poll_interval=poll_interval, lease_seconds=lease_seconds
         )
         self.executor.on_slot_freed = self.dispatcher.slot_freed
+        self.completer.claimer = self.dispatcher
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Stack:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -196,3 +197,85 @@ async def test_the_worker_store_reports_exactly_the_lost_leases(engine):
         assert status == "processing"  # the stale write changed nothing
     finally:
         await pg.close()
+
+
+def _uuid(i: int) -> uuid.UUID:
+    return uuid.UUID(int=i + 1)
+
+
+async def _mixed_jobs(engine) -> dict[str, store.Lease]:
+    """Jobs in the states a completing write meets: fresh and stale leases, due and not due."""
+    async with engine.begin() as conn:
+        await conn.execute(sa.delete(jobs))
+        rows = [
+            ("mine-1", "processing", 0),
+            ("mine-2", "processing", 0),
+            ("taken-over", "processing", 0),  # re-claimed since: our token is stale
+            ("due-1", "pending", -30),
+            ("due-2", "pending", -20),
+            ("due-3", "pending", -10),
+            ("due-4", "pending", -5),
+            ("later", "pending", 3600),
+            ("dead", "dead_letter", 0),
+        ]
+        leases = {}
+        for i, (label, status, run_in) in enumerate(rows):
+            await conn.execute(
+                sa.insert(jobs).values(
+                    id=_uuid(i),
+                    type="sleep",
+                    payload={"label": label},
+                    status=status,
+                    attempts=1 if status == "processing" else 0,
+                    max_attempts=3,
+                    lease_token=7,
+                    run_at=sa.func.now() + sa.text(f"interval '{run_in} seconds'"),
+                    locked_until=sa.func.now() + sa.text("interval '1 minute'")
+                    if status == "processing"
+                    else None,
+                )
+            )
+            leases[label] = store.Lease(_uuid(i), 7)
+        leases["taken-over"] = store.Lease(leases["taken-over"].job_id, 6)
+    return leases
+
+
+async def _state(engine) -> list[tuple]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            sa.select(jobs.c.id, jobs.c.status, jobs.c.attempts, jobs.c.lease_token).order_by(
+                jobs.c.id
+            )
+        )
+        return [tuple(row) for row in rows]
+
+
+async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine):
+    """The reference is complete() then claim() in one transaction; the SQLAlchemy and the
+    compiled statement (PgJobStore's) must have exactly its effect and results."""
+    outcomes = []
+    for way in ("reference", "store", "worker"):
+        leases = await _mixed_jobs(engine)
+        mine = [leases["mine-1"], leases["taken-over"], leases["mine-2"]]
+        if way == "worker":
+            pg = PgJobStore(engine)
+            try:
+                lost, claimed = await pg.complete_and_claim(mine, 3, 60)
+            finally:
+                await pg.close()
+        else:
+            async with engine.begin() as conn:
+                if way == "store":
+                    lost, claimed = await store.complete_and_claim(conn, mine, 3, 60)
+                else:
+                    lost = await store.complete(conn, mine)
+                    claimed = await store.claim(conn, 3, 60)
+        labels = sorted(job.payload["label"] for job in claimed)
+        outcomes.append(
+            (lost, labels, claimed and sorted(claimed, key=lambda j: j.id), await _state(engine))
+        )
+    reference = outcomes[0]
+    assert reference[0] == [leases["taken-over"]]
+    assert reference[1] == ["due-1", "due-2", "due-3"]  # the oldest due, not the one not due
+    assert outcomes[1] == reference
+    assert outcomes[2] == reference

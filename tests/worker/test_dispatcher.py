@@ -104,3 +104,50 @@ async def test_stop_claims_nothing_more():
         await asyncio.sleep(0.2)
         assert len(store.claims) == claims
         assert store.status(job) is Status.PENDING
+
+
+async def test_a_completing_write_claims_exactly_for_the_slots_it_frees():
+    global _most
+    _most = 0
+    store = FakeStore()
+    for _ in range(40):
+        store.add("unit.dispatch.concurrent", {"seconds": 0.01})
+    async with Stack(store, slots=4, poll_interval=60.0):
+        await until(lambda: _all_done(store), 20, "every job completed")
+    # Refilled by the writes that completed jobs, never beyond the slots they freed.
+    assert store.combined and all(n == completions for completions, n in store.combined)
+    assert sum(n for _, n in store.combined) + sum(store.claims) >= 40
+    assert _most <= 4
+    assert all(job.attempts == 1 for job in store.jobs.values())
+
+
+async def test_once_stopped_completing_writes_claim_nothing():
+    store = FakeStore()
+    first = [store.add("unit.dispatch.concurrent", {"seconds": 0.2}) for _ in range(2)]
+    later = [store.add("unit.dispatch.concurrent", {"seconds": 0}) for _ in range(3)]
+    stack = Stack(store, slots=2, poll_interval=60.0)
+    async with stack:
+        await until(lambda: stack.executor.running == 2, 5, "two jobs running")
+        stack.dispatcher.stop()
+        await until(lambda: all(store.status(j) is Status.COMPLETED for j in first), 5, "done")
+    assert store.combined == []
+    assert [store.status(j) for j in later] == [Status.PENDING] * 3
+
+
+async def test_jobs_claimed_by_a_write_in_flight_at_shutdown_get_the_shutdown_timeout():
+    store = FakeStore()
+    first = [store.add("unit.dispatch.concurrent", {"seconds": 0.05}) for _ in range(2)]
+    refill = [store.add("unit.dispatch.concurrent", {"seconds": 0.3}) for _ in range(2)]
+    store.write_gate = asyncio.Event()
+    stack = Stack(store, slots=2, poll_interval=60.0)
+    async with stack:
+        await until(lambda: stack.executor.running == 2, 5, "two jobs running")
+        await asyncio.sleep(0.2)  # both finished; their write (claiming two more) waits
+        shutdown = asyncio.create_task(stack.shutdown(10.0))
+        await asyncio.sleep(0.1)
+        store.write_gate.set()
+        await shutdown
+    assert store.combined == [(2, 2)]
+    # The refill ran to completion within SHUTDOWN_TIMEOUT instead of being released.
+    assert [store.status(j) for j in first + refill] == [Status.COMPLETED] * 4
+    assert not [op for op, _ in store.writes if op == "release"]

@@ -104,6 +104,7 @@ async def _run(settings: Settings, index: int) -> int:
         lease_seconds=settings.lease_duration,
     )
     executor.on_slot_freed = dispatcher.slot_freed
+    completer.claimer = dispatcher
     metrics.initialise()
     # What start-up made (modules, SQLAlchemy's tables and caches) lives as long as the
     # process: frozen, full collections stop walking it again and again under load.

@@ -8,6 +8,10 @@ retry_later, release) with one fenced statement. The callback gets True once
 the write committed, or False when the lease was found lost or ran out while
 the database was failing; only then may the executor free the job's slot, so a
 slot never runs a second job while the first one's outcome is still unwritten.
+
+With a `claimer` (the dispatcher), the statement that completes jobs also claims
+as many for the slots it frees: their next jobs arrive with the commit that
+frees them, one round trip and one WAL flush instead of two.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from jobcore import logs
-from jobcore.store import Lease
+from jobcore.store import Claimed, Lease
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
@@ -48,6 +52,17 @@ Recorded = Callable[[bool], None]
 _Waiting = tuple[Outcome, Recorded]
 
 
+class Claimer(Protocol):
+    """Who decides how many jobs a write may claim, and takes them (the dispatcher)."""
+
+    @property
+    def lease_seconds(self) -> float: ...
+
+    def claimable(self, freeing: int) -> int: ...
+
+    def hand_out(self, jobs: list[Claimed], asked: int, claimed_at: float) -> None: ...
+
+
 class Completer:
     """Gathers outcomes and writes them in batches; see the module docstring."""
 
@@ -71,6 +86,7 @@ class Completer:
         self._closing = False
         self._stopped = False
         self._late: set[asyncio.Task[None]] = set()
+        self.claimer: Claimer | None = None
 
     def add(self, outcome: Outcome, recorded: Recorded) -> None:
         """Write `outcome`, then call `recorded(applied)`: True if it applied, False if the
@@ -143,8 +159,19 @@ class Completer:
     async def _write_kind(self, kind: str, items: list[_Waiting]) -> None:
         delay = _RETRY_FIRST
         while items:
+            # Every slot of the batch is free once it is written: claim for them meanwhile.
+            claimer = self.claimer if kind == "complete" else None
+            wanted = claimer.claimable(len(items)) if claimer is not None else 0
+            claimed_at = self._clock()
+            outcomes = [outcome for outcome, _ in items]
             try:
-                lost = await self._apply(kind, [outcome for outcome, _ in items])
+                if claimer is not None and wanted > 0:
+                    leases = [o.lease for o in outcomes]
+                    lost, claimed = await self._store.complete_and_claim(
+                        leases, wanted, claimer.lease_seconds
+                    )
+                else:
+                    lost, claimed = await self._apply(kind, outcomes), []
             except Exception:
                 # The store logs the outage; keep trying while the leases still hold.
                 items = self._drop_expired(items, margin=delay)
@@ -167,6 +194,9 @@ class Completer:
                             },
                         )
                     _resolve(recorded, applied)
+            if claimer is not None and wanted > 0:
+                # Into the slots the callbacks just freed.
+                claimer.hand_out(claimed, wanted, claimed_at)
             return
 
     def _drop_expired(self, items: list[_Waiting], margin: float) -> list[_Waiting]:

@@ -48,6 +48,10 @@ class JobStore(Protocol):
 
     async def complete(self, leases: Sequence[Lease]) -> list[Lease]: ...
 
+    async def complete_and_claim(
+        self, leases: Sequence[Lease], n: int, lease_seconds: float
+    ) -> tuple[list[Lease], list[Claimed]]: ...
+
     async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]: ...
 
     async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]: ...
@@ -151,6 +155,13 @@ class PgJobStore:
 
     async def complete(self, leases: Sequence[Lease]) -> list[Lease]:
         return await self._run("complete", WRITE_TIMEOUT, compiled.complete, leases)
+
+    async def complete_and_claim(
+        self, leases: Sequence[Lease], n: int, lease_seconds: float
+    ) -> tuple[list[Lease], list[Claimed]]:
+        return await self._run(
+            "complete", WRITE_TIMEOUT, compiled.complete_and_claim, leases, n, lease_seconds
+        )
 
     async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
         return await self._run("fail", WRITE_TIMEOUT, compiled.fail, leases, errors)

@@ -5,6 +5,11 @@ memory while holding a lease. Idle, the dispatcher waits POLL_INTERVAL on an
 event that `wake()` sets early (a NOTIFY listener may call it), as does a slot
 freeing up right after a claim that filled every slot (more work is likely
 waiting). A failed claim (database unavailable) is retried with a growing delay.
+
+Under load most claims do not come from here: the completer's write that
+records completed jobs also claims for the slots it frees (`claimable()`), in
+the same statement, and hands what it claimed back (`hand_out()`), so a slot is
+refilled by the commit that frees it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,22 @@ class Dispatcher:
         # After a partial claim the queue was empty: a free slot alone is no reason to ask again.
         if self._last_claim_full:
             self._wake.set()
+
+    @property
+    def lease_seconds(self) -> float:
+        return self._lease_seconds
+
+    def claimable(self, freeing: int) -> int:
+        """How many jobs an outcome write that frees `freeing` slots may claim for them."""
+        return 0 if self._stopping else freeing
+
+    def hand_out(self, jobs: list[Claimed], asked: int, claimed_at: float) -> None:
+        """Start jobs that an outcome write claimed (`asked` for), in the slots it freed;
+        `claimed_at` is when that write began (monotonic)."""
+        self._last_claim_full = len(jobs) >= asked
+        with logs.batch():
+            for job in jobs:
+                self._slots.start(job, claimed_at + self._lease_seconds)
 
     def stop(self) -> None:
         """Claim nothing more; `run()` returns once a claim in flight has been handed out."""

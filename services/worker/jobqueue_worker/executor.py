@@ -168,13 +168,18 @@ class Executor:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def _until_all_freed(self, seconds: float | None) -> None:
-        if not self._running:
-            return
-        if self._all_freed is None or self._all_freed.done():
-            self._all_freed = asyncio.get_running_loop().create_future()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await asyncio.shield(self._all_freed)
+        """Wait until no slot is busy (jobs claimed meanwhile included), at most `seconds`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        while self._running:
+            if self._all_freed is None or self._all_freed.done():
+                self._all_freed = loop.create_future()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await asyncio.shield(self._all_freed)
 
     async def _run(self, attempt: _Attempt) -> None:
         try:
