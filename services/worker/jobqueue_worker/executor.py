@@ -8,8 +8,9 @@ type), retry_later with backoff, or dead_letter on the last attempt; release
 when shutdown interrupts it. The outcome goes to the completer, and the slot is
 freed when the completer reports it written (or the lease lost), never before.
 
-Timeout and shutdown interrupt an attempt by cancelling its task (timeouts up to
-10 ms late: attempts share a timer per tick of their deadline). A handler
+Timeout and shutdown interrupt an attempt by cancelling its task. Attempts whose
+deadlines fall in the same tick (a thousandth of JOB_TIMEOUT, 10 ms at least)
+share one timer, so a timeout comes at most that much late, never early. A handler
 that swallows the cancellation keeps its task but not its slot: after
 `cancel_grace` the attempt is recorded as interrupted and the task is left to
 end on its own, its result ignored.
@@ -47,9 +48,10 @@ _MAX_ERROR = 2000
 _TIMEOUT = "timeout"
 _SHUTDOWN = "shutdown"
 # Attempts whose JOB_TIMEOUT runs out within the same tick share one timer, which fires at
-# the end of the tick: at most this late, never early. (A timer per attempt costs more
-# than the rest of a short attempt's bookkeeping.)
-_TICK = 0.01
+# the end of the tick. (A timer per attempt costs more than the rest of a short attempt's
+# bookkeeping.) The tick grows with JOB_TIMEOUT so that at most ~1000 are pending.
+_TICK_MIN = 0.01
+_TICKS_PER_TIMEOUT = 1000
 
 
 class JobTimeout(Exception):
@@ -94,16 +96,6 @@ class _Attempt:
         self.duration = 0.0
 
 
-class _Due:
-    """The attempts whose JOB_TIMEOUT runs out in one tick, and the timer for that tick."""
-
-    __slots__ = ("attempts", "timer")
-
-    def __init__(self, timer: asyncio.TimerHandle) -> None:
-        self.attempts: set[_Attempt] = set()
-        self.timer = timer
-
-
 class Executor:
     """Owns the `slots` job slots of one worker process."""
 
@@ -130,8 +122,11 @@ class Executor:
         self._cancel_grace = cancel_grace
         self._clock = clock
         self._running: set[_Attempt] = set()
-        # Attempts in their handler, by the tick of their JOB_TIMEOUT deadline.
-        self._deadlines: dict[int, _Due] = {}
+        # Attempts in their handler, by the tick of their JOB_TIMEOUT deadline. A tick stays
+        # until its timer fires, even when empty: attempts that finish without ever waiting
+        # would otherwise make and cancel a timer each.
+        self._tick = max(_TICK_MIN, job_timeout / _TICKS_PER_TIMEOUT)
+        self._deadlines: dict[int, set[_Attempt]] = {}
         self._all_freed: asyncio.Future[None] | None = None
         self._shutting_down = False
         self._threads = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="handler")
@@ -215,11 +210,12 @@ class Executor:
         task = attempt.task
         assert task is not None
         attempt.started = self._clock()
-        tick = math.ceil((loop.time() + self._job_timeout) / _TICK)
+        tick = math.ceil((loop.time() + self._job_timeout) / self._tick)
         due = self._deadlines.get(tick)
         if due is None:
-            due = self._deadlines[tick] = _Due(loop.call_at(tick * _TICK, self._time_out, tick))
-        due.attempts.add(attempt)
+            due = self._deadlines[tick] = set()
+            loop.call_at(tick * self._tick, self._time_out, tick)
+        due.add(attempt)
         attempt.in_handler = True
         failure: BaseException | None = None
         try:
@@ -235,10 +231,7 @@ class Executor:
             failure = exc
         finally:
             attempt.in_handler = False
-            due.attempts.discard(attempt)
-            if not due.attempts and self._deadlines.get(tick) is due:
-                del self._deadlines[tick]
-                due.timer.cancel()
+            due.discard(attempt)
             if attempt.timer is not None:
                 attempt.timer.cancel()
             # A cancellation consumed here must not hit the rest of the task.
@@ -262,8 +255,7 @@ class Executor:
             await result
 
     def _time_out(self, tick: int) -> None:
-        due = self._deadlines.pop(tick, None)
-        for attempt in list(due.attempts if due is not None else ()):
+        for attempt in list(self._deadlines.pop(tick, ())):
             self._interrupt(attempt, _TIMEOUT)
 
     def _interrupt(self, attempt: _Attempt, reason: str) -> None:
