@@ -5,13 +5,14 @@ goes silent times out instead of hanging."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import uuid
 
 import pytest
 import sqlalchemy as sa
 
-from jobcore import store
+from jobcore import compiled, store
 from jobcore.db import make_engine
 from jobcore.schema import jobs
 from jobcore.states import Status
@@ -279,3 +280,47 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
     assert reference[1] == ["due-1", "due-2", "due-3"]  # the oldest due, not the one not due
     assert outcomes[1] == reference
     assert outcomes[2] == reference
+
+
+def _most_rows_from_one_scan(node: dict) -> int:
+    own = node.get("Actual Rows", 0) if "Scan" in node.get("Node Type", "") else 0
+    return max([own, *(_most_rows_from_one_scan(child) for child in node.get("Plans", []))])
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+@pytest.mark.parametrize("statement", ["CLAIM", "COMPLETE_AND_CLAIM"])
+async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_a_quiet_moment(
+    engine, statement, generic
+):
+    # Statistics taken while nothing was pending, then a burst: the planner believes the
+    # claim index nearly empty. A plan that reaches the claimed rows through it reads every
+    # pending job per claim.
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, status, max_attempts) SELECT"
+                " gen_random_uuid(), 'sleep', '{}', 'completed', 3 FROM generate_series(1, 300)"
+            )
+        )
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(sa.text("ANALYZE jobs"))
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts) SELECT"
+                " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 5000)"
+            )
+        )
+    sql = getattr(compiled, statement).sql
+    args = "1, 60, 1, 50" if statement == "CLAIM" else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, 50"
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        mode = "force_generic_plan" if generic else "force_custom_plan"
+        await driver.execute(f"SET plan_cache_mode = {mode}")
+        await driver.execute(f"PREPARE claim_now AS {sql}")
+        plan = await driver.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_now({args})")
+        await driver.execute("DEALLOCATE claim_now")
+        await conn.rollback()
+    root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    assert _most_rows_from_one_scan(root) <= 4 * 50, json.dumps(root, indent=1)
