@@ -255,19 +255,52 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
             by_id.add(row.id)
         else:
             by_key[row.idempotency_key] = (row.id, bool(row.created))
+    # A key whose first item conflicted names a stored job that differs from that item; a
+    # later item of the batch with the same key may still match it (a replay, as it would be
+    # if the items were sent one after another), so those are compared with the stored job.
+    repeated = {key for key in first if key not in by_key} & _repeated_keys(new_jobs)
+    stored = await _by_keys(conn, repeated) if repeated else {}
     out: list[Submitted] = []
     for new in new_jobs:
         key = new.idempotency_key
         if key is None:
             assert new.id in by_id
             out.append(Submitted("created", new.id))
-        elif key not in by_key or not _same_request(new, first[key]):
-            out.append(Submitted("conflict", None))
-        else:
+        elif key in by_key and _same_request(new, first[key]):
             job_id, created = by_key[key]
             fresh = created and first[key] is new
             out.append(Submitted("created" if fresh else "replayed", job_id))
+        elif key in stored and _same_request(new, stored[key]):
+            out.append(Submitted("replayed", stored[key].id))
+        else:
+            out.append(Submitted("conflict", None))
     return out
+
+
+def _repeated_keys(new_jobs: Sequence[NewJob]) -> set[str]:
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for new in new_jobs:
+        key = new.idempotency_key
+        if key is not None:
+            (repeated if key in seen else seen).add(key)
+    return repeated
+
+
+GET_BY_KEYS = sa.select(c.id, c.type, c.payload, c.max_attempts, c.idempotency_key).where(
+    c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text)))
+)
+
+
+async def _by_keys(conn: AsyncConnection, keys: set[str]) -> dict[str, NewJob]:
+    """The stored requests bound to `keys`, as NewJob values."""
+    rows = await conn.execute(GET_BY_KEYS, {"keys": sorted(keys)})
+    return {
+        row.idempotency_key: NewJob(
+            row.id, row.type, row.payload, row.max_attempts, row.idempotency_key
+        )
+        for row in rows
+    }
 
 
 # --- reads ----------------------------------------------------------------

@@ -61,6 +61,22 @@ async def test_a_key_repeated_inside_a_batch_acts_like_sequential_submissions(en
     assert await _count(engine) == 1
 
 
+async def test_a_repeated_key_compares_every_item_with_the_stored_job(engine):
+    async with engine.begin() as conn:
+        stored, _ = await store.submit(conn, _new({"x": 1}, key="dup"))
+    differs = _new({"x": 2}, key="dup")
+    matches = _new({"x": 1}, key="dup")
+    async with engine.begin() as conn:
+        results = await store.submit_many(conn, [differs, matches, differs])
+    # Sent one after another: conflict, replay, conflict.
+    assert results == [
+        store.Submitted("conflict", None),
+        store.Submitted("replayed", stored.id),
+        store.Submitted("conflict", None),
+    ]
+    assert await _count(engine) == 1
+
+
 async def test_concurrent_bulk_submissions_with_shared_keys_create_each_job_once(engine):
     keys = [f"key-{i}" for i in range(200)]
 
