@@ -1,4 +1,5 @@
-"""A real HTTP server on 127.0.0.1 that records every request it receives."""
+"""A real HTTP/1.1 (keep-alive) server on 127.0.0.1 that records every request it receives,
+and the webhook connection pools closed after each test."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+
+from jobcore.builtin.webhook import close_pools
 
 
 @dataclass
@@ -20,6 +23,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    client_port: int = 0  # one per connection: equal ports mean a reused connection
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -39,6 +43,8 @@ class Recorder:
 
 def _handler_class(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, so that connection reuse shows
+
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
@@ -46,7 +52,9 @@ def _handler_class(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
             headers = {k.lower(): v for k, v in self.headers.items()}
-            recorder.requests.append(Received(self.command, self.path, headers, body))
+            recorder.requests.append(
+                Received(self.command, self.path, headers, body, self.client_address[1])
+            )
             status = 200
             if self.path.startswith("/status/"):
                 status = int(self.path.removeprefix("/status/"))
@@ -86,6 +94,13 @@ def _serve(context: ssl.SSLContext | None = None) -> Iterator[Recorder]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@pytest.fixture(autouse=True)
+async def _close_webhook_pools() -> AsyncIterator[None]:
+    # Each test has an event loop of its own; its pooled connections end with it.
+    yield
+    await close_pools()
 
 
 @pytest.fixture

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 
-import httpx
+import httpcore
 import pytest
 
 from jobcore import PermanentError
 from jobcore.builtin import webhook as webhook_module
 from jobcore.builtin.webhook import webhook
+from jobcore.builtin.webhook_policy import is_forbidden
 from jobcore.ids import new_id
 from jobcore.registry import JobContext
 from tests.procs import free_port
@@ -20,19 +22,19 @@ def context(allow_private: bool = False) -> JobContext:
 
 
 @pytest.fixture
-def sent(monkeypatch) -> list[httpx.Request]:
-    """Every request the handler hands to httpx; delivered for real only to loopback."""
-    requests: list[httpx.Request] = []
-    real_send = httpx.AsyncClient.send
+def sent(monkeypatch) -> list[tuple[str, int]]:
+    """Every connection the handler opens; opened for real only to loopback."""
+    connections: list[tuple[str, int]] = []
+    real_connect = httpcore.AnyIOBackend.connect_tcp
 
-    async def spy(self, request, **kwargs):
-        requests.append(request)
-        # Should the policy regress, the test fails without sending anything off this host.
-        assert ipaddress.ip_address(request.url.host).is_loopback, f"would send to {request.url}"
-        return await real_send(self, request, **kwargs)
+    async def spy(self, host, port, **kwargs):
+        connections.append((host, port))
+        # Should the policy regress, the test fails without connecting anywhere off this host.
+        assert ipaddress.ip_address(host).is_loopback, f"would connect to {host}"
+        return await real_connect(self, host, port, **kwargs)
 
-    monkeypatch.setattr(httpx.AsyncClient, "send", spy)
-    return requests
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", spy)
+    return connections
 
 
 def fake_dns(monkeypatch, *answers: list[str]) -> list[str]:
@@ -77,6 +79,16 @@ SSRF_HOSTS = {
     "mapped private": "[::ffff:10.0.0.1]",
     "NAT64 loopback": "[64:ff9b::7f00:1]",
     "6to4 loopback": "[2002:7f00:1::1]",
+    "6to4 private": "[2002:0a00:0001::]",
+    "NAT64 private": "[64:ff9b::10.0.0.1]",
+    "site-local fec0::/10": "[fec0::1]",
+    "documentation 3fff::/20": "[3fff::1]",
+    "documentation 2001:db8::/32": "[2001:db8::1]",
+    "IETF 192.0.0/24": "192.0.0.1",
+    "benchmarking 198.18/15": "198.18.0.1",
+    "decimal private": "167772161",
+    "octal private": "01200000001",
+    "hex private": "0xa000001",
     "decimal": "2130706433",
     "hex": "0x7f000001",
     "dotted hex": "0x7f.0.0.1",
@@ -97,39 +109,77 @@ async def test_non_public_destination_is_refused_permanently_with_nothing_sent(
     assert recorder.requests == []
 
 
-async def test_name_resolving_to_loopback_is_refused_with_nothing_sent(monkeypatch, recorder, sent):
+async def test_name_resolving_to_loopback_is_refused_with_nothing_sent(
+    monkeypatch, recorder, sent, caplog
+):
     lookups = fake_dns(monkeypatch, ["127.0.0.1"])
-    with pytest.raises(PermanentError, match=r"127\.0\.0\.1"):
+    with pytest.raises(PermanentError, match="not a public address") as info:
         await webhook({"url": recorder.url(host="hooks.example")}, context())
     assert lookups == ["hooks.example"]
     assert sent == [] and recorder.requests == []
+    assert "hooks.example" in str(info.value)
+    assert "127.0.0.1" not in str(info.value)  # last_error is readable by every API client
+    (line,) = [r for r in caplog.records if r.name == "jobqueue.webhook"]
+    assert line.addresses == ["127.0.0.1"] and line.host == "hooks.example"
 
 
-async def test_name_is_refused_if_any_of_its_addresses_is_not_public(monkeypatch, recorder, sent):
-    fake_dns(monkeypatch, ["8.8.8.8", "127.0.0.1"])
-    with pytest.raises(PermanentError, match=r"127\.0\.0\.1"):
+async def test_name_is_refused_if_any_of_its_addresses_is_not_public(
+    monkeypatch, recorder, sent, caplog
+):
+    fake_dns(monkeypatch, ["8.8.8.8", "10.1.2.3", "fd00::7"])
+    with pytest.raises(PermanentError, match="not a public address") as info:
         await webhook({"url": recorder.url(host="hooks.example")}, context())
     assert sent == [] and recorder.requests == []
+    for address in ("8.8.8.8", "10.1.2.3", "fd00::7", "fd00"):
+        assert address not in str(info.value)
+    (line,) = [r for r in caplog.records if r.name == "jobqueue.webhook"]
+    assert line.addresses == ["10.1.2.3", "fd00::7"]
+
+
+async def test_name_the_system_resolver_maps_to_a_private_address_is_refused(
+    recorder, sent, caplog
+):
+    # This machine's own name: /etc/hosts (or DNS) maps it to one of its addresses.
+    name = socket.gethostname()
+    addresses = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    if not all(is_forbidden(ipaddress.ip_address(a.partition("%")[0])) for a in addresses):
+        pytest.skip(f"{name} resolves to a public address here")
+    with pytest.raises(PermanentError, match="not a public address") as info:
+        await webhook({"url": recorder.url(host=name)}, context())
+    assert not any(address in str(info.value) for address in addresses)
+    assert sent == [] and recorder.requests == []
+    (line,) = [r for r in caplog.records if r.name == "jobqueue.webhook"]
+    assert set(line.addresses) == addresses
 
 
 async def test_request_goes_to_the_checked_address_not_a_second_lookup(monkeypatch, recorder):
     # DNS rebinding: a public answer for the check, loopback for anyone asking again.
     lookups = fake_dns(monkeypatch, ["93.184.216.34"], ["127.0.0.1"])
-    connected: list[httpx.Request] = []
+    connected: list[tuple[str, int]] = []
+    real_connect = httpcore.AnyIOBackend.connect_tcp
 
-    async def transport(self, request):  # stands in for the network: nothing leaves the host
-        connected.append(request)
-        return httpx.Response(204)
+    async def internet(self, host, port, **kwargs):
+        # Stands in for the network: what was meant for the public address reaches the recorder.
+        connected.append((host, port))
+        return await real_connect(self, "127.0.0.1", recorder.port, **kwargs)
 
-    monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request", transport)
-    await webhook({"url": f"https://hooks.example:{recorder.port}/hook", "body": {}}, context())
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", internet)
+    await webhook({"url": f"http://hooks.example:{recorder.port}/hook", "body": {}}, context())
 
     assert lookups == ["hooks.example"]
-    (request,) = connected
-    assert request.url.host == "93.184.216.34" and request.url.port == recorder.port
-    assert request.headers["Host"] == f"hooks.example:{recorder.port}"
-    assert request.extensions["sni_hostname"] == "hooks.example"
-    assert recorder.requests == []
+    assert connected == [("93.184.216.34", recorder.port)]
+    (received,) = recorder.requests
+    assert received.headers["host"] == f"hooks.example:{recorder.port}"
+
+
+async def test_next_checked_address_is_tried_when_one_refuses_the_connection(
+    monkeypatch, recorder, sent
+):
+    # The recorder listens on 127.0.0.1 only: 127.0.0.2 refuses.
+    fake_dns(monkeypatch, ["127.0.0.2", "127.0.0.1"])
+    await webhook({"url": recorder.url(host="hooks.example"), "body": {}}, context(True))
+    assert sent == [("127.0.0.2", recorder.port), ("127.0.0.1", recorder.port)]
+    assert len(recorder.requests) == 1
 
 
 async def test_allowed_name_is_delivered_to_its_resolved_address_with_its_own_host_header(

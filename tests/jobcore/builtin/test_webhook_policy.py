@@ -6,7 +6,12 @@ import ipaddress
 
 import pytest
 
-from jobcore.builtin.webhook import embedded_ipv4, is_forbidden, is_local_name, parse_ip_literal
+from jobcore.builtin.webhook_policy import (
+    embedded_ipv4,
+    is_forbidden,
+    is_local_name,
+    parse_ip_literal,
+)
 
 LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 
@@ -97,6 +102,33 @@ FORBIDDEN = {
     "6to4 of private": "2002:c0a8:101::1",
     "Teredo": "2001:0:4136:e378:8000:63bf:3fff:fdd2",
     "IPv6 documentation": "2001:db8::1",
+    "IPv6 documentation 3fff::/20 (RFC 9637)": "3fff::1",
+    "IPv6 documentation 3fff::/20, upper end": "3fff:fff:ffff::1",
+    "IPv6 site-local fec0::/10 (deprecated)": "fec0::1",
+    "IPv6 site-local, upper end": "feff:ffff::1",
+    "IPv6 discard-only 100::/64": "100::1",
+    "IPv6 benchmarking 2001:2::/48": "2001:2::1",
+    "IPv6 ORCHIDv2": "2001:20::1",
+    "IPv6 IETF protocol assignment (AMT)": "2001:3::1",
+    "IPv6 SRv6 SIDs 5f00::/16": "5f00::1",
+    "IPv6 reserved 4000::/3": "4000::1",
+    "IPv6 reserved below 2000::/3": "1fff::1",
+    "IPv6 with a zone": "fe80::1%eth0",
+    "NAT64 of private (dotted)": "64:ff9b::10.0.0.1",
+    "NAT64 of shared 100.64/10": "64:ff9b::100.64.0.1",
+    "6to4 of 10.0.0.1": "2002:0a00:0001::",
+    "6to4 of shared 100.64/10": "2002:6440:1::1",
+    "IPv4-translated private": "::ffff:0:10.0.0.1",
+    "IPv4-compatible private": "::10.0.0.1",
+    "IETF protocol assignments 192.0.0/24": "192.0.0.1",
+    "PCP anycast 192.0.0.9 (global to newer Pythons)": "192.0.0.9",
+    "TURN anycast 192.0.0.10": "192.0.0.10",
+    "benchmarking 198.18/15": "198.18.0.1",
+    "benchmarking, upper end": "198.19.255.254",
+    "deprecated 6to4 relay anycast": "192.88.99.1",
+    "documentation TEST-NET-2": "198.51.100.1",
+    "documentation TEST-NET-3": "203.0.113.1",
+    "240/4, upper end": "255.255.255.254",
 }
 
 
@@ -113,7 +145,40 @@ PUBLIC = {
     "IPv4-mapped public": "::ffff:8.8.8.8",
     "NAT64 public": "64:ff9b::808:808",
     "6to4 public": "2002:808:808::1",
+    "IPv6 next to 3fff::/20": "3fff:1000::1",
+    "IPv6 next to 2001:db8::/32": "2001:db9::1",
+    "IPv6 next to 2001::/23": "2001:200::1",
+    "IPv4 next to 192.0.0/24": "192.0.1.1",
+    "IPv4 next to 198.18/15": "198.20.0.1",
 }
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("167772161", "10.0.0.1"),
+        ("012.0.0.1", "10.0.0.1"),
+        ("0xa000001", "10.0.0.1"),
+        ("0xa.0.0.1", "10.0.0.1"),
+        ("10.1", "10.0.0.1"),
+        ("3232235521", "192.168.0.1"),
+        ("0300.0250.0.1", "192.168.0.1"),
+        ("0xc0.0xa8.1", "192.168.0.1"),
+        ("2886729729", "172.16.0.1"),
+        ("0xa9fea9fe", "169.254.169.254"),
+        ("100.0x400001", "100.64.0.1"),
+        ("0", "0.0.0.0"),
+        ("0x0", "0.0.0.0"),
+        ("[::ffff:a00:1]", "::ffff:10.0.0.1"),
+        ("[64:ff9b::a00:1]", "64:ff9b::10.0.0.1"),
+        ("[fec0::1]", "fec0::1"),
+        ("[3fff::1]", "3fff::1"),
+    ],
+)
+def test_numeric_spellings_of_non_public_addresses_parse_to_a_forbidden_address(host, address):
+    ip = parse_ip_literal(host)
+    assert ip == ipaddress.ip_address(address)
+    assert ip is not None and is_forbidden(ip)
 
 
 @pytest.mark.parametrize("address", PUBLIC.values(), ids=PUBLIC.keys())

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
+import socket
+from typing import Literal, overload
 from uuid import UUID
 
 import pytest
 
 from jobcore import store
+from jobcore.builtin.webhook_policy import is_forbidden
 from jobcore.db import make_engine
 from jobcore.ids import new_id
 from tests.procs import Service, free_port, wait_for
@@ -36,7 +41,19 @@ async def _get(url: str, job_id: UUID) -> store.Job:
         await engine.dispose()
 
 
-def run_webhook(database_url: str, hook_url: str, allow_private: str) -> store.Job:
+@overload
+def run_webhook(database_url: str, hook_url: str, allow_private: str) -> store.Job: ...
+
+
+@overload
+def run_webhook(
+    database_url: str, hook_url: str, allow_private: str, with_output: Literal[True]
+) -> tuple[store.Job, str]: ...
+
+
+def run_webhook(
+    database_url: str, hook_url: str, allow_private: str, with_output: bool = False
+) -> store.Job | tuple[store.Job, str]:
     """Submit one webhook job, run a worker until the job is finished, return the job."""
     job_id = asyncio.run(_submit(database_url, {"url": hook_url, "body": {"n": 1}}))
     worker = Service(
@@ -62,7 +79,7 @@ def run_webhook(database_url: str, hook_url: str, allow_private: str) -> store.J
         assert worker.stop(60) == 0, worker.output()
     finally:
         worker.kill()
-    return job
+    return (job, worker.output()) if with_output else job
 
 
 def test_worker_refuses_loopback_webhook_unless_allowed_and_sends_nothing(database_url, recorder):
@@ -78,3 +95,19 @@ def test_worker_delivers_to_loopback_when_private_destinations_are_allowed(datab
     (received,) = recorder.requests
     assert received.json() == {"n": 1}
     assert received.headers["idempotency-key"] == str(job.id)
+
+
+def test_worker_keeps_resolved_addresses_out_of_last_error_and_logs_them(database_url, recorder):
+    # This machine's own name resolves (through /etc/hosts or DNS) to one of its addresses.
+    name = socket.gethostname()
+    addresses = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    if not all(is_forbidden(ipaddress.ip_address(a.partition("%")[0])) for a in addresses):
+        pytest.skip(f"{name} resolves to a public address here")
+    job, output = run_webhook(database_url, recorder.url(host=name), "false", with_output=True)
+    assert job.status == "failed" and job.attempts == 1
+    assert "not a public address" in (job.last_error or "") and name in (job.last_error or "")
+    assert not any(address in (job.last_error or "") for address in addresses)
+    (line,) = [json.loads(x) for x in output.splitlines() if "destination refused" in x]
+    assert set(line["addresses"]) == addresses
+    assert line["job_id"] == str(job.id) and line["host"] == name
+    assert recorder.requests == []
