@@ -17,18 +17,32 @@ A pooled connection is reused only for the same name, port and address policy.
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import ssl
+import sys
 import threading
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import certifi
 import httpcore
 
+try:
+    import sniffio  # noqa: F401
+except ImportError:
+    # httpcore imports sniffio whenever it makes a lock or event (several per request) and
+    # falls back to asyncio without it; a failing import searches all of sys.path each time.
+    # Recorded as missing once, the import fails at once.
+    sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
+
 # Bounds keep-alive state; concurrency is already bounded by the worker's job slots.
 MAX_KEEPALIVE = 64
-KEEPALIVE_EXPIRY = 5.0
+# Under the 5 s idle timeout of common servers (Node.js), so they rarely close a connection
+# just as a request is sent on it.
+KEEPALIVE_EXPIRY = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +78,7 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
         failure: Exception = httpcore.ConnectError(f"no address for {host}")
         for address in target.addresses:
             try:
-                return await self.network.connect_tcp(
+                stream = await self.network.connect_tcp(
                     address,
                     port,
                     timeout=timeout,
@@ -73,6 +87,8 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
                 )
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 failure = exc  # nothing was sent: the next address may accept
+            else:
+                return _Stream(stream)
         raise failure
 
     async def connect_unix_socket(
@@ -85,6 +101,46 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self.network.sleep(seconds)
+
+
+class _Stream(httpcore.AsyncNetworkStream):
+    """httpcore's anyio stream, answering `is_readable` straight from the socket.
+
+    The pool asks every pooled connection whether it is readable (closed by the
+    server) each time a request starts or ends; anyio answers through a mapping
+    it builds anew per question, which cost more than the rest of a request.
+    """
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self.stream = stream
+        self.socket: socket.socket | None = stream.get_extra_info("socket")
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        return await self.stream.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await self.stream.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> httpcore.AsyncNetworkStream:
+        return _Stream(await self.stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            fd = -1 if self.socket is None else self.socket.fileno()
+            if fd < 0:
+                return True  # gone: as if the next read returned the end
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)
+            return bool(poll.poll(0))
+        return self.stream.get_extra_info(info)
 
 
 _tls: ssl.SSLContext | None = None

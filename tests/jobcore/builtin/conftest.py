@@ -31,11 +31,15 @@ class Received:
 
 @dataclass
 class Recorder:
-    """Answers `/status/<code>`, `/redirect` (302 to `/target`), `/slow`; anything else 200."""
+    """Answers `/status/<code>`, `/redirect` (302 to `/target`), `/slow`; anything else 200.
+
+    `/then-close` answers 200 as if keeping the connection, then closes it.
+    """
 
     port: int
     requests: list[Received] = field(default_factory=list)
     server_names: list[str | None] = field(default_factory=list)
+    closed: list[int] = field(default_factory=list)  # client ports of connections it closed
 
     def url(self, path: str = "/hook", host: str = "127.0.0.1", scheme: str = "http") -> str:
         return f"{scheme}://{host}:{self.port}{path}"
@@ -68,6 +72,12 @@ def _handler_class(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
+            if self.path == "/then-close":
+                self.close_connection = True
+
+        def finish(self) -> None:
+            super().finish()
+            recorder.closed.append(self.client_address[1])
 
         do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = _record
 

@@ -132,3 +132,34 @@ async def test_first_pool_is_built_off_the_event_loop_which_keeps_running(monkey
     assert elapsed >= 0.5
     longest_stall = max(b - a for a, b in itertools.pairwise(ticks))
     assert longest_stall < 0.25, f"the event loop stalled {longest_stall:.3f}s"
+
+
+async def test_https_deliveries_verify_the_name_once_and_reuse_the_tls_connection(
+    monkeypatch, tls_recorder, tmp_path
+):
+    # Trust the recorder's self-signed certificate for `hooks.example`, nothing else.
+    monkeypatch.setattr(
+        webhook_pool, "_tls", ssl.create_default_context(cafile=tmp_path / "cert.pem")
+    )
+    fake_dns(monkeypatch, ["127.0.0.1"])
+    url = tls_recorder.url(host="hooks.example", scheme="https")
+    for n in range(3):
+        await webhook({"url": url, "body": {"n": n}}, context())
+    assert [r.json() for r in tls_recorder.requests] == [{"n": n} for n in range(3)]
+    assert tls_recorder.server_names == ["hooks.example"]  # one handshake, for the name
+    assert len({r.client_port for r in tls_recorder.requests}) == 1
+    assert {r.headers["host"] for r in tls_recorder.requests} == {
+        f"hooks.example:{tls_recorder.port}"
+    }
+
+
+async def test_a_pooled_connection_the_server_closed_is_not_reused(recorder):
+    await webhook({"url": recorder.url("/then-close")}, context())
+    deadline = time.monotonic() + 5
+    while not recorder.closed:
+        assert time.monotonic() < deadline, "the recorder never closed the connection"
+        await asyncio.sleep(0.01)
+    # Sent on the closed connection, this would fail ("server disconnected"): a retry.
+    await webhook({"url": recorder.url()}, context())
+    first, second = recorder.requests
+    assert first.client_port != second.client_port
