@@ -35,6 +35,8 @@ class Driver(Protocol):
 
     async def fetch(self, query: str, *args: Any) -> list[Any]: ...
 
+    def is_closed(self) -> bool: ...
+
 
 class Compiled:
     """A construct's SQL for asyncpg, and how to order its parameters."""
@@ -68,6 +70,7 @@ FAIL = Compiled(store.FAIL)
 DEAD_LETTER = Compiled(store.DEAD_LETTER)
 RETRY_LATER = Compiled(store.RETRY_LATER)
 RELEASE = Compiled(store.RELEASE)
+RELEASE_CLAIM = Compiled(store.RELEASE_CLAIM)
 RECOVER_EXPIRED = Compiled(store.RECOVER_EXPIRED)
 
 # Claimed is built from the row by position: RETURNING must list its fields in order.
@@ -76,11 +79,12 @@ if [c["name"] for c in store.CLAIM.returning_column_descriptions] != _CLAIMED_FI
     raise RuntimeError("CLAIM's RETURNING columns must be Claimed's fields, in order")
 
 
-async def claim(conn: Driver, n: int, lease_seconds: float) -> list[Claimed]:
+async def claim(conn: Driver, n: int, lease_seconds: float, claim_id: UUID) -> list[Claimed]:
     """Lease up to n due jobs, skipping rows other claimers hold (as `store.claim`)."""
     if n < 1:
         raise ValueError(f"claim needs n >= 1, got {n}")
-    rows = await conn.fetch(CLAIM.sql, *CLAIM.args({"n": n, "lease_seconds": lease_seconds}))
+    values = {"n": n, "lease_seconds": lease_seconds, "claim": claim_id}
+    rows = await conn.fetch(CLAIM.sql, *CLAIM.args(values))
     return [Claimed(*row) for row in rows]
 
 
@@ -97,8 +101,8 @@ async def _write(
     rows = await conn.fetch(statement.sql, *statement.args(values))
     if len(rows) == len(leases):
         return []
-    applied = {row[0] for row in rows}
-    return [lease for lease in leases if lease.job_id not in applied]
+    applied = {Lease(row[0], row[1]) for row in rows}
+    return [lease for lease in leases if lease not in applied]
 
 
 async def complete(conn: Driver, leases: Sequence[Lease]) -> list[Lease]:
@@ -107,9 +111,9 @@ async def complete(conn: Driver, leases: Sequence[Lease]) -> list[Lease]:
 
 
 async def complete_and_claim(
-    conn: Driver, leases: Sequence[Lease], n: int, lease_seconds: float
+    conn: Driver, leases: Sequence[Lease], n: int, lease_seconds: float, claim_id: UUID
 ) -> tuple[list[Lease], list[Claimed]]:
-    """`complete(leases)` and `claim(n, lease_seconds)` in one statement.
+    """`complete(leases)` and `claim(n, lease_seconds, claim_id)` in one statement.
 
     Returns (the lost leases, the claimed jobs)."""
     if n < 1:
@@ -119,18 +123,19 @@ async def complete_and_claim(
         "tokens": [lease.lease_token for lease in leases],
         "n": n,
         "lease_seconds": lease_seconds,
+        "claim": claim_id,
     }
     rows = await conn.fetch(COMPLETE_AND_CLAIM.sql, *COMPLETE_AND_CLAIM.args(values))
     applied = set()
     claimed = []
     for row in rows:
         if row[0]:
-            applied.add(row[1])
+            applied.add(Lease(row[1], row[6]))
         else:
             claimed.append(Claimed(row[1], row[2], row[3], row[4], row[5], row[6]))
     if len(applied) == len(leases):
         return [], claimed
-    return [lease for lease in leases if lease.job_id not in applied], claimed
+    return [lease for lease in leases if lease not in applied], claimed
 
 
 async def fail(conn: Driver, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
@@ -153,6 +158,12 @@ async def retry_later(
 async def release(conn: Driver, leases: Sequence[Lease]) -> list[Lease]:
     """processing -> pending without spending an attempt (shutdown). Returns the lost leases."""
     return await _write(conn, RELEASE, leases)
+
+
+async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:
+    """processing -> pending, attempt given back, for every job these claims took."""
+    rows = await conn.fetch(RELEASE_CLAIM.sql, *RELEASE_CLAIM.args({"claim_ids": list(claim_ids)}))
+    return [row[0] for row in rows]
 
 
 async def recover_expired(conn: Driver) -> list[tuple[UUID, Status]]:

@@ -8,7 +8,7 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 
 metadata = sa.MetaData()
 
@@ -27,6 +27,9 @@ jobs = sa.Table(
     sa.Column("locked_until", sa.DateTime(timezone=True), nullable=True),
     sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("last_error", sa.Text, nullable=True),
+    # The claim statement that last took the job (a random id per statement): lets a worker
+    # hand back what a claim took when the claim's answer never reached it.
+    sa.Column("claim_id", pg.UUID(as_uuid=True), nullable=True),
     sa.Column("idempotency_key", sa.Text, nullable=True),
     sa.Column(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()

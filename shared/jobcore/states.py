@@ -41,6 +41,7 @@ OPERATIONS: dict[str, Operation] = {
         _op("complete", Status.PROCESSING, Status.COMPLETED),
         _op("retry_later", Status.PROCESSING, Status.PENDING),
         _op("release", Status.PROCESSING, Status.PENDING),
+        _op("release_claim", Status.PROCESSING, Status.PENDING),
         _op("recover_expired", Status.PROCESSING, Status.PENDING, Status.DEAD_LETTER),
         _op("fail", Status.PROCESSING, Status.FAILED),
         _op("dead_letter", Status.PROCESSING, Status.DEAD_LETTER),

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -338,17 +338,25 @@ CLAIM = (
         attempts=c.attempts + 1,
         lease_token=c.lease_token + 1,
         locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND,
+        # Not named after the column: SQLAlchemy would add `SET claim_id` to every UPDATE of the
+        # statement whose parameters hold a column's name.
+        claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
         updated_at=sa.func.now(),
     )
     .returning(c.id, c.type, c.payload, c.attempts, c.max_attempts, c.lease_token)
 )
 
 
-async def claim(conn: AsyncConnection, n: int, lease_seconds: float) -> list[Claimed]:
-    """Lease up to n due jobs, skipping rows other claimers hold."""
+async def claim(
+    conn: AsyncConnection, n: int, lease_seconds: float, claim_id: UUID | None = None
+) -> list[Claimed]:
+    """Lease up to n due jobs, skipping rows other claimers hold. `claim_id` names this
+    claim, for `release_claim` should its answer be lost."""
     if n < 1:
         raise ValueError(f"claim needs n >= 1, got {n}")
-    result = await conn.execute(CLAIM, {"n": n, "lease_seconds": lease_seconds})
+    result = await conn.execute(
+        CLAIM, {"n": n, "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
+    )
     return [Claimed(**row) for row in result.mappings()]
 
 
@@ -374,7 +382,7 @@ def _fenced(operation: str, o: Any, **values: Any) -> Any:
         sa.update(jobs)
         .where(c.id == o.c.id, c.status == _lit(source(operation)), c.lease_token == o.c.token)
         .values(status=_lit(target), locked_until=sa.null(), updated_at=sa.func.now(), **values)
-        .returning(c.id)
+        .returning(c.id, c.lease_token)
     )
 
 
@@ -391,6 +399,32 @@ RETRY_LATER = _fenced(
 # Shutdown interrupted the attempt through no fault of the job: give the attempt back.
 RELEASE = _fenced("release", _o, attempts=c.attempts - 1)
 
+# A claim whose answer never reached its worker (the call timed out or its connection
+# broke after the statement was sent) may still have committed: the jobs it took are
+# handed back, attempt given back, by the claim's id. Nobody else can hold them: only
+# that claim set this id, and a later claim would have replaced it.
+RELEASE_CLAIM = (
+    sa.update(jobs)
+    .where(
+        c.status == _lit(source("release_claim")),
+        c.claim_id == sa.any_(sa.bindparam("claim_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))),
+    )
+    .values(
+        status=_lit(Status.PENDING),
+        attempts=c.attempts - 1,
+        locked_until=sa.null(),
+        updated_at=sa.func.now(),
+    )
+    .returning(c.id)
+)
+
+
+async def release_claim(conn: AsyncConnection, claim_ids: Sequence[UUID]) -> list[UUID]:
+    """processing -> pending, attempt given back, for every job these claims took.
+    Returns the ids of the jobs handed back."""
+    result = await conn.execute(RELEASE_CLAIM, {"claim_ids": list(claim_ids)})
+    return list(result.scalars())
+
 
 async def _write(
     conn: AsyncConnection, statement: Any, leases: Sequence[Lease], **arrays: Sequence[Any]
@@ -402,8 +436,9 @@ async def _write(
         "tokens": [lease.lease_token for lease in leases],
         **{name: list(values) for name, values in arrays.items()},
     }
-    applied = set((await conn.execute(statement, params)).scalars())
-    return [lease for lease in leases if lease.job_id not in applied]
+    applied = {Lease(*row) for row in await conn.execute(statement, params)}
+    # By (id, token): a batch may hold an old and a new lease of the same job.
+    return [lease for lease in leases if lease not in applied]
 
 
 async def complete(conn: AsyncConnection, leases: Sequence[Lease]) -> list[Lease]:
@@ -457,16 +492,23 @@ COMPLETE_AND_CLAIM = sa.union_all(
     sa.select(
         sa.true().label("completed"),
         _done.c.id,
-        *(sa.cast(sa.null(), c[name].type).label(name) for name in _CLAIMED_COLUMNS),
+        *(
+            _done.c.lease_token if name == "lease_token" else sa.cast(sa.null(), c[name].type)
+            for name in _CLAIMED_COLUMNS
+        ),
     ),
     sa.select(sa.false(), _claimed.c.id, *(_claimed.c[name] for name in _CLAIMED_COLUMNS)),
 )
 
 
 async def complete_and_claim(
-    conn: AsyncConnection, leases: Sequence[Lease], n: int, lease_seconds: float
+    conn: AsyncConnection,
+    leases: Sequence[Lease],
+    n: int,
+    lease_seconds: float,
+    claim_id: UUID | None = None,
 ) -> tuple[list[Lease], list[Claimed]]:
-    """`complete(leases)` and `claim(n, lease_seconds)` in one statement.
+    """`complete(leases)` and `claim(n, lease_seconds, claim_id)` in one statement.
 
     Returns (the lost leases, the claimed jobs)."""
     if n < 1:
@@ -478,23 +520,36 @@ async def complete_and_claim(
             "tokens": [lease.lease_token for lease in leases],
             "n": n,
             "lease_seconds": lease_seconds,
+            "claim": claim_id or uuid4(),
         },
     )
-    applied: set[UUID] = set()
+    applied: set[Lease] = set()
     claimed: list[Claimed] = []
     for row in result:
         if row.completed:
-            applied.add(row.id)
+            applied.add(Lease(row.id, row.lease_token))
         else:
             claimed.append(Claimed(*row[1:]))
-    return [lease for lease in leases if lease.job_id not in applied], claimed
+    return [lease for lease in leases if lease not in applied], claimed
 
 
 # --- maintenance and operator actions ----------------------------------------
 
+# At most this many jobs per statement, so that recovery after a long outage stays within
+# the worker's statement timeout and holds its row locks briefly; the loop repeats it.
+RECOVER_BATCH = 1000
+_expired = (
+    sa.select(c.id)
+    .where(c.status == _lit(source("recover_expired")), c.locked_until < sa.func.now())
+    .order_by(c.locked_until)
+    .limit(RECOVER_BATCH)
+    .with_for_update(skip_locked=True)
+    .cte("expired")
+    .prefix_with("MATERIALIZED")
+)
 RECOVER_EXPIRED = (
     sa.update(jobs)
-    .where(c.status == _lit(source("recover_expired")), c.locked_until < sa.func.now())
+    .where(c.id == sa.any_(sa.func.array(sa.select(_expired.c.id).scalar_subquery())))
     .values(
         status=sa.case(
             (c.attempts >= c.max_attempts, _lit(Status.DEAD_LETTER)),
@@ -509,7 +564,9 @@ RECOVER_EXPIRED = (
 
 
 async def recover_expired(conn: AsyncConnection) -> list[tuple[UUID, Status]]:
-    """Jobs whose lease ran out go back to pending, or to dead_letter after their last attempt."""
+    """Jobs whose lease ran out go back to pending, or to dead_letter after their last attempt.
+
+    At most RECOVER_BATCH jobs per call: fewer means none are left."""
     result = await conn.execute(RECOVER_EXPIRED)
     return [(row.id, Status(row.status)) for row in result]
 

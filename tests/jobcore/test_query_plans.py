@@ -11,15 +11,11 @@ import json
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from jobcore import store
+from jobcore.compiled import Compiled
 from jobcore.ids import new_id
 from jobcore.schema import jobs
-
-
-def _sql(statement) -> str:
-    return str(statement.compile(dialect=postgresql.asyncpg.dialect()))
 
 
 async def _fill(engine) -> None:
@@ -50,12 +46,10 @@ async def _plan(engine, statement, params: dict, generic: bool) -> str:
         await asyncpg_conn.execute(
             f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}"
         )
-        sql = _sql(statement)
-        ordered = [
-            params[name]
-            for name in statement.compile(dialect=postgresql.asyncpg.dialect()).positiontup
-        ]
-        rows = await asyncpg_conn.fetch(f"EXPLAIN (FORMAT JSON) {sql}", *ordered)
+        compiled = Compiled(statement)
+        rows = await asyncpg_conn.fetch(
+            f"EXPLAIN (FORMAT JSON) {compiled.sql}", *compiled.args(params)
+        )
         await conn.rollback()
     plan = rows[0][0]
     return plan if isinstance(plan, str) else json.dumps(plan)
@@ -84,7 +78,7 @@ async def test_claim_reads_the_partial_claim_index(engine, generic):
     plan = await _plan(
         engine,
         store.CLAIM,
-        {"n": 10, "lease_seconds": 60.0, "attempts_1": 1, "lease_token_1": 1},
+        {"n": 10, "lease_seconds": 60.0, "claim": new_id()},
         generic,
     )
     assert "jobs_claim_idx" in _index_scans(plan), plan
@@ -94,7 +88,15 @@ async def test_claim_reads_the_partial_claim_index(engine, generic):
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_recovery_reads_the_partial_lease_index(engine, generic):
     await _fill(engine)
-    plan = await _plan(engine, store.RECOVER_EXPIRED, {"concat_1": "x"}, generic)
+    plan = await _plan(engine, store.RECOVER_EXPIRED, {}, generic)
+    assert "jobs_lease_idx" in _index_scans(plan), plan
+    assert '"Seq Scan"' not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_releasing_a_lost_claim_reads_only_leased_rows(engine, generic):
+    await _fill(engine)
+    plan = await _plan(engine, store.RELEASE_CLAIM, {"claim_ids": [new_id()]}, generic)
     assert "jobs_lease_idx" in _index_scans(plan), plan
     assert '"Seq Scan"' not in plan, plan
 

@@ -18,6 +18,7 @@ EXPECTED = {
     ("complete", R): C,
     ("retry_later", R): P,
     ("release", R): P,
+    ("release_claim", R): P,
     ("fail", R): F,
     ("dead_letter", R): D,
     ("recover_expired", R): P,  # attempts left
@@ -25,6 +26,7 @@ EXPECTED = {
     ("manual_retry", D): P,
 }
 TOKEN = 7
+CLAIM_ID = new_id()  # the claim that took every job made here
 
 
 async def _job_in(conn, status: Status, *, last_attempt: bool) -> store.Lease:
@@ -38,6 +40,7 @@ async def _job_in(conn, status: Status, *, last_attempt: bool) -> store.Lease:
             attempts=3 if last_attempt else 1,
             max_attempts=3,
             lease_token=TOKEN,
+            claim_id=CLAIM_ID,
             # Leases in the past, so recover_expired sees them as expired.
             locked_until=sa.func.now() - sa.text("interval '1 minute'") if status is R else None,
         )
@@ -58,6 +61,8 @@ async def _apply(conn, operation: str, lease: store.Lease) -> None:
         await store.recover_expired(conn)
     elif operation == "manual_retry":
         await store.manual_retry(conn, lease.job_id)
+    elif operation == "release_claim":
+        await store.release_claim(conn, [CLAIM_ID])
     else:  # pragma: no cover - a new operation must be added to this test
         raise AssertionError(operation)
 
@@ -110,6 +115,15 @@ async def test_outcome_writes_report_the_lost_leases(engine):
         stale = store.Lease(other.job_id, TOKEN + 1)
         assert await store.complete(conn, [good, stale]) == [stale]
         assert await store.complete(conn, [good]) == [good]  # already completed
+
+
+async def test_release_claim_gives_the_attempt_back_only_to_that_claims_jobs(engine):
+    async with engine.begin() as conn:
+        lease = await _job_in(conn, R, last_attempt=True)
+        assert await store.release_claim(conn, [new_id()]) == []  # another claim's id
+        assert await store.release_claim(conn, [CLAIM_ID]) == [lease.job_id]
+        row = (await conn.execute(sa.select(jobs))).mappings().one()
+    assert (row["status"], row["attempts"], row["locked_until"]) == ("pending", 2, None)
 
 
 async def test_release_gives_the_attempt_back_and_keeps_the_token(engine):

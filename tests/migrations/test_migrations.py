@@ -92,3 +92,28 @@ def test_hot_table_storage_settings_are_applied(database_url):
         engine.dispose()
     assert "fillfactor=70" in options
     assert any(o.startswith("autovacuum_vacuum_scale_factor=") for o in options)
+
+
+def test_upgrading_a_populated_table_rewrites_nothing_and_downgrades_cleanly(empty_database_url):
+    config = pg.alembic_config(empty_database_url)
+    command.upgrade(config, "0001")
+    engine = _sync_engine(empty_database_url)
+    relfilenode = sa.text("SELECT relfilenode FROM pg_class WHERE relname = 'jobs'")
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (id, type, payload, max_attempts) SELECT"
+                    " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 1000)"
+                )
+            )
+            before = conn.scalar(relfilenode)
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            assert conn.scalar(relfilenode) == before  # no table rewrite
+            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 1000
+        command.downgrade(config, "0001")
+        with engine.connect() as conn:
+            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 1000
+    finally:
+        engine.dispose()

@@ -4,11 +4,14 @@ goes silent times out instead of hanging."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
+import time
 import uuid
 
+import asyncpg
 import pytest
 import sqlalchemy as sa
 
@@ -55,7 +58,7 @@ async def test_database_outage_is_logged_once_per_change_of_state(database_url, 
 async def test_a_silent_connection_times_out_and_the_store_recovers(
     database_url, engine, monkeypatch
 ):
-    monkeypatch.setattr(database, "CLAIM_TIMEOUT", 1.0)
+    monkeypatch.setattr(database, "CALL_TIMEOUT", 1.0)
     (job,) = await submit(engine, "sleep", {"duration": "0s"})
     with FaultProxy.to_database(database_url) as proxy:
         proxied = make_engine(proxy.database_url(database_url), pool_size=2, connect_timeout=1)
@@ -316,7 +319,11 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
             )
         )
     sql = getattr(compiled, statement).sql
-    args = "1, 60, 1, 50" if statement == "CLAIM" else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, 50"
+    args = (
+        "1, 60, 1, NULL, 50"
+        if statement == "CLAIM"
+        else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, NULL, 50"
+    )
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         mode = "force_generic_plan" if generic else "force_custom_plan"
@@ -342,7 +349,11 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
             )
         )
     sql = getattr(compiled, statement).sql
-    small = "1, 60, 1, 1" if statement == "CLAIM" else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, 1"
+    small = (
+        "1, 60, 1, NULL, 1"
+        if statement == "CLAIM"
+        else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, NULL, 1"
+    )
     burst = small[: -len("1")] + "50"
 
     async def before(driver) -> None:
@@ -361,7 +372,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
     pg = PgJobStore(engine)
     try:
         # On the worker store's own connection, with the settings it plans with.
-        await pg._run("test", 30, before)
+        await pg._run("test", before)
         async with engine.begin() as conn:
             await conn.execute(
                 sa.text(
@@ -369,8 +380,96 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
                     " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 20000)"
                 )
             )
-        plan = await pg._run("test", 30, after)
+        plan = await pg._run("test", after)
     finally:
         await pg.close()
     root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
     assert _most_rows_from_one_scan(root) <= 4 * 50, json.dumps(root, indent=1)
+
+
+@pytest.mark.parametrize("way", ["store", "worker"])
+async def test_an_old_and_a_new_lease_of_one_job_in_one_batch_report_the_old_one_lost(engine, way):
+    async with engine.begin() as conn:
+        current = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+    old = store.Lease(current.job_id, current.lease_token - 1)
+    if way == "store":
+        async with engine.begin() as conn:
+            lost = await store.complete(conn, [old, current])
+    else:
+        pg = PgJobStore(engine)
+        try:
+            lost = await pg.complete([old, current])
+        finally:
+            await pg.close()
+    assert lost == [old]
+
+
+async def _hold_row_lock(engine, job_id, release: asyncio.Event, locked: asyncio.Event) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id).with_for_update())
+        locked.set()
+        await release.wait()
+
+
+async def test_a_write_stuck_behind_a_lock_is_stopped_by_the_server_before_the_worker_gives_up(
+    engine,
+):
+    """A write the worker gives up on must not go on in the server and claim jobs that no
+    slot will ever run: the server's lock_timeout / statement_timeout end it first."""
+    async with engine.begin() as conn:
+        held = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+    pending = await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1, count=3)
+    release, locked = asyncio.Event(), asyncio.Event()
+    locker = asyncio.create_task(_hold_row_lock(engine, held.job_id, release, locked))
+    await locked.wait()
+    pg = PgJobStore(engine)
+    try:
+        started = time.monotonic()
+        with pytest.raises(asyncpg.PostgresError):  # the server's error, not the client's timeout
+            await pg.complete_and_claim([held], 3, 60)
+        assert time.monotonic() - started < database.CALL_TIMEOUT
+    finally:
+        # Held past the client's limit: a statement still alive in the server would now
+        # complete the job and claim the three.
+        await asyncio.sleep(database.CALL_TIMEOUT - (time.monotonic() - started) + 0.5)
+        release.set()
+        await locker
+        await pg.close()
+    async with engine.connect() as conn:
+        rows = dict((await conn.execute(sa.select(jobs.c.id, jobs.c.status))).all())
+    assert rows[held.job_id] == "processing"
+    assert [rows[job_id] for job_id in pending] == ["pending"] * 3
+
+
+async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspent(
+    database_url, engine, monkeypatch
+):
+    monkeypatch.setattr(database, "CALL_TIMEOUT", 0.5)
+    with FaultProxy.to_database(database_url) as proxy:
+        proxied = make_engine(proxy.database_url(database_url), pool_size=2, connect_timeout=2)
+        pg = PgJobStore(proxied)
+        try:
+            # A connection open before the fault, with the claim prepared on it.
+            assert await pg.claim(3, 60) == []
+            ids = await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1, count=3)
+            proxy.add_latency(0.3)  # the claim reaches the server; its answer comes too late
+            with pytest.raises(TimeoutError):
+                await pg.claim(3, 60)
+            await asyncio.sleep(1.5)  # the claim committed meanwhile
+            async with engine.connect() as conn:
+                taken = (
+                    await conn.execute(
+                        sa.select(jobs.c.status, jobs.c.attempts).where(jobs.c.id.in_(ids))
+                    )
+                ).all()
+            assert taken == [("processing", 1)] * 3
+            proxy.pass_through()
+            assert await pg.recover_expired() == []  # the next call hands them back first
+        finally:
+            await pg.close()
+            await proxied.dispose()
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(sa.select(jobs.c.status, jobs.c.attempts).where(jobs.c.id.in_(ids)))
+        ).all()
+    assert rows == [("pending", 0)] * 3

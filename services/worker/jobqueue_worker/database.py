@@ -10,7 +10,8 @@ The statements are `jobcore.store`'s, run through `jobcore.compiled` on the
 asyncpg connection, the hot path's cost being the driver's alone. For the same
 reason a connection stays checked out of the engine's pool between calls; one
 that failed in any way is closed and replaced, so a broken one is never reused.
-Statements are planned at every run, for the table as it is (see _PLANNING).
+Statements are planned at every run, for the table as it is, and bounded by the server
+(see _SESSION).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled
@@ -32,24 +34,27 @@ log = logging.getLogger("jobqueue.worker")
 
 T = TypeVar("T")
 
-# A claim reads a few index entries; if it takes this long the database is in trouble.
-CLAIM_TIMEOUT = 10.0
-# "Outcome writes use their own short timeout": a slot waits on its write, so keep it short.
-WRITE_TIMEOUT = 5.0
-# recover_expired may touch many rows after a long outage.
-RECOVER_TIMEOUT = 30.0
+# Limits on every statement of a worker connection, enforced by the server. They sit below
+# the client's own limit (CALL_TIMEOUT), so a statement the worker stops waiting for has
+# already been stopped by the server and cannot commit behind the worker's back (jobs
+# claimed that no slot runs, their attempt spent when the lease runs out). A backend whose
+# client went away checks for it every CONNECTION_CHECK and stops too. What is left, a
+# commit whose answer was lost on the way, is handed back by `release_claim`.
+STATEMENT_TIMEOUT = 4.0
+LOCK_TIMEOUT = 2.0
+CONNECTION_CHECK = 1.0
+CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
 # Connections per child: one each for the dispatcher, the completer and recovery, plus one spare.
 POOL_SIZE = 4
-# How the worker's connections plan. A queue's table swings from nearly empty to tens of
-# thousands of pending jobs between two ANALYZEs, and plans made for the small table
-# read all of the big one per claim (ms to 100s of ms per claim, and the other
-# processes' writes queue behind its row locks): a sequential scan to find 50 rows by
-# id, or every pending job fetched and sorted instead of the first 50 read from the claim
-# index in order. So each run is planned for the table as it is (asyncpg prepares each
-# statement once, and after five runs PostgreSQL would otherwise keep one generic plan),
-# for ~0.2-0.5 ms per statement, and never with a sort: every statement here is meant to
-# walk an index in its order.
-_PLANNING = "SET plan_cache_mode = force_custom_plan; SET enable_sort = off"
+# Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
+# claim not handed back is recovered, attempt counted, once its lease runs out).
+_MAX_LOST_CLAIMS = 1000
+_SESSION = (
+    "SET plan_cache_mode = force_custom_plan; SET enable_sort = off; "
+    f"SET statement_timeout = {int(STATEMENT_TIMEOUT * 1000)}; "
+    f"SET lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
+    f"SET client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"
+)
 
 
 class JobStore(Protocol):
@@ -120,20 +125,27 @@ class PgJobStore:
         # Connections checked out of the engine and kept between calls, with their asyncpg
         # connection: at most one per concurrent caller (dispatcher, completer, recovery).
         self._idle: list[tuple[AsyncConnection, compiled.Driver]] = []
+        self._lost_claims: list[UUID] = []
 
-    async def _run(
-        self,
-        operation: str,
-        limit: float,
-        statement: Callable[..., Awaitable[T]],
-        *args: Any,
-    ) -> T:
+    async def _run(self, operation: str, statement: Callable[..., Awaitable[T]], *args: Any) -> T:
         started = self.availability.now()
         held = None
         try:
-            async with asyncio.timeout(limit):
-                held = self._idle.pop() if self._idle else await self._checkout()
-                result = await statement(held[1], *args)
+            async with asyncio.timeout(CALL_TIMEOUT):
+                held = await self._connection()
+                if self._lost_claims:
+                    await self._release_lost_claims(held[1])
+                try:
+                    result = await statement(held[1], *args)
+                except Exception as exc:
+                    if not _never_sent(exc):
+                        raise
+                    # The connection broke while it sat idle (its backend was terminated):
+                    # nothing reached the server, so the statement runs on a fresh one.
+                    await _discard(held)
+                    held = None
+                    held = await self._checkout()
+                    result = await statement(held[1], *args)
         except BaseException as exc:
             if held is not None:
                 await _discard(held)
@@ -143,6 +155,34 @@ class PgJobStore:
         self._idle.append(held)
         self.availability.succeeded(started)
         return result
+
+    async def _connection(self) -> tuple[AsyncConnection, compiled.Driver]:
+        """A kept connection that is still open, else a new one."""
+        while self._idle:
+            held = self._idle.pop()
+            if not held[1].is_closed():
+                return held
+            await _discard(held)
+        return await self._checkout()
+
+    async def _claiming(self, claim: Callable[[UUID], Awaitable[T]]) -> T:
+        """Run a statement that claims jobs under a fresh claim id; if its answer is lost, the
+        id is kept so that the jobs it may have taken are handed back by the next call."""
+        claim_id = uuid4()
+        try:
+            return await claim(claim_id)
+        except BaseException:
+            self._lost_claims.append(claim_id)
+            del self._lost_claims[:-_MAX_LOST_CLAIMS]
+            raise
+
+    async def _release_lost_claims(self, driver: compiled.Driver) -> None:
+        lost = list(self._lost_claims)
+        released = await compiled.release_claim(driver, lost)
+        # Claims lost meanwhile (another caller's) stay for the next call.
+        self._lost_claims = [claim_id for claim_id in self._lost_claims if claim_id not in lost]
+        for job_id in released:
+            log.warning("lost claim released", extra={"job_id": str(job_id)})
 
     async def _checkout(self) -> tuple[AsyncConnection, compiled.Driver]:
         conn = await self.engine.connect()
@@ -154,7 +194,7 @@ class PgJobStore:
         driver = raw.driver_connection
         assert driver is not None  # a checked-out connection has one
         try:
-            await driver.execute(_PLANNING)
+            await driver.execute(_SESSION)
         except BaseException:
             await _discard((conn, driver))
             raise
@@ -167,36 +207,48 @@ class PgJobStore:
             await conn.close()
 
     async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
-        return await self._run("claim", CLAIM_TIMEOUT, compiled.claim, n, lease_seconds)
+        return await self._claiming(
+            lambda claim_id: self._run("claim", compiled.claim, n, lease_seconds, claim_id)
+        )
 
     async def complete(self, leases: Sequence[Lease]) -> list[Lease]:
-        return await self._run("complete", WRITE_TIMEOUT, compiled.complete, leases)
+        return await self._run("complete", compiled.complete, leases)
 
     async def complete_and_claim(
         self, leases: Sequence[Lease], n: int, lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]:
-        return await self._run(
-            "complete", WRITE_TIMEOUT, compiled.complete_and_claim, leases, n, lease_seconds
+        return await self._claiming(
+            lambda claim_id: self._run(
+                "complete", compiled.complete_and_claim, leases, n, lease_seconds, claim_id
+            )
         )
 
     async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        return await self._run("fail", WRITE_TIMEOUT, compiled.fail, leases, errors)
+        return await self._run("fail", compiled.fail, leases, errors)
 
     async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        return await self._run("dead_letter", WRITE_TIMEOUT, compiled.dead_letter, leases, errors)
+        return await self._run("dead_letter", compiled.dead_letter, leases, errors)
 
     async def retry_later(
         self, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
     ) -> list[Lease]:
-        return await self._run(
-            "retry_later", WRITE_TIMEOUT, compiled.retry_later, leases, errors, delays
-        )
+        return await self._run("retry_later", compiled.retry_later, leases, errors, delays)
 
     async def release(self, leases: Sequence[Lease]) -> list[Lease]:
-        return await self._run("release", WRITE_TIMEOUT, compiled.release, leases)
+        return await self._run("release", compiled.release, leases)
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
-        return await self._run("recover_expired", RECOVER_TIMEOUT, compiled.recover_expired)
+        return await self._run("recover_expired", compiled.recover_expired)
+
+
+def _never_sent(exc: Exception) -> bool:
+    """Whether asyncpg refused to start the statement (so nothing reached the server): the
+    connection is closed, or an error its backend sent while it sat idle left it mid-way."""
+    if isinstance(exc, asyncpg.InterfaceError):
+        return "connection is closed" in str(exc)
+    if isinstance(exc, asyncpg.InternalClientError):
+        return str(exc).startswith("cannot switch to state") or str(exc) == "not connected"
+    return False
 
 
 async def _discard(held: tuple[AsyncConnection, Any]) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 
 from jobcore.states import Status
+from jobcore.store import RECOVER_BATCH
 from jobqueue_worker import metrics
 from jobqueue_worker.database import JobStore
 
@@ -20,18 +21,23 @@ log = logging.getLogger("jobqueue.worker")
 
 
 async def recover_once(store: JobStore) -> int:
-    """Run recover_expired once; returns how many jobs it took back (0 if the database failed)."""
-    try:
-        recovered = await store.recover_expired()
-    except Exception:
-        log.debug("recover_expired failed", exc_info=True)  # PgJobStore logs the outage
-        return 0
-    for job_id, status in recovered:
-        log.warning("job recovered", extra={"job_id": str(job_id), "status": status.value})
-    if recovered:
-        dead = sum(1 for _, status in recovered if status is Status.DEAD_LETTER)
-        metrics.jobs_recovered(dead_lettered=dead, total=len(recovered))
-    return len(recovered)
+    """Run recover_expired until no expired lease is left (it takes at most RECOVER_BATCH
+    jobs a statement); returns how many jobs it took back, those before a database failure."""
+    total = 0
+    while True:
+        try:
+            recovered = await store.recover_expired()
+        except Exception:
+            log.debug("recover_expired failed", exc_info=True)  # PgJobStore logs the outage
+            return total
+        for job_id, status in recovered:
+            log.warning("job recovered", extra={"job_id": str(job_id), "status": status.value})
+        if recovered:
+            dead = sum(1 for _, status in recovered if status is Status.DEAD_LETTER)
+            metrics.jobs_recovered(dead_lettered=dead, total=len(recovered))
+        total += len(recovered)
+        if len(recovered) < RECOVER_BATCH:
+            return total
 
 
 async def run_recovery(store: JobStore, interval: float, stopped: asyncio.Event) -> None:
