@@ -70,3 +70,23 @@ async def _expired(engine, job) -> bool:
                 sa.select(jobs.c.locked_until < sa.func.now()).where(jobs.c.id == job)
             )
         )
+
+
+async def test_recovery_takes_back_more_expired_leases_than_one_statement_holds(engine):
+    count = store.RECOVER_BATCH * 2 + 500
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, status, attempts, max_attempts,"
+                " locked_until) SELECT gen_random_uuid(), 'sleep', '{}', 'processing', 1, 3,"
+                f" now() - interval '1 second' FROM generate_series(1, {count})"
+            )
+        )
+    pg = PgJobStore(engine)
+    try:
+        assert await recover_once(pg) == count
+    finally:
+        await pg.close()
+    async with engine.connect() as conn:
+        statuses = (await conn.execute(sa.select(jobs.c.status).distinct())).scalars().all()
+    assert statuses == ["pending"]
