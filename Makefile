@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install run test test-fast lint bench bench-api bench-compare bench-install chaos fuzz-deep load clean
+.PHONY: install run test test-fast lint bench bench-api bench-compare bench-install bench-webhooks chaos fuzz-deep load clean
 
 install: $(STAMP)
 
@@ -40,6 +40,12 @@ lint: install
 # `make bench BENCH_ARGS=--quick` for a short run). Table on stdout, JSON in bench-results/.
 bench: install
 	$(BIN)/python -m bench.queues $(BENCH_ARGS)
+
+# Webhook jobs/s of one real worker process (8 slots, WEBHOOK_ALLOW_PRIVATE=true) against a
+# local sink answering 200, with its CPU per webhook and retries (none allowed); also a step
+# of `make bench`. `make bench-webhooks BENCH_WEBHOOKS_ARGS=--quick` for a short run.
+bench-webhooks: install
+	$(BIN)/python -m bench.webhooks $(BENCH_WEBHOOKS_ARGS)
 
 # The peers (Procrastinate, PgQueuer) and py-spy: only bench-compare needs them.
 bench-install: install

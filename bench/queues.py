@@ -7,7 +7,8 @@ Every system gets the same sessions, interleaved round-robin over the repeats
 and warmed up, then the measurements (see `bench.measure`); then everything is
 stopped and the database dropped. Figures are medians over the repeats. Ours
 also gets a WORKERS sweep, the API submit measurements (`bench.submit`) and
-the backlog check (`bench.backlog`). A progress bar goes to stderr, the table
+the backlog check (`bench.backlog`) and webhook jobs/s of one worker process
+against a local sink (`bench.webhooks`). A progress bar goes to stderr, the table
 to stdout, everything measured to bench-results/<timestamp>.json.
 """
 
@@ -31,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, measure, pg, procs, profile, submit
+from bench import backlog, measure, pg, procs, profile, submit, webhooks
 from bench.adapters.base import Adapter, Unsupported, to_the_end
 from bench.adapters.ours import Ours
 from bench.beacon import Receiver
@@ -63,6 +64,7 @@ class Config:
     backlog_skip: int = 1_000
     claim_samples: int = 300
     claim_n: int = 10
+    webhook_jobs: int = 5_000
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -82,6 +84,7 @@ QUICK = {
     "backlog_window": 2_000,
     "backlog_skip": 200,
     "claim_samples": 100,
+    "webhook_jobs": 600,
 }
 
 
@@ -97,6 +100,7 @@ class Run:
         self.progress = progress
         self.workdir = Path(tempfile.mkdtemp(prefix="jobqueue-bench-"))
         self.rx: Receiver | None = None
+        self.sink_url = ""
         self.results: list[dict[str, Any]] = []
         self.errors: list[dict[str, str]] = []
         self.systems: dict[str, Any] = {}
@@ -205,6 +209,13 @@ class Run:
         finally:
             await to_the_end(ours.cleanup())
 
+    async def webhook_session(self, rep: int) -> None:
+        c = self.config
+        figures = await webhooks.session(
+            c.server, self.workdir, self.sink_url, c.webhook_jobs, 200, 1, webhooks.Config.workers
+        )
+        self.results.append({"kind": "webhooks", "repeat": rep, **figures})
+
     async def backlog_sessions(self) -> None:
         """One big table kept for every repeat; a fresh empty one per repeat."""
         c = self.config
@@ -264,6 +275,7 @@ class Run:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal, task)
         self.rx = await Receiver.open()
+        sink, self.sink_url = await webhooks.open_sink()
         try:
             for name in await pg.drop_stale(c.server):
                 print(f"dropped stale benchmark database {name}", file=sys.stderr)
@@ -299,9 +311,15 @@ class Run:
                     f"{rep + 1}/{c.repeat} jobqueue-api submit",
                     lambda r=rep: self.api_session(r),
                 )
+                if c.webhook_jobs:
+                    await self.step(
+                        f"{rep + 1}/{c.repeat} jobqueue webhooks: 1 worker process",
+                        lambda r=rep: self.webhook_session(r),
+                    )
             if c.backlog:
                 await self.backlog_sessions()
         finally:
+            sink.close()
             self.rx.close()
             if self.config.keep_logs:
                 print(f"service logs kept in {self.workdir}", file=sys.stderr)
@@ -322,7 +340,7 @@ def _timeout(jobs: int) -> float:
 def total_steps(c: Config) -> int:
     systems = 1 + (len(PEERS) if c.compare else 0)
     sweep = len([w for w in c.sweep if w != c.workers])
-    per_repeat = (systems + sweep) * len(c.processes) + 1
+    per_repeat = (systems + sweep) * len(c.processes) + 1 + (1 if c.webhook_jobs else 0)
     return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0)
 
 
@@ -364,6 +382,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--backlog-skip", type=int, help="completions ignored as start-up")
     parser.add_argument("--claim-samples", type=int, help="single claims timed per table")
     parser.add_argument(
+        "--webhook-jobs", type=int, help="webhooks per measured drain, 0 to skip (default 5000)"
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -391,6 +412,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "backlog_window",
         "backlog_skip",
         "claim_samples",
+        "webhook_jobs",
         "server",
         "output_dir",
     ):

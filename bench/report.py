@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -108,6 +109,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     backlog = [r for r in results if r["kind"] == "backlog"]
     if backlog:
         summary["backlog"] = _backlog(backlog, config)
+    hooks = [r for r in results if r["kind"] == "webhooks"]
+    if hooks:
+        summary["webhooks"] = webhooks.summarize(hooks)
     summary["targets"] = _targets(summary)
     return summary
 
@@ -190,6 +194,16 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         met = value >= bound if higher else value <= bound
         out.append({"target": name, "goal": goal, "measured": value, "met": met})
+    hooks = summary.get("webhooks")
+    if hooks:
+        out.append(
+            {
+                "target": "webhooks to a local sink, per worker process (jobs/s)",
+                "goal": f">= {webhooks.TARGET_PER_PROCESS:.0f}, no retries",
+                "measured": hooks["jobs_per_s_per_process"],
+                "met": hooks["target_met"],
+            }
+        )
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
         out.append(
@@ -337,6 +351,14 @@ def render(document: dict[str, Any]) -> str:
             "pending rows vs an empty table"
             f" (within 20%: {'yes' if backlog['within_20pct'] else 'NO'})",
             _table(["", "empty table", "backlog", "difference"], rows_),
+        ]
+    hooks = summary.get("webhooks")
+    if hooks:
+        out += [
+            "",
+            f"Webhooks: {hooks['processes']} worker process x {hooks['workers']} slots, "
+            "POST to a local sink answering 200",
+            *webhooks.lines(hooks),
         ]
     prof = summary.get("profile")
     if prof:

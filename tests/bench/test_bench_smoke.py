@@ -36,6 +36,7 @@ TINY = [
     "--backlog-window", "200",
     "--backlog-skip", "20",
     "--claim-samples", "10",
+    "--webhook-jobs", "100",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -98,6 +99,11 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     backlog = summary["backlog"]
     for table in ("empty", "backlog"):
         assert set(backlog[table]) == {"claim_p50_ms", "claim_p99_ms", "drain_jobs_per_s"}
+
+    hooks = summary["webhooks"]
+    assert hooks["jobs_per_s"] > 0 and hooks["worker_cpu_us_per_job"] > 0
+    assert hooks["retries"] == 0 and hooks["not_completed"] == 0
+    assert "Webhooks:" in run.stdout
 
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20
