@@ -159,7 +159,8 @@ async def close_pools() -> None:
 @dataclass(frozen=True, slots=True)
 class _Target:
     scheme: str
-    host: str  # what the user gave: the name for Host, TLS and the pool; an IP canonically
+    given: str  # the host as the URL spells it: what errors name
+    host: str  # the name for Host, TLS and the pool, or the canonical IP of a numeric host
     netloc: bytes
     port: int
     path: bytes
@@ -187,6 +188,7 @@ def _parse_url(text: str) -> _Target:
         raise PermanentError(f"payload.url: {exc}") from None
     return _Target(
         url.scheme,
+        host,
         host if literal is None else str(literal),
         url.netloc,
         port,
@@ -200,14 +202,14 @@ async def webhook(payload: Any, ctx: JobContext) -> None:
     delivery = parse_payload(payload)
     pool = await shared_pool(ctx.webhook_allow_private)
     target = _parse_url(delivery.url)
-    host = target.host
+    host = target.given
     if not ctx.webhook_allow_private and target.literal is None and is_local_name(host):
         raise PermanentError(f"refusing to send to {host}: it names this machine")
     if target.literal is not None:
         addresses: list[IPAddress] = [target.literal]
     else:
         try:
-            addresses = await resolve(host, target.port)
+            addresses = await resolve(target.host, target.port)
         except OSError as exc:
             raise RuntimeError(f"cannot resolve {host}: {exc}") from None
         if not addresses:
@@ -237,7 +239,7 @@ async def webhook(payload: Any, ctx: JobContext) -> None:
 
     module = _module
     assert module is not None  # loaded by shared_pool
-    to = module.Destination(host, target.port, tuple(str(ip) for ip in addresses))
+    to = module.Destination(target.host, target.port, tuple(str(ip) for ip in addresses))
     timeouts = {"connect": CONNECT_TIMEOUT, "read": TIMEOUT, "write": TIMEOUT, "pool": TIMEOUT}
     try:
         status, reason = await module.post(
