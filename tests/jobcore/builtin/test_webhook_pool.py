@@ -7,6 +7,8 @@ import asyncio
 import ipaddress
 import itertools
 import ssl
+import subprocess
+import sys
 import threading
 import time
 
@@ -163,3 +165,13 @@ async def test_a_pooled_connection_the_server_closed_is_not_reused(recorder):
     await webhook({"url": recorder.url()}, context())
     first, second = recorder.requests
     assert first.client_port != second.client_port
+
+
+def test_importing_the_handler_loads_no_http_stack():
+    # The API imports every built-in handler and never sends a webhook.
+    code = (
+        "import sys, jobcore.builtin.webhook; "
+        "print(sorted(m for m in ('httpx', 'httpcore', 'certifi', 'anyio') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
