@@ -12,9 +12,10 @@ from logging.config import fileConfig
 
 import sqlalchemy as sa
 from alembic import context
+from alembic.util import CommandError
 from sqlalchemy.engine import Connection
 
-from jobcore.db import make_engine
+from jobcore.db import check_url, make_engine
 from jobcore.schema import metadata
 
 # Any constant shared by all migrators; "jobqueue" spelled in hex.
@@ -28,9 +29,16 @@ target_metadata = metadata
 
 
 def database_url() -> str:
-    return config.attributes.get("database_url") or os.environ.get(
+    """The URL to migrate, checked as the services check it: a bad one is one clear line
+    (alembic prints a CommandError as `FAILED: ...`, without a traceback)."""
+    url: str = config.attributes.get("database_url") or os.environ.get(
         "DATABASE_URL", "postgresql://localhost:5432/jobqueue"
     )
+    try:
+        check_url(url)
+    except ValueError as exc:
+        raise CommandError(f"invalid configuration: DATABASE_URL: {exc}") from None
+    return url
 
 
 def migrate(connection: Connection) -> None:
@@ -50,7 +58,10 @@ async def run_online() -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True)
+    database_url()  # checked, though offline mode only writes SQL
+    context.configure(
+        dialect_name="postgresql", target_metadata=target_metadata, literal_binds=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 else:

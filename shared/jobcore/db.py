@@ -1,27 +1,167 @@
-"""Database plumbing shared by both services: URLs, engines, the schema-at-head check."""
+"""Database plumbing shared by both services: URLs, engines, the schema-at-head check.
+
+`connect_args(url)` owns the translation of a libpq-style `DATABASE_URL` into
+asyncpg's connect arguments; every connection (the engines of both services,
+migrations, the worker's LISTEN connection) is made through it, so a URL that
+works for one works for all. `check_url(url)` is the same parse without the
+result: settings validation calls it so a URL that cannot work stops the
+process at startup instead of failing every connection attempt later.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from jobcore.errors import SchemaNotAtHead
 from jobcore.schema import SCHEMA_REVISION
 
+_SCHEME = re.compile(r"postgres(?:ql)?(?:\+asyncpg)?://")
 
-def async_url(url: str) -> str:
-    """The SQLAlchemy asyncpg URL for a libpq-style `postgres://` or `postgresql://` URL."""
-    parsed = make_url(url.replace("postgres://", "postgresql://", 1))
-    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+# libpq parameters asyncpg's own DSN parser understands with libpq's meaning: they stay
+# in the DSN. Every other parameter is either translated below or refused, because
+# asyncpg would send it to the server as a setting and the connection would fail.
+_NATIVE = frozenset(
+    {
+        "host",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "sslcrl",
+        "sslpassword",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "target_session_attrs",
+    }
+)
+_TRANSLATED = frozenset({"connect_timeout", "application_name", "options"})
+SUPPORTED_PARAMETERS = tuple(sorted(_NATIVE | _TRANSLATED))
+
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "target_session_attrs": (
+        "any",
+        "primary",
+        "standby",
+        "prefer-standby",
+        "read-write",
+        "read-only",
+    ),
+    "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+    "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+}
+_FILES = ("sslrootcert", "sslcert", "sslkey", "sslcrl", "passfile")
+# libpq waits at least 2 s when connect_timeout is set; beyond an hour is a mistake.
+_MIN_CONNECT_TIMEOUT = 2
+MAX_CONNECT_TIMEOUT = 3600
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    dsn: str
+    connect_timeout: float | None
+    server_settings: Mapping[str, str]
+
+
+def _parse(url: str) -> _Parsed:
+    """Split `url` into what asyncpg parses itself and what is translated here.
+
+    Raises ValueError naming the parameter at fault (never echoing a password).
+    """
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        raise ValueError("must start with postgres:// or postgresql://")
+    base, _, query = url[scheme.end() :].partition("?")
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ValueError(f"malformed query string {query!r}") from None
+    native: dict[str, str] = {}
+    connect_timeout: float | None = None
+    server_settings: dict[str, str] = {}
+    for name, value in pairs:  # a repeated parameter: the last one counts, as in libpq
+        if name not in _NATIVE and name not in _TRANSLATED:
+            raise ValueError(
+                f"parameter {name!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_PARAMETERS)})"
+            )
+        if value == "" and name != "password":
+            raise ValueError(f"parameter {name!r} has an empty value")
+        choices = _CHOICES.get(name)
+        if choices is not None and value not in choices:
+            raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+        if name == "sslrootcert" and value == "system":
+            raise ValueError("sslrootcert=system is not supported: name a CA certificate file")
+        if name in _FILES and not os.path.isfile(os.path.expanduser(value)):
+            raise ValueError(f"{name}: no such file {value!r}")
+        if name == "connect_timeout":
+            connect_timeout = _connect_timeout(value)
+        elif name in _TRANSLATED:
+            server_settings[name] = value
+        else:
+            native[name] = value
+    dsn = "postgresql://" + base
+    if native:
+        dsn += "?" + urllib.parse.urlencode(native, quote_via=urllib.parse.quote)
+    return _Parsed(dsn, connect_timeout, server_settings)
+
+
+def _connect_timeout(value: str) -> float | None:
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise ValueError(f"connect_timeout={value!r} is not a whole number of seconds") from None
+    if seconds > MAX_CONNECT_TIMEOUT:
+        raise ValueError(f"connect_timeout={seconds} exceeds {MAX_CONNECT_TIMEOUT} seconds")
+    # libpq: zero or less waits forever; a service never does, so it keeps its own bound.
+    return float(max(seconds, _MIN_CONNECT_TIMEOUT)) if seconds > 0 else None
+
+
+def check_url(url: str) -> None:
+    """Raise ValueError naming the parameter at fault if `url` cannot be used to connect."""
+    _parse(url)
+
+
+def connect_args(
+    url: str,
+    *,
+    application_name: str = "jobqueue",
+    timeout: float = 5.0,
+    server_settings: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for `asyncpg.connect()` that connect as the libpq URL `url` says.
+
+    `application_name` and `timeout` are the caller's defaults: the URL's
+    `application_name` and `connect_timeout` win over them. `server_settings`
+    are the caller's own session settings; they are sent after the URL's
+    `options`, so where both set the same parameter the caller's value holds.
+    """
+    parsed = _parse(url)
+    settings = {"application_name": application_name, **parsed.server_settings}
+    settings.update(server_settings or {})
+    return {
+        "dsn": parsed.dsn,
+        "timeout": parsed.connect_timeout if parsed.connect_timeout is not None else timeout,
+        "server_settings": settings,
+    }
 
 
 def asyncpg_dsn(url: str) -> str:
-    """The plain `postgresql://` DSN asyncpg.connect() takes, for connections outside a pool."""
-    parsed = make_url(url.replace("postgres://", "postgresql://", 1))
-    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    """The DSN part of `connect_args(url)`, for a plain `asyncpg.connect(dsn)` in tests."""
+    return _parse(url).dsn
 
 
 def make_engine(
@@ -38,16 +178,25 @@ def make_engine(
     `pre_ping` costs a round trip per checkout; a caller that retries failed
     statements anyway (the worker) turns it off.
     """
-    server_settings = {"application_name": kwargs.pop("application_name", "jobqueue")}
+    own: dict[str, str] = {}
     if statement_timeout is not None:
-        server_settings["statement_timeout"] = str(int(statement_timeout * 1000))
+        own["statement_timeout"] = str(int(statement_timeout * 1000))
+    args = connect_args(
+        url,
+        application_name=kwargs.pop("application_name", "jobqueue"),
+        timeout=connect_timeout,
+        server_settings=own,
+    )
+    # The whole URL travels in `dsn` (multi-host lists and `?host=/socket/dir` included),
+    # parsed by asyncpg: SQLAlchemy's URL parser would turn each query parameter into a
+    # keyword argument asyncpg.connect() does not take.
     return create_async_engine(
-        async_url(url),
+        "postgresql+asyncpg://",
         pool_size=pool_size,
         max_overflow=kwargs.pop("max_overflow", 0),
         pool_timeout=kwargs.pop("pool_timeout", connect_timeout),
         pool_pre_ping=pre_ping,
-        connect_args={"timeout": connect_timeout, "server_settings": server_settings},
+        connect_args=args,
         **kwargs,
     )
 

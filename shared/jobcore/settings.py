@@ -11,9 +11,17 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jobcore.db import check_url
 from jobcore.errors import ConfigError
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -44,6 +52,32 @@ def parse_duration(value: object) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+_MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
+
+# Upper bound of every duration setting, in seconds. Far above any sensible value, far
+# below what breaks: PostgreSQL intervals, timestamps and asyncio timers all take them.
+DURATION_LIMITS = {
+    "job_timeout": _DAY,
+    # Must exceed JOB_TIMEOUT + 5s, so a day-long JOB_TIMEOUT still has room.
+    "lease_duration": 2 * _DAY,
+    "recovery_interval": _HOUR,
+    "poll_interval": _HOUR,
+    "backoff_base": _DAY,
+    "backoff_max": _DAY,
+    "shutdown_timeout": _HOUR,
+    "drain_delay": _HOUR,
+    "request_body_timeout": 5 * _MINUTE,
+}
+
+
+def format_duration(seconds: float) -> str:
+    """`86400.0` -> `24h`, `300.0` -> `5m`, `1.5` -> `1.5s`: how limits are shown."""
+    for unit, size in (("h", _HOUR), ("m", _MINUTE)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_addr(value: str) -> tuple[str, int]:
     """`host:port`, `:port` or `[v6]:port` -> (host, port); an empty host means all interfaces."""
     match = re.fullmatch(r"(?:\[([^\]]+)\]|([^:\[\]]*)):(\d{1,5})", value.strip())
@@ -70,6 +104,10 @@ class Settings(BaseSettings):
     shutdown_timeout: Duration = 20.0
     drain_delay: Duration = 0.0
     max_body_bytes: int = Field(default=1_048_576, ge=64)
+    # API: the whole request body must arrive within this (slow clients get 408).
+    request_body_timeout: Duration = 10.0
+    # API: open client connections per process; more are closed at once.
+    max_connections: int = Field(default=512, ge=1, le=100_000)
     job_handlers: str = ""
     webhook_allow_private: bool = False
     api_tokens: str = ""
@@ -83,8 +121,11 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str) -> str:
-        if not re.match(r"postgres(ql)?(\+asyncpg)?://", value):
-            raise ValueError("must start with postgres:// or postgresql://")
+        try:
+            check_url(value)
+        except ValueError as exc:
+            # The URL itself is never echoed: it may hold a password.
+            raise _Relation("database_url", str(exc)) from None
         return value
 
     @field_validator("http_addr", "metrics_addr")
@@ -93,11 +134,19 @@ class Settings(BaseSettings):
         parse_addr(value)
         return value
 
-    @field_validator("job_timeout", "recovery_interval", "poll_interval")
+    @field_validator("job_timeout", "recovery_interval", "poll_interval", "request_body_timeout")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("must be greater than zero")
+        return value
+
+    @field_validator(*DURATION_LIMITS)
+    @classmethod
+    def _bounded(cls, value: float, info: ValidationInfo) -> float:
+        limit = DURATION_LIMITS[str(info.field_name)]
+        if value > limit:
+            raise ValueError(f"must be at most {format_duration(limit)}")
         return value
 
     @model_validator(mode="after")

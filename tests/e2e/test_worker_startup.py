@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 
 import pytest
+import sqlalchemy as sa
 
-from tests.worker.support import start_worker
+from tests.worker.support import all_in, eventually, start_worker, submit, until
 
 pytestmark = pytest.mark.e2e
 
@@ -45,3 +46,48 @@ def test_a_taken_metrics_port_is_reported_before_anything_starts(database_url, t
         assert worker.wait(60) != 0
     assert any(line.get("variable") == "METRICS_ADDR" for line in worker.logs())
     assert not worker.messages("worker started")
+
+
+@pytest.mark.parametrize(
+    ("env", "variable", "named"),
+    [
+        ({"LEASE_DURATION": "1e13"}, "LEASE_DURATION", "at most 48h"),
+        ({"BACKOFF_MAX": "1e13"}, "BACKOFF_MAX", "at most 24h"),
+        ({"DATABASE_URL": "?foo=bar"}, "DATABASE_URL", "'foo'"),
+        ({"DATABASE_URL": "?sslcompression=1"}, "DATABASE_URL", "'sslcompression'"),
+    ],
+)
+def test_absurd_durations_and_unsupported_url_parameters_exit_2_with_one_line(
+    database_url, tmp_path, env, variable, named
+):
+    if env.get("DATABASE_URL", "").startswith("?"):
+        env = {"DATABASE_URL": database_url + env["DATABASE_URL"]}
+    worker = start_worker(database_url, tmp_path, **env)
+    assert worker.wait(60) == 2
+    (line,) = worker.logs()
+    assert line["level"] == "error" and line["variable"] == variable
+    assert named in line["msg"]
+
+
+async def test_a_database_url_with_libpq_parameters_runs_jobs(database_url, engine, tmp_path):
+    url = (
+        f"{database_url}?sslmode=prefer&connect_timeout=10&application_name=wk"
+        "&options=-c%20lock_timeout%3D5s&target_session_attrs=read-write"
+    )
+    worker = start_worker(url, tmp_path)
+    try:
+        ids = await submit(engine, "test.record", count=3)
+        await eventually(lambda: all_in(engine, ids, "completed"), 90, "the jobs to complete")
+        await until(lambda: worker.messages("listening for wake-ups"), 30, "the listener")
+        assert worker.status_of("/readyz") == 200  # the supervisor's connection too
+        # Every connection of the worker took the URL's name ("jobqueue" is this test's).
+        async with engine.connect() as conn:
+            names = await conn.scalars(
+                sa.text(
+                    "SELECT application_name FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name <> 'jobqueue'"
+                )
+            )
+            assert set(names) == {"wk"}
+    finally:
+        assert worker.stop(60) == 0

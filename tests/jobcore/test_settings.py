@@ -1,9 +1,23 @@
 """Settings per SPEC §7: defaults, Go-style durations, one clear error naming the variable."""
 
-import pytest
+import string
+import urllib.parse
+from collections.abc import Iterator
 
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobcore.db import SUPPORTED_PARAMETERS, connect_args
 from jobcore.errors import ConfigError
-from jobcore.settings import load_settings, parse_addr, parse_duration
+from jobcore.settings import (
+    DURATION_LIMITS,
+    format_duration,
+    load_settings,
+    parse_addr,
+    parse_duration,
+)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +48,7 @@ def test_defaults_match_the_spec():
     )
     assert (s.backoff_base, s.backoff_max, s.shutdown_timeout, s.drain_delay) == (1, 300, 20, 0)
     assert s.max_body_bytes == 1_048_576 and s.webhook_allow_private is False
+    assert (s.request_body_timeout, s.max_connections) == (10, 512)
     assert s.handler_modules == [] and s.tokens == [] and s.log_level == "info"
 
 
@@ -65,6 +80,8 @@ def test_values_are_read_from_the_environment(monkeypatch):
         ({"WEBHOOK_ALLOW_PRIVATE": "perhaps"}, "WEBHOOK_ALLOW_PRIVATE"),
         ({"MAX_BODY_BYTES": "lots"}, "MAX_BODY_BYTES"),
         ({"BACKOFF_BASE": "10s", "BACKOFF_MAX": "1s"}, "BACKOFF_MAX"),
+        ({"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS"),
+        ({"REQUEST_BODY_TIMEOUT": "0s"}, "REQUEST_BODY_TIMEOUT"),
     ],
 )
 def test_bad_values_name_the_variable(env, variable):
@@ -100,3 +117,114 @@ def test_postgres_scheme_aliases_are_accepted():
 )
 def test_listen_addresses(addr, parsed):
     assert parse_addr(addr) == parsed
+
+
+# --- upper bounds of durations, and DATABASE_URL parameters -------------------------
+
+DURATIONS = sorted(DURATION_LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("LEASE_DURATION", "1e13"), ("BACKOFF_MAX", "1e13"), ("JOB_TIMEOUT", "25h"),
+     ("LEASE_DURATION", "49h"), ("POLL_INTERVAL", "2h"), ("RECOVERY_INTERVAL", "1h0.001s"),
+     ("BACKOFF_BASE", "100000"), ("SHUTDOWN_TIMEOUT", "1e9"), ("DRAIN_DELAY", "61m"),
+     ("REQUEST_BODY_TIMEOUT", "301s")],
+)  # fmt: skip
+def test_absurd_durations_are_refused_naming_the_variable(variable, value):
+    env = {variable: value}
+    if variable == "BACKOFF_BASE":
+        env["BACKOFF_MAX"] = value
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert caught.value.variable == variable
+    assert "at most" in caught.value.message
+
+
+def test_every_duration_may_reach_its_limit():
+    env = {name.upper(): format_duration(limit) for name, limit in DURATION_LIMITS.items()}
+    env["JOB_TIMEOUT"] = "24h"  # the lease must still exceed it by 5s
+    settings = load_settings(env)
+    for name, limit in DURATION_LIMITS.items():
+        assert getattr(settings, name) == limit
+
+
+@pytest.fixture(scope="module")
+def pg(pg_server: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        yield conn
+
+
+durations = st.one_of(
+    st.floats(min_value=0, max_value=1e16, allow_nan=False),
+    st.integers(min_value=0, max_value=10**16).map(str),
+    st.lists(
+        st.tuples(st.integers(0, 10**9), st.sampled_from(["ns", "us", "ms", "s", "m", "h"])),
+        min_size=1,
+        max_size=3,
+    ).map(lambda parts: "".join(f"{n}{unit}" for n, unit in parts)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(DURATIONS), value=durations)
+def test_any_accepted_duration_is_usable_as_a_postgresql_interval(pg, name, value):
+    env = {name.upper(): value if isinstance(value, str) else repr(value)}
+    # Keep the relations satisfied, so only the value under test can be refused.
+    env.setdefault("LEASE_DURATION", "48h")
+    if name == "backoff_base":
+        env["BACKOFF_MAX"] = "24h"
+    if name == "lease_duration":
+        env["JOB_TIMEOUT"] = "1s"
+    try:
+        seconds = getattr(load_settings(env), name)
+    except ConfigError as exc:
+        assert exc.variable == name.upper()
+        return
+    # How the store turns seconds into times (leases, retries), and asyncio timers.
+    pg.execute(
+        "SELECT now() + %s * interval '1 second', make_interval(secs => %s)", (seconds, seconds)
+    ).fetchone()
+    assert seconds <= DURATION_LIMITS[name]
+
+
+TRANSLATED = ("connect_timeout", "application_name", "options")
+parameter_names = st.one_of(
+    st.sampled_from(SUPPORTED_PARAMETERS),
+    st.sampled_from(["sslcompression", "keepalives", "gssencmode", "service", "client_encoding"]),
+    st.text(alphabet=string.ascii_letters + "_", min_size=1, max_size=12),
+)
+parameter_values = st.one_of(
+    st.sampled_from(
+        ["disable", "allow", "prefer", "require", "verify-full", "read-write", "primary",
+         "0", "1", "10", "-c statement_timeout=5", "TLSv1.2", "/no/such/file", "app", ""]
+    ),
+    st.text(max_size=20),
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(parameter_names, parameter_values), max_size=4))
+def test_any_database_url_either_translates_or_is_refused_naming_the_parameter(params):
+    query = urllib.parse.urlencode(params)
+    url = "postgresql://u:s3cret@db.example:5432/jobs" + (f"?{query}" if query else "")
+    try:
+        settings_ = load_settings({"DATABASE_URL": url})
+    except ConfigError as exc:
+        assert exc.variable == "DATABASE_URL"
+        assert any(
+            f"'{name}'" in exc.message or f"{name}=" in exc.message or f"{name}:" in exc.message
+            for name, _ in params
+        ), exc.message
+        assert "s3cret" not in str(exc) and "\n" not in str(exc)
+        return
+    args = connect_args(settings_.database_url)
+    kept = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(args["dsn"]).query))
+    assert set(kept) <= set(SUPPORTED_PARAMETERS) - {
+        "connect_timeout",
+        "application_name",
+        "options",
+    }
+    assert args["dsn"].startswith("postgresql://u:s3cret@db.example:5432/jobs")
+    assert isinstance(args["timeout"], float) and 0 < args["timeout"] <= 3600
+    assert set(args["server_settings"]) <= {"application_name", "options"}

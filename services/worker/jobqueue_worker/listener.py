@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import asyncpg
 
-from jobcore.db import asyncpg_dsn
+from jobcore.db import connect_args
 from jobcore.store import NOTIFY_CHANNEL
 
 log = logging.getLogger("jobqueue.worker")
@@ -44,9 +44,11 @@ async def listen(
         conn: asyncpg.Connection | None = None
         try:
             conn = await asyncpg.connect(
-                asyncpg_dsn(database_url),
-                timeout=CONNECT_TIMEOUT,
-                server_settings={"application_name": "jobqueue-worker-listen"},
+                **connect_args(
+                    database_url,
+                    application_name="jobqueue-worker-listen",
+                    timeout=CONNECT_TIMEOUT,
+                )
             )
             await conn.add_listener(NOTIFY_CHANNEL, lambda *_: wake())
             log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL})
