@@ -184,3 +184,50 @@ def test_an_address_in_use_is_one_line_naming_http_addr_and_exit_1(database_url:
         assert service.wait(STARTUP) == 1
     errors = [line for line in service.logs() if line["level"] == "error"]
     assert len(errors) == 1 and "HTTP_ADDR" in errors[0]["msg"], errors
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("DATABASE_URL", "?foo=bar", "'foo'"),
+        ("DATABASE_URL", "?sslmode=required", "sslmode"),
+        ("REQUEST_BODY_TIMEOUT", "1h", "at most 5m"),
+        ("MAX_CONNECTIONS", "none", "MAX_CONNECTIONS"),
+        ("SHUTDOWN_TIMEOUT", "1e13", "at most 1h"),
+    ],
+)
+def test_unsupported_url_parameters_and_absurd_values_exit_2_with_one_line(
+    database_url: str, variable: str, value: str, named: str
+):
+    if value.startswith("?"):
+        value = database_url + value
+    service = Service("jobqueue-api", {"DATABASE_URL": database_url, variable: value})
+    assert service.wait(STARTUP) == 2
+    (line,) = service.logs()
+    assert line["level"] == "error" and line["variable"] == variable
+    assert named in line["msg"]
+
+
+def test_a_database_url_with_libpq_parameters_is_served(database_url: str):
+    url = (
+        f"{database_url}?sslmode=disable&connect_timeout=5&application_name=api-from-url"
+        "&options=-c%20lock_timeout%3D5s"
+    )
+    api = Api(url)
+    try:
+        api.wait_ready()
+        assert api.post("/jobs", json={"type": "sleep"}).status_code == 201
+        assert api.service.stop() == 0
+    finally:
+        if api.service.proc.poll() is None:
+            api.service.kill()
+
+
+def test_sslmode_require_against_a_server_without_tls_is_one_line_and_exit_1(
+    database_url: str,
+):
+    api = Api(f"{database_url}?sslmode=require")
+    assert api.service.wait(STARTUP) == 1
+    (line,) = [line for line in api.service.logs() if line["level"] == "error"]
+    assert "database unreachable at startup" in line["msg"] and "SSL" in line["msg"]
+    assert "Traceback" not in api.service.output()

@@ -70,7 +70,9 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
         middleware=[
             Middleware(RequestContext, routes=routes),
             Middleware(Authenticate, tokens=settings.tokens),
-            Middleware(LimitBody, limit=settings.max_body_bytes),
+            Middleware(
+                LimitBody, limit=settings.max_body_bytes, timeout=settings.request_body_timeout
+            ),
         ],
         exception_handlers={HTTPException: http_error},
     )

@@ -8,6 +8,12 @@ a second signal cuts a shutdown short.
 Shutdown on SIGTERM/SIGINT: `/readyz` answers 503 at once, requests are still
 served for DRAIN_DELAY (load balancers notice), then the listener closes and
 in-flight requests get up to SHUTDOWN_TIMEOUT to finish.
+
+Slow clients: a connection must send its request head within IDLE_TIMEOUT of
+opening (or of its previous response), and the body within REQUEST_BODY_TIMEOUT
+(`LimitBody`); a process holds at most MAX_CONNECTIONS client connections, and
+answers further ones 503 at once, so a crowd of slow clients cannot take every
+file descriptor (the database pool needs some too).
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 
+import hypercorn.asyncio.run
 from hypercorn.asyncio import serve
+from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,6 +42,18 @@ from jobqueue_api.database import is_unavailable, open_engine
 
 log = logging.getLogger("jobqueue_api")
 
+# An open connection with no request in progress, or with a request head still
+# incomplete, is closed after this long (Hypercorn's keep-alive timer covers both).
+IDLE_TIMEOUT = 5.0
+# File descriptors kept beyond MAX_CONNECTIONS: the database pool, the listener, logs.
+FD_HEADROOM = 64
+_REFUSED_BODY = b'{"error":"too many open connections"}'
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
+)
+
 
 def hypercorn_config(settings: Settings) -> Config:
     host, port = parse_addr(settings.http_addr)
@@ -41,7 +62,56 @@ def hypercorn_config(settings: Settings) -> Config:
     config.accesslog = None  # RequestContext writes the access log, as JSON
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = settings.shutdown_timeout
+    config.keep_alive_timeout = IDLE_TIMEOUT
     return config
+
+
+def ensure_fd_limit(max_connections: int) -> None:
+    """Raise the soft open-files limit to fit MAX_CONNECTIONS, or refuse the setting."""
+    needed = max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ConfigError(
+                "MAX_CONNECTIONS",
+                f"{max_connections} connections need {needed} file descriptors, "
+                f"but this process may open at most {hard} (ulimit -n)",
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def cap_connections(limit: int) -> None:
+    """Make Hypercorn's asyncio server hold at most `limit` client connections.
+
+    Hypercorn has no such setting: its per-connection class is replaced by one that
+    answers a connection over the limit with a 503 and closes it, before reading it.
+    """
+
+    class Capped(TCPServer):
+        open = 0
+        refusing = False
+
+        async def run(self) -> None:
+            if Capped.open >= limit:
+                if not Capped.refusing:
+                    Capped.refusing = True
+                    log.warning(
+                        "connection limit reached: refusing connections",
+                        extra={"max_connections": limit},
+                    )
+                self.writer.write(_REFUSAL)
+                self.writer.close()
+                return
+            if Capped.refusing and Capped.open < limit * 0.9:
+                Capped.refusing = False
+                log.info("accepting connections again", extra={"open_connections": Capped.open})
+            Capped.open += 1
+            try:
+                await super().run()
+            finally:
+                Capped.open -= 1
+
+    hypercorn.asyncio.run.TCPServer = Capped  # type: ignore[attr-defined]
 
 
 def without_lifespan(app: ASGIApp) -> ASGIApp:
@@ -101,6 +171,7 @@ async def run(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, _on_signal, app, signalled, signum)
+        cap_connections(settings.max_connections)
         try:
             await serve(
                 without_lifespan(app),  # type: ignore[arg-type]  # ASGI app, other protocol
@@ -122,6 +193,7 @@ def main() -> None:
         settings = load_settings()
         logs.configure(settings.log_level)
         load_handlers(settings.handler_modules)
+        ensure_fd_limit(settings.max_connections)
     except ConfigError as exc:
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
         sys.exit(2)

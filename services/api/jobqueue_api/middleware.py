@@ -1,4 +1,4 @@
-"""Pure ASGI middleware, outermost first: request context, authentication, body limit.
+"""Pure ASGI middleware, outermost first: request context, authentication, body limits.
 
 `RequestContext` gives every request an id (on the response and on every log
 line), writes the access log line and the duration metric, and turns any
@@ -7,6 +7,7 @@ exception into a JSON error, so no traceback ever reaches a client.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -137,13 +138,20 @@ class Authenticate:
         await self.app(scope, receive, send)
 
 
+class BodyTimeout(Exception):
+    """The request body did not arrive within REQUEST_BODY_TIMEOUT."""
+
+
 class LimitBody:
     """Refuses bodies over `limit` bytes: up front by Content-Length, else while reading,
-    so an oversized body is never held in memory."""
+    so an oversized body is never held in memory. A body still incomplete `timeout`
+    seconds after the request started is answered 408 and its connection closed: a
+    client trickling a byte at a time would otherwise hold the connection for ever."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -154,14 +162,36 @@ class LimitBody:
                 await response_for(BodyTooLarge(self.limit))(scope, receive, send)
                 return
         received = 0
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        response_started = False
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # later calls wait for a disconnect, which may take any time
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     raise BodyTooLarge(self.limit)
+                complete = not message.get("more_body", False)
             return message
 
-        await self.app(scope, limited_receive, send)
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTimeout:
+            if response_started:
+                raise
+            message = f"request body not received within {self.timeout:g}s"
+            # The rest of the body is never read, so the connection cannot be reused.
+            await error_response(408, message, {"Connection": "close"})(scope, receive, send)

@@ -1,0 +1,143 @@
+"""Slow clients against the real `jobqueue-api` process: a body trickled byte by byte is
+cut off at REQUEST_BODY_TIMEOUT (408), a request head at the idle timeout, and no more
+than MAX_CONNECTIONS connections are held; other clients are served meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.e2e.test_api_process import Api
+from tests.procs import wait_for
+
+pytestmark = pytest.mark.e2e
+
+HEAD = (
+    b"POST /jobs HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n"
+)
+
+
+class Trickler:
+    """A connection that sends `first`, then one more byte every `every` seconds."""
+
+    def __init__(self, port: int, first: bytes, every: float, filler: bytes = b" ") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.sendall(first)
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._trickle, args=(every, filler), daemon=True)
+        self._thread.start()
+
+    def _trickle(self, every: float, filler: bytes) -> None:
+        while not self._stop.wait(every):
+            try:
+                self.sock.sendall(filler)
+            except OSError:
+                return
+
+    def answer(self) -> tuple[bytes, float]:
+        """Everything the server sends until it closes, and when it closed."""
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := self.sock.recv(65536):
+                received += chunk
+        return received, time.monotonic() - self.started
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def api(database_url: str) -> Iterator[Callable[..., Api]]:
+    started: list[Api] = []
+
+    def start(**env: str) -> Api:
+        api = Api(database_url, **env)
+        started.append(api)
+        api.wait_ready()
+        return api
+
+    yield start
+    for api in started:
+        if api.service.proc.poll() is None:
+            api.service.kill()
+
+
+def test_a_body_trickled_a_byte_every_2s_gets_408_at_the_body_timeout_others_are_served(api):
+    server = api(REQUEST_BODY_TIMEOUT="5s")
+    slow = Trickler(server.port, HEAD + b'{"type":', every=2)
+    try:
+        # Served meanwhile, on other connections.
+        assert server.get("/healthz").status_code == 200
+        assert server.post("/jobs", json={"type": "sleep"}).status_code == 201
+        received, after = slow.answer()
+    finally:
+        slow.close()
+    assert received.startswith(b"HTTP/1.1 408"), received[:200]
+    assert b'{"error":"request body not received within 5s"}' in received
+    assert 5 <= after < 9, after
+
+    def logged() -> bool:
+        requests = [line for line in server.service.logs() if line["msg"] == "request"]
+        return any(line["status"] == 408 and line["path"] == "/jobs" for line in requests)
+
+    wait_for(logged, 10, "the access log line of the 408")
+
+
+def test_a_request_head_trickled_slowly_is_closed_at_the_idle_timeout(api):
+    server = api()
+    slow = Trickler(server.port, b"POST /jobs HTTP/1.1\r\nHost: api\r\n", every=1, filler=b"X")
+    try:
+        assert server.get("/healthz").status_code == 200
+        received, after = slow.answer()
+    finally:
+        slow.close()
+    assert after < 9, after
+    assert not received.startswith(b"HTTP/1.1 2"), received[:200]
+
+
+def test_many_slow_connections_do_not_stop_a_normal_request(api):
+    server = api()
+    slow = [Trickler(server.port, HEAD + b"{", every=2) for _ in range(100)]
+    try:
+        started = time.monotonic()
+        created = server.post("/jobs", json={"type": "sleep"})
+        assert created.status_code == 201
+        assert server.get(created.headers["location"]).status_code == 200
+        assert time.monotonic() - started < 3
+    finally:
+        for conn in slow:
+            conn.close()
+
+
+def test_connections_beyond_max_connections_get_503_and_service_resumes_when_they_close(api):
+    server = api(MAX_CONNECTIONS="5", REQUEST_BODY_TIMEOUT="5m")
+    slow = [Trickler(server.port, HEAD + b"{", every=2) for _ in range(5)]
+    try:
+        time.sleep(0.5)  # every one of them accepted (the 503 below must not be racing them)
+        refused = server.get("/healthz")
+        assert refused.status_code == 503
+        assert refused.json() == {"error": "too many open connections"}
+        assert refused.headers["retry-after"] == "1"
+    finally:
+        for conn in slow:
+            conn.close()
+
+    def served() -> bool:
+        try:
+            return server.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(served, 10, "the API to serve again after the slow clients left")
+    warnings = [line for line in server.service.logs() if line["level"] == "warning"]
+    assert any("connection limit reached" in line["msg"] for line in warnings)
