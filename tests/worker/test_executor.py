@@ -4,6 +4,7 @@ and shutdown semantics (finish within SHUTDOWN_TIMEOUT, then release)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
@@ -78,6 +79,11 @@ async def deaf(payload: Any, ctx: JobContext) -> None:
 def blocking(payload: Any, ctx: JobContext) -> None:
     """Blocks its thread until the test lets it go."""
     _let_go.wait(30)
+
+
+@handler("unit.exec.quick-thread")
+def quick_thread(payload: Any, ctx: JobContext) -> None:
+    seen.setdefault("quick_ran", []).append(ctx.job_id)
 
 
 _RAISERS = {
@@ -251,3 +257,57 @@ async def test_a_handler_that_ignores_its_timeout_cannot_hold_its_slot(kind, cap
     # The late return of the abandoned attempt recorded nothing more: one outcome per attempt.
     assert store.jobs[stuck].attempts == 1
     assert sorted(store.writes) == [("complete", 1), ("retry_later", 1)]
+
+
+async def test_hung_sync_handlers_do_not_starve_later_sync_jobs(caplog):
+    """Two plain handlers that never return, two slots: three quick plain jobs still run
+    (their timeout starts when their handler does, not while they wait for a thread)."""
+    caplog.set_level(logging.INFO, logger="jobqueue.worker")
+    _let_go.clear()
+    seen.pop("quick_ran", None)
+    store = FakeStore()
+    hung = [store.add("unit.exec.blocking", max_attempts=1) for _ in range(2)]
+    stack = Stack(store, slots=2, job_timeout=0.3, backoff_base=30.0)
+    reported: list[int] = []
+    stack.executor.on_abandoned = reported.append
+    try:
+        async with stack:
+            await until(
+                lambda: all(store.status(j) is Status.DEAD_LETTER for j in hung), 10, "timeouts"
+            )
+            quick = [store.add("unit.exec.quick-thread", max_attempts=1) for _ in range(3)]
+            stack.dispatcher.wake()
+            await until(
+                lambda: all(store.status(j) is not Status.PENDING for j in quick), 10, "quick jobs"
+            )
+            assert [store.status(j) for j in quick] == [Status.COMPLETED] * 3
+            assert sorted(seen["quick_ran"]) == sorted(quick)
+            assert stack.executor.abandoned == 2
+            warned = [r for r in caplog.records if r.getMessage() == "handler thread abandoned"]
+            assert sorted(r.job_id for r in warned) == sorted(str(j) for j in hung)  # type: ignore[attr-defined]
+            _let_go.set()
+            await until(lambda: stack.executor.abandoned == 0, 5, "the hung threads to return")
+    finally:
+        _let_go.set()
+    assert reported == [1, 2, 1, 0]
+    returned = [r for r in caplog.records if r.getMessage() == "abandoned handler returned"]
+    assert len(returned) == 2
+    # Nothing was written for the late returns: one outcome per attempt.
+    written: dict[str, int] = {}
+    for op, n in store.writes:
+        written[op] = written.get(op, 0) + n
+    assert written == {"complete": 3, "dead_letter": 2}
+
+
+async def test_an_async_handler_ignoring_cancellation_counts_as_abandoned_until_it_returns():
+    _let_go.clear()
+    store = FakeStore()
+    store.add("unit.exec.deaf", max_attempts=1)
+    stack = Stack(store, slots=1, job_timeout=0.2, cancel_grace=0.2)
+    try:
+        async with stack:
+            await until(lambda: stack.executor.abandoned == 1, 5, "the deaf handler abandoned")
+            _let_go.set()
+            await until(lambda: stack.executor.abandoned == 0, 5, "the deaf handler returned")
+    finally:
+        _let_go.set()

@@ -1,7 +1,8 @@
 """The job slots of one worker process: each runs one attempt, decides its outcome, records it.
 
 An attempt runs in a task of its own under JOB_TIMEOUT: `async def` handlers
-are awaited in it, plain `def` handlers run in a bounded thread pool. Whatever
+are awaited in it, plain `def` handlers run in a thread of their own that starts
+at once (`jobqueue_worker.threads`), so the clock measures the handler alone. Whatever
 a handler does (raise, time out, swallow cancellation, raise SystemExit), the
 attempt ends in exactly one outcome: complete, fail (PermanentError, unknown
 type), retry_later with backoff, or dead_letter on the last attempt; release
@@ -13,7 +14,10 @@ deadlines fall in the same tick (a thousandth of JOB_TIMEOUT, 10 ms at least)
 share one timer, so a timeout comes at most that much late, never early. A handler
 that swallows the cancellation keeps its task but not its slot: after
 `cancel_grace` the attempt is recorded as interrupted and the task is left to
-end on its own, its result ignored.
+end on its own, its result ignored. A thread cannot be cancelled at all: its
+attempt is recorded at once and the thread runs on. Such abandoned handlers are
+counted (`abandoned`, reported through `on_abandoned`) until they return; they
+never hold a slot.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from jobcore import logs
@@ -38,6 +41,7 @@ from jobcore.store import Claimed
 from jobqueue_worker import metrics
 from jobqueue_worker.completer import Outcome, Recorded
 from jobqueue_worker.database import describe
+from jobqueue_worker.threads import HandlerThreads
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -62,6 +66,7 @@ class _Attempt:
     """One job in a slot, from start until its outcome is recorded."""
 
     __slots__ = (
+        "abandoned",
         "delay",
         "duration",
         "error",
@@ -89,6 +94,8 @@ class _Attempt:
         self.interrupted: str | None = None
         # The outcome went to the completer (from the task, or on its behalf once abandoned).
         self.settled = False
+        # Its handler (task or thread) runs on after the attempt was recorded without it.
+        self.abandoned = False
         self.kind = ""
         self.error: str | None = None
         self.delay = 0.0
@@ -109,6 +116,7 @@ class Executor:
         backoff_max: float,
         webhook_allow_private: bool = False,
         on_slot_freed: Callable[[], None] = lambda: None,
+        on_abandoned: Callable[[int], None] = lambda n: None,
         cancel_grace: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -119,6 +127,8 @@ class Executor:
         self._backoff_max = backoff_max
         self._webhook_allow_private = webhook_allow_private
         self.on_slot_freed = on_slot_freed
+        self.on_abandoned = on_abandoned
+        self.abandoned = 0
         self._cancel_grace = cancel_grace
         self._clock = clock
         self._running: set[_Attempt] = set()
@@ -129,7 +139,7 @@ class Executor:
         self._deadlines: dict[int, set[_Attempt]] = {}
         self._all_freed: asyncio.Future[None] | None = None
         self._shutting_down = False
-        self._threads = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="handler")
+        self._threads = HandlerThreads(keep=slots, late_return=self._thread_returned)
 
     @property
     def running(self) -> int:
@@ -138,6 +148,18 @@ class Executor:
     @property
     def free(self) -> int:
         return self.slots - len(self._running)
+
+    def running_jobs(self) -> list[tuple[str, bool]]:
+        """(job id, whether its handler is what the loop is running right now) per attempt.
+
+        For another thread while the loop is blocked; RuntimeError if the loop changed
+        the set meanwhile."""
+        found = []
+        for attempt in list(self._running):
+            task = attempt.task
+            coro = task.get_coro() if task is not None else None
+            found.append((str(attempt.job.id), bool(getattr(coro, "cr_running", False))))
+        return found
 
     def start(self, job: Claimed, lease_deadline: float) -> None:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
@@ -160,7 +182,7 @@ class Executor:
             # Bounded: cancel_grace, then the release write (retried only while the lease holds).
             await self._until_all_freed(None)
         # Threads of plain handlers that ignore the end of their attempt are not waited for.
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()
 
     async def _until_all_freed(self, seconds: float | None) -> None:
         """Wait until no slot is busy (jobs claimed meanwhile included), at most `seconds`."""
@@ -222,7 +244,7 @@ class Executor:
             if _is_async(handler):
                 await cast(Awaitable[None], handler(job.payload, ctx))
             else:
-                await self._in_thread(handler, job.payload, ctx)
+                await self._in_thread(attempt, handler, job.payload, ctx)
         except asyncio.CancelledError as exc:
             # Ours if interrupted; else from inside the handler (it cancelled itself, or a
             # thread's future), a retryable error like any other.
@@ -238,7 +260,10 @@ class Executor:
             while task.cancelling():
                 task.uncancel()
         if attempt.settled:
-            return  # abandoned after ignoring its interruption: recorded already
+            # Abandoned after ignoring its interruption: recorded already.
+            if attempt.abandoned:
+                self._abandoned_returned(attempt)
+            return
         attempt.duration = self._clock() - attempt.started
         if attempt.interrupted is not None:
             self._settle_interrupted(attempt)
@@ -247,12 +272,47 @@ class Executor:
         else:
             self._settle_failure(attempt, failure)
 
-    async def _in_thread(self, handler: Handler, payload: Any, ctx: JobContext) -> None:
+    async def _in_thread(
+        self, attempt: _Attempt, handler: Handler, payload: Any, ctx: JobContext
+    ) -> None:
         # Copy the context so lines a threaded handler logs carry the job's fields.
         run = functools.partial(contextvars.copy_context().run, handler, payload, ctx)
-        result = await asyncio.get_running_loop().run_in_executor(self._threads, run)
+        future = self._threads.submit(run, attempt)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            if future.cancelled():  # interrupted while the thread runs: it cannot be stopped
+                self._count_abandoned(attempt, +1)
+                log.warning(
+                    "handler thread abandoned",
+                    extra={
+                        **attempt.fields.values,
+                        "reason": attempt.interrupted,
+                        "abandoned_handlers": self.abandoned,
+                    },
+                )
+            raise
         if inspect.isawaitable(result):
             await result
+
+    def _thread_returned(self, key: object) -> None:
+        self._abandoned_returned(cast(_Attempt, key))
+
+    def _abandoned_returned(self, attempt: _Attempt) -> None:
+        self._count_abandoned(attempt, -1)
+        log.info(
+            "abandoned handler returned",
+            extra={
+                **attempt.fields.values,
+                "ran_for": round(self._clock() - attempt.started, 3),
+                "abandoned_handlers": self.abandoned,
+            },
+        )
+
+    def _count_abandoned(self, attempt: _Attempt, change: int) -> None:
+        attempt.abandoned = change > 0
+        self.abandoned += change
+        self.on_abandoned(self.abandoned)
 
     def _time_out(self, tick: int) -> None:
         for attempt in list(self._deadlines.pop(tick, ())):
@@ -273,7 +333,11 @@ class Executor:
         if attempt.settled or not attempt.in_handler:
             return
         # A handler that swallows cancellation keeps running, but its slot moves on.
-        log.warning("handler did not stop when cancelled", extra=attempt.fields.values)
+        self._count_abandoned(attempt, +1)
+        log.warning(
+            "handler did not stop when cancelled",
+            extra={**attempt.fields.values, "abandoned_handlers": self.abandoned},
+        )
         attempt.duration = self._clock() - attempt.started
         self._settle_interrupted(attempt)
 
