@@ -78,3 +78,11 @@ def sleep_sync(payload: Any, ctx: JobContext) -> None:
     note("run", ctx)
     time.sleep(float(payload.get("seconds", 0)))
     note("done", ctx)
+
+
+@handler("test.block_loop")
+async def block_loop(payload: Any, ctx: JobContext) -> None:
+    """A broken async handler: blocks its process's event loop for payload["seconds"]."""
+    note("run", ctx)
+    time.sleep(float(payload.get("seconds", 0)))  # noqa: ASYNC251 - the fault under test
+    note("done", ctx)

@@ -6,6 +6,12 @@ stop claiming, give running jobs SHUTDOWN_TIMEOUT to finish and record, release
 the rest (attempt not consumed), flush the completer, exit 0. SIGINT is
 ignored (a Ctrl-C reaches the whole process group; the supervisor decides), and
 the process also shuts down if the supervisor disappears.
+
+Its loop turns a heartbeat in the supervisor's `Beacon` (`jobqueue_worker.liveness`).
+When more handlers than it has slots were abandoned and still run (threads that
+cannot be stopped, tasks that ignore cancellation), the process recycles itself:
+the same graceful stop, then exit status RECYCLE_EXIT, and the supervisor starts
+a fresh one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from jobqueue_worker.database import POOL_SIZE, PgJobStore
 from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
 from jobqueue_worker.listener import listen
+from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
 from jobqueue_worker.recovery import run_recovery
 
 log = logging.getLogger("jobqueue.worker")
@@ -37,6 +44,8 @@ _PARENT_CHECK = 1.0
 # Outcomes do not wait for company: a write takes what arrived while the last one ran,
 # which under load is a full batch anyway, and a lone job is recorded at once.
 _LINGER = 0.0
+# Exit status of a process that recycled itself (too many abandoned handlers).
+RECYCLE_EXIT = 3
 
 _stop_requested = False
 
@@ -46,7 +55,7 @@ def _early_stop(signum: int, frame: FrameType | None) -> None:
     _stop_requested = True
 
 
-def main(settings: Settings, index: int) -> None:
+def main(settings: Settings, index: int, beacon: Beacon) -> None:
     """Entry point of a spawned worker process; never returns."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _early_stop)  # until the loop installs its own handler
@@ -54,7 +63,7 @@ def main(settings: Settings, index: int) -> None:
     code = 1
     try:
         load_handlers(settings.handler_modules)
-        code = asyncio.run(run(settings, index))
+        code = asyncio.run(run(settings, index, beacon))
     except BaseException:
         log.exception("worker process failed", extra={"worker_process": index})
     finally:
@@ -64,17 +73,18 @@ def main(settings: Settings, index: int) -> None:
         os._exit(code)
 
 
-async def run(settings: Settings, index: int) -> int:
+async def run(settings: Settings, index: int, beacon: Beacon) -> int:
     with logs.bind(worker_process=index):
-        return await _run(settings, index)
+        return await _run(settings, index, beacon)
 
 
-async def _run(settings: Settings, index: int) -> int:
+async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     if _stop_requested:
         stop.set()
+    stop_heartbeat = start_heartbeat(beacon)
 
     engine = make_engine(
         settings.database_url,
@@ -105,6 +115,8 @@ async def _run(settings: Settings, index: int) -> int:
     )
     executor.on_slot_freed = dispatcher.slot_freed
     completer.claimer = dispatcher
+    recycle = _Recycle(beacon, settings.workers, stop)
+    executor.on_abandoned = recycle.abandoned_changed
     metrics.initialise()
     # What start-up made (modules, SQLAlchemy's tables and caches) lives as long as the
     # process: frozen, full collections stop walking it again and again under load.
@@ -113,6 +125,11 @@ async def _run(settings: Settings, index: int) -> int:
     # Set when shutdown starts: ends the recovery loop and the wake-up listener.
     maintenance_stop = asyncio.Event()
 
+    watchdog = Watchdog(
+        beacon, executor.running_jobs, {"worker_process": index, "pid": os.getpid()}
+    )
+    watchdog.start()
+    beacon.set_state(RUNNING)
     log.info("worker process started", extra={"pid": os.getpid(), "workers": settings.workers})
     dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")
     loops = {
@@ -137,6 +154,7 @@ async def _run(settings: Settings, index: int) -> int:
             exc_info=None if task.cancelled() else task.exception(),
         )
 
+    beacon.set_state(RECYCLING if recycle.requested else STOPPING)
     log.info("worker process stopping", extra={"running": executor.running})
     dispatcher.stop()
     maintenance_stop.set()
@@ -150,8 +168,31 @@ async def _run(settings: Settings, index: int) -> int:
     stopped.cancel()
     await store.close()
     await engine.dispose()
+    watchdog.stop()
+    stop_heartbeat()
     log.info("worker process stopped")
-    return 1 if broken else 0
+    return 1 if broken else RECYCLE_EXIT if recycle.requested else 0
+
+
+class _Recycle:
+    """Stops the process once more handlers were abandoned, and still run, than it has slots:
+    each may hold a thread, memory and CPU that only the end of the process gives back."""
+
+    def __init__(self, beacon: Beacon, limit: int, stop: asyncio.Event) -> None:
+        self._beacon = beacon
+        self._limit = limit
+        self._stop = stop
+        self.requested = False
+
+    def abandoned_changed(self, count: int) -> None:
+        self._beacon.set_abandoned(count)
+        if count > self._limit and not self.requested and not self._stop.is_set():
+            self.requested = True
+            log.warning(
+                "too many abandoned handlers, recycling the worker process",
+                extra={"abandoned_handlers": count, "limit": self._limit},
+            )
+            self._stop.set()
 
 
 async def _watch_parent(stop: asyncio.Event) -> None:

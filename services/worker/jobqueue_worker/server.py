@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import NamedTuple
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
@@ -33,6 +34,16 @@ from starlette.routing import Route
 from jobcore.settings import parse_addr
 
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+class Counts(NamedTuple):
+    """What the supervisor knows of its children, for `/metrics`."""
+
+    pids: list[int]
+    restarts: int
+    stalls: int
+    recycles: int
+    abandoned_handlers: int
 
 
 def listen(addr: str) -> socket.socket:
@@ -78,34 +89,48 @@ async def serve(app: Starlette, sock: socket.socket, stopped: asyncio.Event) -> 
     await hypercorn_serve(app, config, shutdown_trigger=stopped.wait)  # type: ignore[arg-type]
 
 
-def scrape_registry(
-    metrics_dir: str, pids: Callable[[], list[int]], restarts: Callable[[], int]
-) -> CollectorRegistry:
+def scrape_registry(metrics_dir: str, counts: Callable[[], Counts]) -> CollectorRegistry:
     """The registry `/metrics` renders: children's metrics summed, plus process metrics."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
-    registry.register(_Children(pids, restarts))
+    registry.register(_Children(counts))
     return registry
 
 
 class _Children:
-    """Worker process count, restarts, and the children's CPU and memory, summed."""
+    """Worker processes: count, restarts, stalls, recycles, abandoned handlers, and their
+    CPU and memory, summed."""
 
-    def __init__(self, pids: Callable[[], list[int]], restarts: Callable[[], int]) -> None:
-        self._pids = pids
-        self._restarts = restarts
+    def __init__(self, counts: Callable[[], Counts]) -> None:
+        self._counts = counts
         self._ticks = os.sysconf("SC_CLK_TCK")
         self._page = os.sysconf("SC_PAGE_SIZE")
 
     def collect(self) -> Iterator[Metric]:
-        pids = self._pids()
+        counts = self._counts()
+        pids = counts.pids
         yield GaugeMetricFamily("worker_processes", "Worker processes running.", value=len(pids))
         yield CounterMetricFamily(
             "worker_process_restarts",
-            "Worker processes restarted after an unexpected exit.",
-            value=self._restarts(),
+            "Worker processes restarted after an unexpected exit (stalls and recycles included).",
+            value=counts.restarts,
+        )
+        yield CounterMetricFamily(
+            "worker_process_stalls",
+            "Worker processes killed because their event loop stopped turning.",
+            value=counts.stalls,
+        )
+        yield CounterMetricFamily(
+            "worker_process_recycles",
+            "Worker processes that restarted themselves over too many abandoned handlers.",
+            value=counts.recycles,
+        )
+        yield GaugeMetricFamily(
+            "worker_abandoned_handlers",
+            "Handlers still running after their attempt was recorded without them.",
+            value=counts.abandoned_handlers,
         )
         cpu, rss = self._usage(pids)
         yield CounterMetricFamily(

@@ -6,6 +6,13 @@ with each quick death (reset once a child has lived STABLE_AFTER seconds), so
 a crash loop cannot spin. The first SIGTERM/SIGINT makes `/readyz` answer 503
 and is forwarded to the children as SIGTERM (graceful shutdown); the
 supervisor exits 0 when all of them have. A second signal kills them at once.
+
+Each child's event loop turns a heartbeat (`jobqueue_worker.liveness`). A child
+whose loop has not turned for STALL_LIMIT (a handler blocks it) is killed and
+restarted like a crashed one; during shutdown SHUTDOWN_STALL_LIMIT is enough,
+since waiting for it only delays the exit. A child stopped by SIGSTOP is not
+judged until it runs again. `/readyz` answers 503 while a child's loop has not
+turned for STALLED_AFTER, and when no child can take jobs.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from jobcore.settings import Settings
 from jobqueue_worker import child as child_process
 from jobqueue_worker import server
 from jobqueue_worker.database import describe
+from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, Beacon
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -40,6 +48,11 @@ RESTART_MAX = 30.0
 STABLE_AFTER = 30.0
 READY_TIMEOUT = 2.0
 SCHEMA_TIMEOUT = 10.0
+# Seconds without a turn of a child's loop before: /readyz says stalled; the child is
+# killed; the child is killed during shutdown.
+STALLED_AFTER = 5.0
+STALL_LIMIT = 10.0
+SHUTDOWN_STALL_LIMIT = 2.5
 
 
 @dataclass(eq=False)
@@ -49,6 +62,16 @@ class _Child:
     started_at: float = 0.0
     quick_deaths: int = 0
     restart: asyncio.TimerHandle | None = None
+    beacon: Beacon | None = None
+    # Last time the supervisor saw it stopped (SIGSTOP): its loop could not turn before.
+    seen_stopped: float = 0.0
+    killed_for_stall: bool = False
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since its loop last turned; 0 while it is starting or gone."""
+        if self.process is None or self.beacon is None or not self.beacon.last_beat:
+            return 0.0
+        return max(0.0, now - max(self.beacon.last_beat, self.seen_stopped))
 
 
 class Supervisor:
@@ -61,6 +84,8 @@ class Supervisor:
         self._spawn = multiprocessing.get_context("spawn")
         self._children = [_Child(i) for i in range(settings.worker_processes)]
         self.restarts = 0
+        self.stalls = 0
+        self.recycles = 0
         self.shutting_down = False
         self.schema_ready = False
         self._signals = 0
@@ -75,6 +100,9 @@ class Supervisor:
     def pids(self) -> list[int]:
         return [c.process.pid for c in self._children if c.process and c.process.pid is not None]
 
+    def abandoned_handlers(self) -> int:
+        return sum(c.beacon.abandoned for c in self._children if c.process and c.beacon)
+
     async def ready(self) -> tuple[bool, str]:
         if self.shutting_down:
             return False, "shutting down"
@@ -82,6 +110,11 @@ class Supervisor:
             return False, "starting"
         if not self.pids():
             return False, "no worker process running"
+        now = time.monotonic()
+        if any(c.stalled_for(now) > STALLED_AFTER for c in self._children):
+            return False, "worker process stalled"
+        if not any(c.process and c.beacon and c.beacon.state == RUNNING for c in self._children):
+            return False, "no worker process can take jobs"
         try:
             async with asyncio.timeout(READY_TIMEOUT), self._engine.connect() as conn:
                 await conn.execute(sa.text("SELECT 1"))
@@ -95,7 +128,7 @@ class Supervisor:
         self._all_exited = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        registry = server.scrape_registry(self.metrics_dir, self.pids, lambda: self.restarts)
+        registry = server.scrape_registry(self.metrics_dir, self._counts)
         http_stopped = asyncio.Event()
         http = asyncio.create_task(
             server.serve(server.build_app(self.ready, registry), sock, http_stopped)
@@ -105,6 +138,7 @@ class Supervisor:
                 return 0  # told to stop before anything ran
             for child in self._children:
                 self._start(child)
+            watching = asyncio.create_task(self._watch())
             log.info(
                 "worker started",
                 extra={
@@ -114,7 +148,10 @@ class Supervisor:
                 },
             )
             await self._stop.wait()
-            return await self._shutdown()
+            try:
+                return await self._shutdown()
+            finally:
+                watching.cancel()
         except SchemaNotAtHead as exc:
             log.error(str(exc), extra={"found": exc.found, "expected": exc.expected})
             return 1
@@ -148,17 +185,28 @@ class Supervisor:
             return True
         return False
 
+    def _counts(self) -> server.Counts:
+        return server.Counts(
+            pids=self.pids(),
+            restarts=self.restarts,
+            stalls=self.stalls,
+            recycles=self.recycles,
+            abandoned_handlers=self.abandoned_handlers(),
+        )
+
     def _start(self, child: _Child) -> None:
         child.restart = None
         if self.shutting_down:
             return
+        beacon = Beacon(self._spawn)
         process = self._spawn.Process(
             target=child_process.main,
-            args=(self.settings, child.index),
+            args=(self.settings, child.index, beacon),
             name=f"jobqueue-worker-{child.index}",
         )
         process.start()
         child.process, child.started_at = process, time.monotonic()
+        child.beacon, child.seen_stopped, child.killed_for_stall = beacon, 0.0, False
         asyncio.get_running_loop().add_reader(process.sentinel, self._exited, child)
 
     def _exited(self, child: _Child) -> None:
@@ -182,8 +230,54 @@ class Supervisor:
         delay = min(RESTART_FIRST * 2 ** min(child.quick_deaths, 16), RESTART_MAX)
         child.quick_deaths += 1
         self.restarts += 1
-        log.warning("worker process died, restarting", extra={**fields, "restart_in": delay})
+        if code == child_process.RECYCLE_EXIT:
+            self.recycles += 1
+            message = "worker process recycled, restarting"
+        else:
+            message = "worker process died, restarting"
+        log.warning(message, extra={**fields, "restart_in": delay})
         child.restart = asyncio.get_running_loop().call_later(delay, self._start, child)
+
+    async def _watch(self) -> None:
+        """Kill children whose loop stopped turning; see the module docstring."""
+        checked = time.monotonic()
+        while True:
+            await asyncio.sleep(BEAT)
+            now = time.monotonic()
+            late, checked = now - checked > BEAT + OWN_LATENESS, now
+            if late:
+                continue  # this loop did not run either: nothing to judge by
+            limit = SHUTDOWN_STALL_LIMIT if self.shutting_down else STALL_LIMIT
+            for child in self._children:
+                if child.process is None or child.killed_for_stall:
+                    continue
+                if _is_stopped(child.process.pid):
+                    child.seen_stopped = now
+                    continue
+                stalled = child.stalled_for(now)
+                if stalled > limit:
+                    self._kill_stalled(child, stalled)
+
+    def _kill_stalled(self, child: _Child, stalled: float) -> None:
+        assert child.process is not None and child.beacon is not None
+        pid = child.process.pid
+        report = child.beacon.report()
+        log.error(
+            "worker process stalled, killing it",
+            extra={
+                "worker_process": child.index,
+                "pid": pid,
+                "stalled_for": round(stalled, 3),
+                "job_id": report.get("job_id"),
+                "running_jobs": report.get("running_jobs", []),
+                "where": report.get("where", []),
+            },
+        )
+        child.killed_for_stall = True
+        self.stalls += 1
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
@@ -227,3 +321,13 @@ class Supervisor:
             return 1
         log.info("worker stopped")
         return 0
+
+
+def _is_stopped(pid: int | None) -> bool:
+    """Whether the process is stopped by a signal (or traced); False if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"T", b"t")
