@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import signal
 import socket
 import time
@@ -206,6 +207,16 @@ def test_unsupported_url_parameters_and_absurd_values_exit_2_with_one_line(
     (line,) = service.logs()
     assert line["level"] == "error" and line["variable"] == variable
     assert named in line["msg"]
+
+
+def test_max_connections_beyond_the_open_files_limit_is_refused(database_url: str):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard > 100_000:
+        pytest.skip("the open-files limit here fits any MAX_CONNECTIONS")
+    service = Service("jobqueue-api", {"DATABASE_URL": database_url, "MAX_CONNECTIONS": "100000"})
+    assert service.wait(STARTUP) == 2
+    (line,) = service.logs()
+    assert line["variable"] == "MAX_CONNECTIONS" and "ulimit -n" in line["msg"]
 
 
 def test_a_database_url_with_libpq_parameters_is_served(database_url: str):
