@@ -6,8 +6,9 @@ autovacuum would be, on a table this size, before anyone measured). The empty
 table holds only the jobs the measurement consumes. Both are measured the same
 way, with no workers running for the claim latency:
 
-- claim latency: `claim_samples` single `store.claim(n)` statements, one per
-  transaction, timed around the statement; the claimed jobs are then completed.
+- claim latency: `claim_samples` single `claim(n)` statements, run as the worker runs
+  them (`jobcore.compiled`), each committing on its own, timed around the statement;
+  the claimed jobs are then completed.
 - drain rate: workers start on the table and drain it; the rate is taken from
   the completion timestamps of jobs `skip`..`skip + window` (so start-up is
   excluded identically), and the workers are stopped once past that window.
@@ -23,7 +24,8 @@ from bench.adapters.base import log_tail, to_the_end
 from bench.adapters.ours import Ours
 from bench.adapters.ours_jobs import JOB_TYPE
 from bench.stats import latency_ms
-from jobcore import store
+from jobcore import compiled, store
+from jobcore.states import Operation
 
 LEASE_SECONDS = 60.0
 
@@ -55,13 +57,15 @@ async def claim_latency(adapter: Ours, samples: int, n: int) -> dict[str, Any]:
     durations: list[float] = []
     leases: list[store.Lease] = []
     for _ in range(samples):
-        async with adapter.engine.begin() as conn:
+        async with adapter.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
             started = time.perf_counter()
-            claimed = await store.claim(conn, n, LEASE_SECONDS)
+            claimed = await compiled.claim(raw, n, LEASE_SECONDS)
             durations.append(time.perf_counter() - started)
         leases.extend(job.lease for job in claimed)
-    async with adapter.engine.begin() as conn:
-        await store.complete(conn, leases)
+    async with adapter.engine.connect() as conn:
+        raw = (await conn.get_raw_connection()).driver_connection
+        await compiled.record(raw, Operation.COMPLETE, leases)
     return latency_ms(durations)
 
 

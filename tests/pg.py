@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from alembic import command
@@ -100,3 +101,9 @@ def create_database(server: str, template: str | None) -> str:
 def drop_database(server: str, name: str) -> None:
     with _admin(server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def driver(conn: Any) -> Any:
+    """The asyncpg connection under a SQLAlchemy `AsyncConnection`: what `jobcore.compiled`'s
+    calls run on, in the worker and in the tests alike."""
+    return (await conn.get_raw_connection()).driver_connection

@@ -10,21 +10,19 @@ from jobcore.errors import (
     ConfigError,
     IdempotencyConflict,
     JobqueueError,
-    LeaseLost,
     PermanentError,
     SchemaNotAtHead,
 )
 from jobcore.registry import JobContext, handler
-from jobcore.states import OPERATIONS, TRANSITIONS, Status
+from jobcore.states import TRANSITIONS, Operation, Status
 
 __all__ = [
-    "OPERATIONS",
     "TRANSITIONS",
     "ConfigError",
     "IdempotencyConflict",
     "JobContext",
     "JobqueueError",
-    "LeaseLost",
+    "Operation",
     "PermanentError",
     "SchemaNotAtHead",
     "Status",

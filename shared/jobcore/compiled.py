@@ -1,37 +1,36 @@
-"""The worker's hot statements at the driver's cost: `jobcore.store`'s constructs, compiled once.
+"""The worker's calls: `jobcore.store`'s statements, compiled once, run on asyncpg.
 
 SQLAlchemy spends more CPU on a statement (compiled-cache lookup, execution
 context, result processing, the greenlet hop) than PostgreSQL spends on a
-batched claim. The functions here run the very constructs of `jobcore.store`
-(CLAIM, COMPLETE, COMPLETE_AND_CLAIM, FAIL, DEAD_LETTER, RETRY_LATER, RELEASE,
-RECOVER_EXPIRED),
-compiled to asyncpg's SQL at import, on an asyncpg connection, which prepares
-each statement once and reuses it. Arguments and results are those of their
-`jobcore.store` namesakes, and so is the single-statement atomicity.
+batched claim. So every statement of `store.WORKER_STATEMENTS` is compiled to
+asyncpg's SQL at import, and the calls below run it on an asyncpg connection,
+which prepares each statement once and reuses it. There is one call per
+operation and no other implementation: the worker and the transition tests run
+the same code.
 
-The connection must come from an engine made by `jobcore.db.make_engine`:
-SQLAlchemy sets its jsonb codec, which decodes payloads. Take it with
-`(await conn.get_raw_connection()).driver_connection`, outside a transaction
-(each statement then commits on its own).
+The connection must come from an engine made by `jobcore.db.make_engine`
+(SQLAlchemy sets its jsonb codec, which decodes payloads): take it with
+`(await conn.get_raw_connection()).driver_connection`. Outside a transaction,
+each statement commits on its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from jobcore import store
-from jobcore.states import Status
+from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
 from jobcore.store import Claimed, Lease
 
 _DIALECT = asyncpg_dialect()  # type: ignore[no-untyped-call]
 
 
 class Driver(Protocol):
-    """The part of an asyncpg connection these functions use."""
+    """The part of an asyncpg connection these calls use."""
 
     async def fetch(self, query: str, *args: Any) -> list[Any]: ...
 
@@ -63,15 +62,13 @@ class Compiled:
         return [values[name] if required else fixed for name, required, fixed in self._order]
 
 
-CLAIM = Compiled(store.CLAIM)
-COMPLETE = Compiled(store.COMPLETE)
-COMPLETE_AND_CLAIM = Compiled(store.COMPLETE_AND_CLAIM)
-FAIL = Compiled(store.FAIL)
-DEAD_LETTER = Compiled(store.DEAD_LETTER)
-RETRY_LATER = Compiled(store.RETRY_LATER)
-RELEASE = Compiled(store.RELEASE)
-RELEASE_CLAIM = Compiled(store.RELEASE_CLAIM)
-RECOVER_EXPIRED = Compiled(store.RECOVER_EXPIRED)
+STATEMENTS: dict[str, Compiled] = {
+    name: Compiled(statement) for name, statement in store.WORKER_STATEMENTS.items()
+}
+_CLAIM = STATEMENTS[Operation.CLAIM]
+_COMPLETE_AND_CLAIM = STATEMENTS["complete_and_claim"]
+_NEEDS_ERRORS = {op for op in ATTEMPT_OUTCOMES if "errors" in STATEMENTS[op].parameters}
+_NEEDS_DELAYS = {op for op in ATTEMPT_OUTCOMES if "delays" in STATEMENTS[op].parameters}
 
 # Claimed is built from the row by position: RETURNING must list its fields in order.
 _CLAIMED_FIELDS = list(Claimed.__dataclass_fields__)
@@ -79,41 +76,55 @@ if [c["name"] for c in store.CLAIM.returning_column_descriptions] != _CLAIMED_FI
     raise RuntimeError("CLAIM's RETURNING columns must be Claimed's fields, in order")
 
 
-async def claim(conn: Driver, n: int, lease_seconds: float, claim_id: UUID) -> list[Claimed]:
-    """Lease up to n due jobs, skipping rows other claimers hold (as `store.claim`)."""
+async def claim(
+    conn: Driver, n: int, lease_seconds: float, claim_id: UUID | None = None
+) -> list[Claimed]:
+    """Lease up to n due jobs, skipping rows other claimers hold; `claim_id` names this
+    claim for `release_claim`, should its answer be lost."""
     if n < 1:
         raise ValueError(f"claim needs n >= 1, got {n}")
-    values = {"n": n, "lease_seconds": lease_seconds, "claim": claim_id}
-    rows = await conn.fetch(CLAIM.sql, *CLAIM.args(values))
-    return [Claimed(*row) for row in rows]
+    values = {"n": n, "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
+    return [Claimed(*row) for row in await conn.fetch(_CLAIM.sql, *_CLAIM.args(values))]
 
 
-async def _write(
-    conn: Driver, statement: Compiled, leases: Sequence[Lease], **arrays: Sequence[Any]
+async def record(
+    conn: Driver,
+    operation: Operation,
+    leases: Sequence[Lease],
+    errors: Sequence[str] = (),
+    delays: Sequence[float] = (),
 ) -> list[Lease]:
+    """Record how the attempts held under `leases` ended, with one fenced statement:
+    `operation` is one of `ATTEMPT_OUTCOMES`; `errors` (fail, dead_letter, retry_later)
+    and `delays` (retry_later: seconds until due again) go with the leases, in order.
+    Returns the leases that were lost (not applied)."""
     if not leases:
         return []
-    values = {
+    statement = STATEMENTS[operation]
+    values: dict[str, Any] = {
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
-        **{name: list(values) for name, values in arrays.items()},
     }
+    if operation in _NEEDS_ERRORS:
+        values["errors"] = list(errors)
+    if operation in _NEEDS_DELAYS:
+        values["delays"] = list(delays)
     rows = await conn.fetch(statement.sql, *statement.args(values))
     if len(rows) == len(leases):
         return []
+    # By (id, token): a batch may hold an old and a new lease of the same job.
     applied = {Lease(row[0], row[1]) for row in rows}
     return [lease for lease in leases if lease not in applied]
 
 
-async def complete(conn: Driver, leases: Sequence[Lease]) -> list[Lease]:
-    """processing -> completed. Returns the leases that were lost (not applied)."""
-    return await _write(conn, COMPLETE, leases)
-
-
 async def complete_and_claim(
-    conn: Driver, leases: Sequence[Lease], n: int, lease_seconds: float, claim_id: UUID
+    conn: Driver,
+    leases: Sequence[Lease],
+    n: int,
+    lease_seconds: float,
+    claim_id: UUID | None = None,
 ) -> tuple[list[Lease], list[Claimed]]:
-    """`complete(leases)` and `claim(n, lease_seconds, claim_id)` in one statement.
+    """`record(COMPLETE, leases)` and `claim(n, lease_seconds, claim_id)` in one statement.
 
     Returns (the lost leases, the claimed jobs)."""
     if n < 1:
@@ -123,9 +134,9 @@ async def complete_and_claim(
         "tokens": [lease.lease_token for lease in leases],
         "n": n,
         "lease_seconds": lease_seconds,
-        "claim": claim_id,
+        "claim": claim_id or uuid4(),
     }
-    rows = await conn.fetch(COMPLETE_AND_CLAIM.sql, *COMPLETE_AND_CLAIM.args(values))
+    rows = await conn.fetch(_COMPLETE_AND_CLAIM.sql, *_COMPLETE_AND_CLAIM.args(values))
     applied = set()
     claimed = []
     for row in rows:
@@ -138,35 +149,17 @@ async def complete_and_claim(
     return [lease for lease in leases if lease not in applied], claimed
 
 
-async def fail(conn: Driver, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-    """processing -> failed (permanent error). Returns the lost leases."""
-    return await _write(conn, FAIL, leases, errors=errors)
-
-
-async def dead_letter(conn: Driver, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-    """processing -> dead_letter (retryable error on the last attempt). Returns the lost leases."""
-    return await _write(conn, DEAD_LETTER, leases, errors=errors)
-
-
-async def retry_later(
-    conn: Driver, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
-) -> list[Lease]:
-    """processing -> pending, due after `delay` seconds. Returns the lost leases."""
-    return await _write(conn, RETRY_LATER, leases, errors=errors, delays=delays)
-
-
-async def release(conn: Driver, leases: Sequence[Lease]) -> list[Lease]:
-    """processing -> pending without spending an attempt (shutdown). Returns the lost leases."""
-    return await _write(conn, RELEASE, leases)
-
-
 async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:
-    """processing -> pending, attempt given back, for every job these claims took."""
-    rows = await conn.fetch(RELEASE_CLAIM.sql, *RELEASE_CLAIM.args({"claim_ids": list(claim_ids)}))
+    """processing -> pending, attempt given back, for every job these claims took.
+    Returns the ids of the jobs handed back."""
+    statement = STATEMENTS[Operation.RELEASE_CLAIM]
+    rows = await conn.fetch(statement.sql, *statement.args({"claim_ids": list(claim_ids)}))
     return [row[0] for row in rows]
 
 
 async def recover_expired(conn: Driver) -> list[tuple[UUID, Status]]:
-    """Jobs whose lease ran out go back to pending, or to dead_letter after their last attempt."""
-    rows = await conn.fetch(RECOVER_EXPIRED.sql, *RECOVER_EXPIRED.args({}))
+    """Jobs whose lease ran out go back to pending, or to dead_letter after their last
+    attempt. At most `store.RECOVER_BATCH` a call: fewer means none are left."""
+    statement = STATEMENTS[Operation.RECOVER_EXPIRED]
+    rows = await conn.fetch(statement.sql, *statement.args({}))
     return [(row[0], Status(row[1])) for row in rows]

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobcore.store import Lease
-
 
 class JobqueueError(Exception):
     """Base class of every error this project raises on purpose."""
@@ -15,17 +9,6 @@ class JobqueueError(Exception):
 
 class PermanentError(JobqueueError):
     """Raised by a handler when retrying cannot help: the job goes to `failed`."""
-
-
-class LeaseLost(JobqueueError):
-    """An outcome write matched no row: the lease expired or a newer claim owns the job."""
-
-    def __init__(self, operation: str, leases: Sequence[Lease]) -> None:
-        self.operation = operation
-        self.leases = list(leases)
-        shown = ", ".join(f"{lease.job_id}@{lease.lease_token}" for lease in self.leases[:5])
-        more = f" (+{len(self.leases) - 5} more)" if len(self.leases) > 5 else ""
-        super().__init__(f"{operation}: lease lost for {shown}{more}")
 
 
 class IdempotencyConflict(JobqueueError):
@@ -55,3 +38,10 @@ class SchemaNotAtHead(JobqueueError):
             f"database schema is at revision {found or 'none'}, this version needs "
             f"{expected}: run `alembic upgrade head` first"
         )
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` (or the type alone) for logs and last_error."""
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name

@@ -1,13 +1,17 @@
-"""Job statuses and the state machine: the one place transitions are defined.
+"""Job statuses and the state machine: the one place operations and transitions are defined.
 
-Every store statement takes its guard (`WHERE status = ...`) and its target
-from `OPERATIONS`, so the SQL cannot drift from this table.
+Each `Operation` is declared once, here, with the status it may start from (its
+guard) and the statuses it may lead to. `jobcore.store` holds one statement per
+operation and takes its guard and target from the declaration, so the SQL
+cannot drift from this table; `next_operation` decides how an attempt ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
+
+from jobcore.errors import PermanentError
 
 
 class Status(StrEnum):
@@ -18,42 +22,61 @@ class Status(StrEnum):
     DEAD_LETTER = "dead_letter"
 
 
-TERMINAL = frozenset({Status.COMPLETED, Status.FAILED})
+_P, _R = Status.PENDING, Status.PROCESSING
 
 
-@dataclass(frozen=True)
-class Operation:
-    """A store operation: the status it may start from and where it may lead."""
+class Operation(StrEnum):
+    """A store operation: its name, the status it may start from, where it may lead, and,
+    for the writes that end an attempt, the outcome they record (in logs and metrics)."""
 
-    name: str
     source: Status
     targets: frozenset[Status]
+    outcome: str
+
+    def __new__(cls, name: str, outcome: str, source: Status, *targets: Status) -> Operation:
+        op = str.__new__(cls, name)
+        op._value_ = name
+        op.outcome = outcome
+        op.source = source
+        op.targets = frozenset(targets)
+        return op
+
+    # The writes that end an attempt, in the order a batch of outcomes is written.
+    COMPLETE = "complete", "completed", _R, Status.COMPLETED
+    FAIL = "fail", "failed", _R, Status.FAILED
+    DEAD_LETTER = "dead_letter", "dead_letter", _R, Status.DEAD_LETTER
+    RETRY_LATER = "retry_later", "retried", _R, _P
+    # Shutdown interrupted the attempt through no fault of the job: the attempt is given back.
+    RELEASE = "release", "released", _R, _P
+    # Everything else.
+    CLAIM = "claim", "", _P, _R
+    # The jobs of a claim whose answer never reached its worker: the attempt is given back.
+    RELEASE_CLAIM = "release_claim", "", _R, _P
+    RECOVER_EXPIRED = "recover_expired", "", _R, _P, Status.DEAD_LETTER
+    MANUAL_RETRY = "manual_retry", "", Status.DEAD_LETTER, _P
 
 
-def _op(name: str, source: Status, *targets: Status) -> Operation:
-    return Operation(name, source, frozenset(targets))
-
-
-OPERATIONS: dict[str, Operation] = {
-    op.name: op
-    for op in (
-        _op("claim", Status.PENDING, Status.PROCESSING),
-        _op("complete", Status.PROCESSING, Status.COMPLETED),
-        _op("retry_later", Status.PROCESSING, Status.PENDING),
-        _op("release", Status.PROCESSING, Status.PENDING),
-        _op("release_claim", Status.PROCESSING, Status.PENDING),
-        _op("recover_expired", Status.PROCESSING, Status.PENDING, Status.DEAD_LETTER),
-        _op("fail", Status.PROCESSING, Status.FAILED),
-        _op("dead_letter", Status.PROCESSING, Status.DEAD_LETTER),
-        _op("manual_retry", Status.DEAD_LETTER, Status.PENDING),
-    )
-}
+# The operations that record how an attempt ended, in write order.
+ATTEMPT_OUTCOMES: tuple[Operation, ...] = tuple(op for op in Operation if op.outcome)
 
 # The edges of the state machine, derived from the operations above.
 TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
-    (op.source, target) for op in OPERATIONS.values() for target in op.targets
+    (op.source, target) for op in Operation for target in op.targets
 )
 
 
-def source(operation: str) -> Status:
-    return OPERATIONS[operation].source
+def out_of_attempts(attempts: Any, max_attempts: Any) -> Any:
+    """Whether the attempt just made was the last: a bool for ints in Python, a condition for
+    columns in SQL (`recover_expired`), so that both decide by this one rule."""
+    return attempts >= max_attempts
+
+
+def next_operation(failure: BaseException | None, attempt: int, max_attempts: int) -> Operation:
+    """How an attempt that ended with `failure` (None: the handler returned) is recorded."""
+    if failure is None:
+        return Operation.COMPLETE
+    if isinstance(failure, PermanentError):
+        return Operation.FAIL
+    if out_of_attempts(attempt, max_attempts):
+        return Operation.DEAD_LETTER
+    return Operation.RETRY_LATER

@@ -1,9 +1,12 @@
 """Every job statement, one SQLAlchemy Core construct per store operation.
 
 Each operation is a single statement, so it applies atomically or not at all.
-Guards come from `jobcore.states.OPERATIONS`; outcome writes are batched
-(`UPDATE ... FROM unnest(ids, tokens)`) and fenced by the lease token, and
-report the leases that did not apply. All times come from the database clock.
+Guards and targets come from `jobcore.states.Operation`; outcome writes are
+batched (`UPDATE ... FROM unnest(ids, tokens)`) and fenced by the lease token,
+and return the leases they applied to. All times come from the database clock.
+
+The API's calls (submit, submit_many, get, manual_retry, notify) run here on a
+SQLAlchemy connection; the worker's statements are run by `jobcore.compiled`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -21,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.errors import IdempotencyConflict
 from jobcore.schema import jobs
-from jobcore.states import OPERATIONS, Status, source
+from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status, out_of_attempts
 
 c = jobs.c
 
@@ -313,11 +316,14 @@ async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
     return _job(row) if row is not None else None
 
 
-# --- claim ----------------------------------------------------------------
+# --- the worker's statements ------------------------------------------------
+#
+# Constructs only: the worker runs them through `jobcore.compiled`, and so do the
+# tests, so every transition test exercises the path production takes.
 
 _due = (
     sa.select(c.id)
-    .where(c.status == _lit(source("claim")), c.run_at <= sa.func.now())
+    .where(c.status == _lit(Operation.CLAIM.source), c.run_at <= sa.func.now())
     .order_by(c.run_at, c.id)
     .limit(sa.bindparam("n"))
     .with_for_update(skip_locked=True)
@@ -338,29 +344,13 @@ CLAIM = (
         attempts=c.attempts + 1,
         lease_token=c.lease_token + 1,
         locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND,
-        # Not named after the column: SQLAlchemy would add `SET claim_id` to every UPDATE of the
-        # statement whose parameters hold a column's name.
+        # Not named after the column: SQLAlchemy would add `SET claim_id` to every UPDATE of
+        # a statement whose parameters hold a column's name.
         claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
         updated_at=sa.func.now(),
     )
     .returning(c.id, c.type, c.payload, c.attempts, c.max_attempts, c.lease_token)
 )
-
-
-async def claim(
-    conn: AsyncConnection, n: int, lease_seconds: float, claim_id: UUID | None = None
-) -> list[Claimed]:
-    """Lease up to n due jobs, skipping rows other claimers hold. `claim_id` names this
-    claim, for `release_claim` should its answer be lost."""
-    if n < 1:
-        raise ValueError(f"claim needs n >= 1, got {n}")
-    result = await conn.execute(
-        CLAIM, {"n": n, "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
-    )
-    return [Claimed(**row) for row in result.mappings()]
-
-
-# --- fenced outcome writes --------------------------------------------------
 
 
 def _unnest(**arrays: tuple[str, Any]) -> Any:
@@ -375,12 +365,13 @@ _ERRORS = {"error": ("errors", sa.Text)}
 _DELAYS = {"delay": ("delays", sa.Float)}
 
 
-def _fenced(operation: str, o: Any, **values: Any) -> Any:
-    """Apply `operation` to each (id, token) whose lease is still the current one."""
-    (target,) = OPERATIONS[operation].targets
+def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
+    """Apply `operation` to each (id, token) whose lease is still the current one; returns
+    the (id, token) of each row it applied to."""
+    (target,) = operation.targets
     return (
         sa.update(jobs)
-        .where(c.id == o.c.id, c.status == _lit(source(operation)), c.lease_token == o.c.token)
+        .where(c.id == o.c.id, c.status == _lit(operation.source), c.lease_token == o.c.token)
         .values(status=_lit(target), locked_until=sa.null(), updated_at=sa.func.now(), **values)
         .returning(c.id, c.lease_token)
     )
@@ -390,14 +381,22 @@ _o = _unnest(**_LEASES)
 _oe = _unnest(**_LEASES, **_ERRORS)
 _oed = _unnest(**_LEASES, **_ERRORS, **_DELAYS)
 
-COMPLETE = _fenced("complete", _o, last_error=sa.null())
-FAIL = _fenced("fail", _oe, last_error=_oe.c.error)
-DEAD_LETTER = _fenced("dead_letter", _oe, last_error=_oe.c.error)
-RETRY_LATER = _fenced(
-    "retry_later", _oed, last_error=_oed.c.error, run_at=sa.func.now() + _oed.c.delay * _ONE_SECOND
-)
-# Shutdown interrupted the attempt through no fault of the job: give the attempt back.
-RELEASE = _fenced("release", _o, attempts=c.attempts - 1)
+# Outcome writes, batched and fenced; parameters `ids` and `tokens`, and `errors` and
+# `delays` (seconds until the job is due again) where the statement uses them.
+OUTCOME_WRITES: dict[Operation, Any] = {
+    Operation.COMPLETE: _fenced(Operation.COMPLETE, _o, last_error=sa.null()),
+    Operation.FAIL: _fenced(Operation.FAIL, _oe, last_error=_oe.c.error),
+    Operation.DEAD_LETTER: _fenced(Operation.DEAD_LETTER, _oe, last_error=_oe.c.error),
+    Operation.RETRY_LATER: _fenced(
+        Operation.RETRY_LATER,
+        _oed,
+        last_error=_oed.c.error,
+        run_at=sa.func.now() + _oed.c.delay * _ONE_SECOND,
+    ),
+    Operation.RELEASE: _fenced(Operation.RELEASE, _o, attempts=c.attempts - 1),
+}
+if set(OUTCOME_WRITES) != set(ATTEMPT_OUTCOMES):
+    raise RuntimeError("every operation that ends an attempt needs its outcome write")
 
 # A claim whose answer never reached its worker (the call timed out or its connection
 # broke after the statement was sent) may still have committed: the jobs it took are
@@ -406,7 +405,7 @@ RELEASE = _fenced("release", _o, attempts=c.attempts - 1)
 RELEASE_CLAIM = (
     sa.update(jobs)
     .where(
-        c.status == _lit(source("release_claim")),
+        c.status == _lit(Operation.RELEASE_CLAIM.source),
         c.claim_id == sa.any_(sa.bindparam("claim_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))),
     )
     .values(
@@ -418,75 +417,16 @@ RELEASE_CLAIM = (
     .returning(c.id)
 )
 
-
-async def release_claim(conn: AsyncConnection, claim_ids: Sequence[UUID]) -> list[UUID]:
-    """processing -> pending, attempt given back, for every job these claims took.
-    Returns the ids of the jobs handed back."""
-    result = await conn.execute(RELEASE_CLAIM, {"claim_ids": list(claim_ids)})
-    return list(result.scalars())
-
-
-async def _write(
-    conn: AsyncConnection, statement: Any, leases: Sequence[Lease], **arrays: Sequence[Any]
-) -> list[Lease]:
-    if not leases:
-        return []
-    params = {
-        "ids": [lease.job_id for lease in leases],
-        "tokens": [lease.lease_token for lease in leases],
-        **{name: list(values) for name, values in arrays.items()},
-    }
-    applied = {Lease(*row) for row in await conn.execute(statement, params)}
-    # By (id, token): a batch may hold an old and a new lease of the same job.
-    return [lease for lease in leases if lease not in applied]
-
-
-async def complete(conn: AsyncConnection, leases: Sequence[Lease]) -> list[Lease]:
-    """processing -> completed. Returns the leases that were lost (not applied)."""
-    return await _write(conn, COMPLETE, leases)
-
-
-async def fail(
-    conn: AsyncConnection, leases: Sequence[Lease], errors: Sequence[str]
-) -> list[Lease]:
-    """processing -> failed (permanent error). Returns the lost leases."""
-    return await _write(conn, FAIL, leases, errors=errors)
-
-
-async def dead_letter(
-    conn: AsyncConnection, leases: Sequence[Lease], errors: Sequence[str]
-) -> list[Lease]:
-    """processing -> dead_letter (retryable error on the last attempt). Returns the lost leases."""
-    return await _write(conn, DEAD_LETTER, leases, errors=errors)
-
-
-async def retry_later(
-    conn: AsyncConnection,
-    leases: Sequence[Lease],
-    errors: Sequence[str],
-    delays: Sequence[float],
-) -> list[Lease]:
-    """processing -> pending, due after `delay` seconds. Returns the lost leases."""
-    return await _write(conn, RETRY_LATER, leases, errors=errors, delays=delays)
-
-
-async def release(conn: AsyncConnection, leases: Sequence[Lease]) -> list[Lease]:
-    """processing -> pending without spending an attempt (shutdown). Returns the lost leases."""
-    return await _write(conn, RELEASE, leases)
-
-
-# --- complete, and claim for the slots that frees ------------------------------------------
-
 # COMPLETE and CLAIM in one statement, so a worker refills the slots its completed jobs
 # free with the same round trip and commit (WAL flush) that records them. Each transition
 # is still its own guarded UPDATE. COMPLETE runs first (the first branch is read first);
 # CLAIM never waits (SKIP LOCKED), so while the statement waits for a lock it holds no
 # lock of its claim. Both see one snapshot: CLAIM cannot see what COMPLETE changed, and
-# needs not (a job it completes is not pending). Rows: (True, id of a completed job, NULLs)
-# or (False, the columns of a claimed job, as CLAIM returns them).
-_done = COMPLETE.cte("done")
+# needs not (a job it completes is not pending). Rows: (True, id and lease_token of a
+# completed job, NULLs between) or (False, the columns of a claimed job, as CLAIM returns
+# them).
+_done = OUTCOME_WRITES[Operation.COMPLETE].cte("done")
 _claimed = CLAIM.cte("claimed")
-# CLAIM returns Claimed's fields, in order; the id comes first.
 _CLAIMED_COLUMNS = [name for name in Claimed.__dataclass_fields__ if name != "id"]
 COMPLETE_AND_CLAIM = sa.union_all(
     sa.select(
@@ -500,47 +440,12 @@ COMPLETE_AND_CLAIM = sa.union_all(
     sa.select(sa.false(), _claimed.c.id, *(_claimed.c[name] for name in _CLAIMED_COLUMNS)),
 )
 
-
-async def complete_and_claim(
-    conn: AsyncConnection,
-    leases: Sequence[Lease],
-    n: int,
-    lease_seconds: float,
-    claim_id: UUID | None = None,
-) -> tuple[list[Lease], list[Claimed]]:
-    """`complete(leases)` and `claim(n, lease_seconds, claim_id)` in one statement.
-
-    Returns (the lost leases, the claimed jobs)."""
-    if n < 1:
-        raise ValueError(f"claim needs n >= 1, got {n}")
-    result = await conn.execute(
-        COMPLETE_AND_CLAIM,
-        {
-            "ids": [lease.job_id for lease in leases],
-            "tokens": [lease.lease_token for lease in leases],
-            "n": n,
-            "lease_seconds": lease_seconds,
-            "claim": claim_id or uuid4(),
-        },
-    )
-    applied: set[Lease] = set()
-    claimed: list[Claimed] = []
-    for row in result:
-        if row.completed:
-            applied.add(Lease(row.id, row.lease_token))
-        else:
-            claimed.append(Claimed(*row[1:]))
-    return [lease for lease in leases if lease not in applied], claimed
-
-
-# --- maintenance and operator actions ----------------------------------------
-
 # At most this many jobs per statement, so that recovery after a long outage stays within
 # the worker's statement timeout and holds its row locks briefly; the loop repeats it.
 RECOVER_BATCH = 1000
 _expired = (
     sa.select(c.id)
-    .where(c.status == _lit(source("recover_expired")), c.locked_until < sa.func.now())
+    .where(c.status == _lit(Operation.RECOVER_EXPIRED.source), c.locked_until < sa.func.now())
     .order_by(c.locked_until)
     .limit(RECOVER_BATCH)
     .with_for_update(skip_locked=True)
@@ -552,7 +457,7 @@ RECOVER_EXPIRED = (
     .where(c.id == sa.any_(sa.func.array(sa.select(_expired.c.id).scalar_subquery())))
     .values(
         status=sa.case(
-            (c.attempts >= c.max_attempts, _lit(Status.DEAD_LETTER)),
+            (out_of_attempts(c.attempts, c.max_attempts), _lit(Status.DEAD_LETTER)),
             else_=_lit(Status.PENDING),
         ),
         locked_until=sa.null(),
@@ -562,18 +467,21 @@ RECOVER_EXPIRED = (
     .returning(c.id, c.status)
 )
 
+# Every statement the worker runs, by name.
+WORKER_STATEMENTS: dict[str, Any] = {
+    Operation.CLAIM: CLAIM,
+    **{str(op): statement for op, statement in OUTCOME_WRITES.items()},
+    Operation.RELEASE_CLAIM: RELEASE_CLAIM,
+    Operation.RECOVER_EXPIRED: RECOVER_EXPIRED,
+    "complete_and_claim": COMPLETE_AND_CLAIM,
+}
 
-async def recover_expired(conn: AsyncConnection) -> list[tuple[UUID, Status]]:
-    """Jobs whose lease ran out go back to pending, or to dead_letter after their last attempt.
 
-    At most RECOVER_BATCH jobs per call: fewer means none are left."""
-    result = await conn.execute(RECOVER_EXPIRED)
-    return [(row.id, Status(row.status)) for row in result]
-
+# --- operator actions -----------------------------------------------------------
 
 MANUAL_RETRY = (
     sa.update(jobs)
-    .where(c.id == sa.bindparam("job_id"), c.status == _lit(source("manual_retry")))
+    .where(c.id == sa.bindparam("job_id"), c.status == _lit(Operation.MANUAL_RETRY.source))
     .values(
         status=_lit(Status.PENDING),
         attempts=0,

@@ -10,9 +10,11 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
+from jobcore import compiled, store
 from jobcore.ids import new_id
+from jobcore.states import Operation
 from tests.api.conftest import MakeApi, job_count
+from tests.pg import driver
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 JOB_FIELDS = {
@@ -31,9 +33,10 @@ JOB_FIELDS = {
 
 async def _dead_lettered(engine: AsyncEngine) -> uuid.UUID:
     async with engine.begin() as conn:
+        raw = await driver(conn)
         job, _ = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1))
-        (claimed,) = await store.claim(conn, 1, 60)
-        assert await store.dead_letter(conn, [claimed.lease], ["boom"]) == []
+        (claimed,) = await compiled.claim(raw, 1, 60)
+        assert await compiled.record(raw, Operation.DEAD_LETTER, [claimed.lease], ["boom"]) == []
     return job.id
 
 

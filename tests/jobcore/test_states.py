@@ -1,6 +1,17 @@
-"""The transition table in jobcore is exactly the one in SPEC §3."""
+"""The state machine in jobcore is exactly the documented one (README, "Job lifecycle"), and
+the decision how an attempt ends follows the documented rules (docs/worker.md, "Record")."""
 
-from jobcore.states import OPERATIONS, TRANSITIONS, Status
+import pytest
+
+from jobcore.errors import PermanentError
+from jobcore.states import (
+    ATTEMPT_OUTCOMES,
+    TRANSITIONS,
+    Operation,
+    Status,
+    next_operation,
+    out_of_attempts,
+)
 
 P, R, C, F, D = (
     Status.PENDING,
@@ -10,15 +21,65 @@ P, R, C, F, D = (
     Status.DEAD_LETTER,
 )
 
-# SPEC §3, written out independently of jobcore.
-SPEC_TRANSITIONS = {(P, R), (R, C), (R, P), (R, F), (R, D), (D, P)}
+# The documented lifecycle, written out independently of jobcore.
+DOCUMENTED_TRANSITIONS = {(P, R), (R, C), (R, P), (R, F), (R, D), (D, P)}
 
 
-def test_transition_table_matches_the_spec():
-    assert TRANSITIONS == SPEC_TRANSITIONS
+def test_transition_table_is_the_documented_one():
+    assert TRANSITIONS == DOCUMENTED_TRANSITIONS
 
 
 def test_every_operation_starts_from_one_status_and_terminal_states_have_no_exit():
-    sources = {op.source for op in OPERATIONS.values()}
+    sources = {op.source for op in Operation}
     assert C not in sources and F not in sources
-    assert all(op.targets for op in OPERATIONS.values())
+    assert all(op.targets for op in Operation)
+
+
+def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outcome():
+    assert [op.value for op in ATTEMPT_OUTCOMES] == [
+        "complete",
+        "fail",
+        "dead_letter",
+        "retry_later",
+        "release",
+    ]
+    for op in ATTEMPT_OUTCOMES:
+        assert op.source is R and len(op.targets) == 1 and op.outcome
+    assert {op.outcome for op in ATTEMPT_OUTCOMES} == {
+        "completed",
+        "failed",
+        "dead_letter",
+        "retried",
+        "released",
+    }
+
+
+@pytest.mark.parametrize(
+    ("failure", "attempt", "max_attempts", "expected"),
+    [
+        (None, 1, 1, Operation.COMPLETE),
+        (None, 5, 5, Operation.COMPLETE),
+        (PermanentError("bad"), 1, 5, Operation.FAIL),
+        (PermanentError("bad"), 5, 5, Operation.FAIL),
+        (RuntimeError("flaky"), 1, 5, Operation.RETRY_LATER),
+        (RuntimeError("flaky"), 4, 5, Operation.RETRY_LATER),
+        (RuntimeError("flaky"), 5, 5, Operation.DEAD_LETTER),
+        (TimeoutError(), 1, 1, Operation.DEAD_LETTER),
+        (SystemExit(3), 1, 2, Operation.RETRY_LATER),
+    ],
+)
+def test_next_operation_decides_how_an_attempt_ends(failure, attempt, max_attempts, expected):
+    assert next_operation(failure, attempt, max_attempts) is expected
+
+
+def test_the_last_attempt_rule_is_one_expression_for_python_and_sql():
+    import sqlalchemy as sa
+
+    from jobcore.schema import jobs
+
+    assert out_of_attempts(3, 3) and out_of_attempts(4, 3) and not out_of_attempts(2, 3)
+    condition = out_of_attempts(jobs.c.attempts, jobs.c.max_attempts)
+    assert str(condition.compile(compile_kwargs={"literal_binds": True})) == (
+        "jobs.attempts >= jobs.max_attempts"
+    )
+    assert isinstance(condition, sa.ColumnElement)

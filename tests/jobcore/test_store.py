@@ -8,11 +8,12 @@ import random
 import pytest
 import sqlalchemy as sa
 
-from jobcore import store
+from jobcore import compiled, store
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import new_id
 from jobcore.schema import jobs
-from jobcore.states import Status
+from jobcore.states import Operation, Status
+from tests.pg import driver
 
 TINY_LEASE = 0.001  # expires before the next statement runs
 
@@ -50,7 +51,8 @@ async def test_concurrent_claimers_never_receive_the_same_job(engine):
         rng = random.Random(seed)
         while True:
             async with engine.begin() as conn:
-                batch = await store.claim(conn, rng.randint(1, 25), 60)
+                raw = await driver(conn)
+                batch = await compiled.claim(raw, rng.randint(1, 25), 60)
             if not batch:
                 return
             claimed.extend(job.id for job in batch)
@@ -80,8 +82,9 @@ async def test_claim_returns_at_most_n_jobs_in_run_at_order_and_skips_future_one
         ]
         await conn.execute(sa.insert(jobs).values(rows))
     async with engine.begin() as conn:
-        first = await store.claim(conn, 2, 60)
-        second = await store.claim(conn, 5, 60)
+        raw = await driver(conn)
+        first = await compiled.claim(raw, 2, 60)
+        second = await compiled.claim(raw, 5, 60)
     assert {job.id for job in first} == {ids[-3], ids[-2]}
     assert [job.id for job in second] == [ids[-1]]
 
@@ -89,36 +92,45 @@ async def test_claim_returns_at_most_n_jobs_in_run_at_order_and_skips_future_one
 async def test_stale_worker_cannot_overwrite_newer_claim(engine):
     (job_id,) = await _submit_many(engine, 1)
     async with engine.begin() as conn:
-        (old,) = await store.claim(conn, 1, TINY_LEASE)
+        raw = await driver(conn)
+        (old,) = await compiled.claim(raw, 1, TINY_LEASE)
     await _wait_expired(engine, job_id)
     async with engine.begin() as conn:
-        assert await store.recover_expired(conn) == [(job_id, Status.PENDING)]
-        (new,) = await store.claim(conn, 1, 60)
+        raw = await driver(conn)
+        assert await compiled.recover_expired(raw) == [(job_id, Status.PENDING)]
+        (new,) = await compiled.claim(raw, 1, 60)
     assert new.lease_token > old.lease_token
     async with engine.begin() as conn:
-        assert await store.complete(conn, [old.lease]) == [old.lease]
-        assert await store.fail(conn, [old.lease], ["stale"]) == [old.lease]
+        raw = await driver(conn)
+        assert await compiled.record(raw, Operation.COMPLETE, [old.lease]) == [old.lease]
+        assert await compiled.record(raw, Operation.FAIL, [old.lease], ["stale"]) == [old.lease]
         job = await store.get(conn, job_id)
     assert job.status is Status.PROCESSING and job.lease_token == new.lease_token
     async with engine.begin() as conn:
-        assert await store.complete(conn, [new.lease]) == []
+        raw = await driver(conn)
+        assert await compiled.record(raw, Operation.COMPLETE, [new.lease]) == []
 
 
 async def test_stale_worker_cannot_overwrite_newer_claim_after_manual_retry(engine):
     (job_id,) = await _submit_many(engine, 1, max_attempts=1)
     async with engine.begin() as conn:
-        (old,) = await store.claim(conn, 1, TINY_LEASE)
+        raw = await driver(conn)
+        (old,) = await compiled.claim(raw, 1, TINY_LEASE)
     await _wait_expired(engine, job_id)
     async with engine.begin() as conn:
-        assert await store.recover_expired(conn) == [(job_id, Status.DEAD_LETTER)]
+        raw = await driver(conn)
+        assert await compiled.recover_expired(raw) == [(job_id, Status.DEAD_LETTER)]
         assert (await store.manual_retry(conn, job_id)).attempts == 0
-        (new,) = await store.claim(conn, 1, 60)
+        (new,) = await compiled.claim(raw, 1, 60)
     # The attempt number repeats after a manual retry; the lease token does not.
     assert new.attempts == old.attempts == 1
     assert new.lease_token > old.lease_token
     async with engine.begin() as conn:
-        assert await store.dead_letter(conn, [old.lease], ["stale"]) == [old.lease]
-        assert await store.complete(conn, [new.lease]) == []
+        raw = await driver(conn)
+        assert await compiled.record(raw, Operation.DEAD_LETTER, [old.lease], ["stale"]) == [
+            old.lease
+        ]
+        assert await compiled.record(raw, Operation.COMPLETE, [new.lease]) == []
 
 
 async def test_recovery_returns_expired_leases_to_pending_or_dead_letter_on_the_last_attempt(
@@ -130,18 +142,21 @@ async def test_recovery_returns_expired_leases_to_pending_or_dead_letter_on_the_
         (await _submit_many(engine, 1, max_attempts=1))[0],
     )
     async with engine.begin() as conn:
-        expiring = await store.claim(conn, 2, TINY_LEASE)
+        raw = await driver(conn)
+        expiring = await compiled.claim(raw, 2, TINY_LEASE)
         await conn.execute(  # push the live job to the back of the queue, then lease it for long
             sa.update(jobs).where(jobs.c.id == live_id).values(run_at=sa.func.now())
         )
     assert {job.id for job in expiring} == {retry_id, last_id}
     async with engine.begin() as conn:
-        (live,) = await store.claim(conn, 1, 60)
+        raw = await driver(conn)
+        (live,) = await compiled.claim(raw, 1, 60)
     assert live.id == live_id
     for job in expiring:
         await _wait_expired(engine, job.id)
     async with engine.begin() as conn:
-        recovered = dict(await store.recover_expired(conn))
+        raw = await driver(conn)
+        recovered = dict(await compiled.recover_expired(raw))
     assert recovered == {retry_id: Status.PENDING, last_id: Status.DEAD_LETTER}
     async with engine.connect() as conn:
         retry_job = await store.get(conn, retry_id)
@@ -154,12 +169,15 @@ async def test_recovery_returns_expired_leases_to_pending_or_dead_letter_on_the_
 async def test_retry_later_schedules_by_the_database_clock(engine):
     await _submit_many(engine, 1)
     async with engine.begin() as conn:
-        (job,) = await store.claim(conn, 1, 60)
-        assert await store.retry_later(conn, [job.lease], ["flaky"], [30.0]) == []
+        raw = await driver(conn)
+        (job,) = await compiled.claim(raw, 1, 60)
+        assert (
+            await compiled.record(raw, Operation.RETRY_LATER, [job.lease], ["flaky"], [30.0]) == []
+        )
         delay = await conn.scalar(
             sa.select(sa.func.extract("epoch", jobs.c.run_at - sa.func.now()))
         )
-        assert await store.claim(conn, 1, 60) == []  # not due yet
+        assert await compiled.claim(raw, 1, 60) == []  # not due yet
     assert 29.9 < float(delay) <= 30.0
 
 

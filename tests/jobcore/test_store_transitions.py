@@ -1,18 +1,20 @@
-"""Every store operation against a job in every status: the store accepts exactly
-the transitions of SPEC §3 and rejects (matches zero rows for) everything else."""
+"""Every store operation against a job in every status, through the calls the worker and
+the API make: the store accepts exactly the documented transitions (README, "Job
+lifecycle") and rejects (matches zero rows for) everything else."""
 
 from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
 
-from jobcore import store
+from jobcore import compiled, store
 from jobcore.ids import new_id
 from jobcore.schema import jobs
-from jobcore.states import Status
-from tests.jobcore.test_states import SPEC_TRANSITIONS, C, D, F, P, R
+from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
+from tests.jobcore.test_states import DOCUMENTED_TRANSITIONS, C, D, F, P, R
+from tests.pg import driver
 
-# (operation, from) -> to, per SPEC §3. Anything not listed must leave the job unchanged.
+# (operation, from) -> to, as documented. Anything not listed must leave the job unchanged.
 EXPECTED = {
     ("claim", P): R,
     ("complete", R): C,
@@ -49,29 +51,29 @@ async def _job_in(conn, status: Status, *, last_attempt: bool) -> store.Lease:
 
 
 async def _apply(conn, operation: str, lease: store.Lease) -> None:
-    if operation == "claim":
-        await store.claim(conn, 10, 60)
-    elif operation in ("complete", "release"):
-        await getattr(store, operation)(conn, [lease])
-    elif operation in ("fail", "dead_letter"):
-        await getattr(store, operation)(conn, [lease], ["boom"])
-    elif operation == "retry_later":
-        await store.retry_later(conn, [lease], ["boom"], [0.0])
-    elif operation.startswith("recover_expired"):
-        await store.recover_expired(conn)
-    elif operation == "manual_retry":
+    """`operation` through the call the worker (or, for manual_retry, the API) makes."""
+    raw = await driver(conn)
+    op = Operation(operation.removesuffix("_last"))
+    if op is Operation.CLAIM:
+        await compiled.claim(raw, 10, 60)
+    elif op in ATTEMPT_OUTCOMES:
+        await compiled.record(raw, op, [lease], ["boom"], [0.0])
+    elif op is Operation.RECOVER_EXPIRED:
+        await compiled.recover_expired(raw)
+    elif op is Operation.RELEASE_CLAIM:
+        await compiled.release_claim(raw, [CLAIM_ID])
+    elif op is Operation.MANUAL_RETRY:
         await store.manual_retry(conn, lease.job_id)
-    elif operation == "release_claim":
-        await store.release_claim(conn, [CLAIM_ID])
     else:  # pragma: no cover - a new operation must be added to this test
         raise AssertionError(operation)
 
 
-OPERATIONS = sorted({op for op, _ in EXPECTED} | {"claim"})
+# Every declared operation, and recovery once more for a lost last attempt.
+OPERATIONS = [*Operation, "recover_expired_last"]
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)
-async def test_store_accepts_exactly_the_spec_transitions(engine, operation):
+async def test_store_accepts_exactly_the_documented_transitions(engine, operation):
     observed = set()
     for status in Status:
         async with engine.begin() as conn:
@@ -84,10 +86,10 @@ async def test_store_accepts_exactly_the_spec_transitions(engine, operation):
         if after != status:
             observed.add((status, after))
     for status_from, status_to in observed:
-        assert (status_from, status_to) in SPEC_TRANSITIONS
+        assert (status_from, status_to) in DOCUMENTED_TRANSITIONS
 
 
-async def test_all_spec_transitions_are_reachable_through_the_store(engine):
+async def test_every_documented_transition_is_reachable_through_the_store(engine):
     reached = set()
     for (operation, status), target in EXPECTED.items():
         async with engine.begin() as conn:
@@ -96,10 +98,10 @@ async def test_all_spec_transitions_are_reachable_through_the_store(engine):
             await _apply(conn, operation, lease)
             assert Status(await conn.scalar(sa.select(jobs.c.status))) == target
         reached.add((status, target))
-    assert reached == SPEC_TRANSITIONS
+    assert reached == DOCUMENTED_TRANSITIONS
 
 
-@pytest.mark.parametrize("operation", ["complete", "fail", "dead_letter", "retry_later", "release"])
+@pytest.mark.parametrize("operation", ATTEMPT_OUTCOMES)
 async def test_outcome_write_with_another_token_is_rejected(engine, operation):
     async with engine.begin() as conn:
         lease = await _job_in(conn, R, last_attempt=False)
@@ -110,26 +112,29 @@ async def test_outcome_write_with_another_token_is_rejected(engine, operation):
 
 async def test_outcome_writes_report_the_lost_leases(engine):
     async with engine.begin() as conn:
+        raw = await driver(conn)
         good = await _job_in(conn, R, last_attempt=False)
         other = await _job_in(conn, R, last_attempt=False)
         stale = store.Lease(other.job_id, TOKEN + 1)
-        assert await store.complete(conn, [good, stale]) == [stale]
-        assert await store.complete(conn, [good]) == [good]  # already completed
+        assert await compiled.record(raw, Operation.COMPLETE, [good, stale]) == [stale]
+        assert await compiled.record(raw, Operation.COMPLETE, [good]) == [good]  # already completed
 
 
 async def test_release_claim_gives_the_attempt_back_only_to_that_claims_jobs(engine):
     async with engine.begin() as conn:
+        raw = await driver(conn)
         lease = await _job_in(conn, R, last_attempt=True)
-        assert await store.release_claim(conn, [new_id()]) == []  # another claim's id
-        assert await store.release_claim(conn, [CLAIM_ID]) == [lease.job_id]
+        assert await compiled.release_claim(raw, [new_id()]) == []  # another claim's id
+        assert await compiled.release_claim(raw, [CLAIM_ID]) == [lease.job_id]
         row = (await conn.execute(sa.select(jobs))).mappings().one()
     assert (row["status"], row["attempts"], row["locked_until"]) == ("pending", 2, None)
 
 
 async def test_release_gives_the_attempt_back_and_keeps_the_token(engine):
     async with engine.begin() as conn:
+        raw = await driver(conn)
         lease = await _job_in(conn, R, last_attempt=False)
-        assert await store.release(conn, [lease]) == []
+        assert await compiled.record(raw, Operation.RELEASE, [lease]) == []
         row = (await conn.execute(sa.select(jobs))).mappings().one()
     assert (row["status"], row["attempts"], row["lease_token"]) == ("pending", 0, TOKEN)
     assert row["locked_until"] is None

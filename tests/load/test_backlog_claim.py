@@ -20,8 +20,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
+from jobcore import compiled
+from jobcore.states import Operation
 from tests.load.report import FIGURES, latency_ms, percentile
+from tests.pg import driver
 
 N = 10
 SAMPLES = int(os.environ.get("BACKLOG_SAMPLES") or 300)
@@ -53,12 +55,16 @@ async def claim_latencies(engine: AsyncEngine, level: int) -> list[float]:
     seconds = []
     for sample in range(WARMUP + SAMPLES):
         async with engine.begin() as conn:
+            raw = await driver(conn)
             started = time.perf_counter()
-            claimed = await store.claim(conn, N, lease_seconds=60)
+            claimed = await compiled.claim(raw, N, lease_seconds=60)
             elapsed = time.perf_counter() - started
         assert len(claimed) == N
         async with engine.begin() as conn:
-            assert await store.release(conn, [job.lease for job in claimed]) == []
+            raw = await driver(conn)
+            assert (
+                await compiled.record(raw, Operation.RELEASE, [job.lease for job in claimed]) == []
+            )
         if sample >= WARMUP:
             seconds.append(elapsed)
     async with engine.connect() as conn:

@@ -1,6 +1,7 @@
 """An in-memory `JobStore` for unit tests of the dispatcher, executor and completer.
 
-It follows the SPEC transitions and fences outcome writes by lease token like
+It follows the transitions of `jobcore.states.Operation` and fences outcome writes by
+lease token like
 the real store, records every call, and can be switched `down` to behave like
 an unreachable database. It is the only fake store the project allows.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from jobcore.states import Status
+from jobcore.states import Operation, Status, out_of_attempts
 from jobcore.store import Claimed, Lease
 
 
@@ -89,68 +90,46 @@ class FakeStore:
             )
         return claimed
 
-    async def _write(
-        self, operation: str, leases: Sequence[Lease], apply: Callable[[FakeJob, int], None]
+    async def record(
+        self,
+        operation: Operation,
+        leases: Sequence[Lease],
+        errors: Sequence[str] = (),
+        delays: Sequence[float] = (),
     ) -> list[Lease]:
+        """Fenced like the real store; the target status comes from the operation's declaration."""
         if self.write_gate is not None:
             await self.write_gate.wait()
         await asyncio.sleep(0)
         self._check()
         self.writes.append((operation, len(leases)))
+        (target,) = operation.targets
         lost = []
         for i, lease in enumerate(leases):
             job = self.jobs.get(lease.job_id)
             if (
                 job is None
-                or job.status is not Status.PROCESSING
+                or job.status is not operation.source
                 or job.lease_token != lease.lease_token
             ):
                 lost.append(lease)
                 continue
-            job.locked_until = None
-            apply(job, i)
+            job.status, job.locked_until = target, None
+            job.last_error = errors[i] if i < len(errors) and errors[i] else None
+            if operation is Operation.RETRY_LATER:
+                job.delay = delays[i]
+                job.run_at = self.clock() + delays[i]
+            if operation is Operation.RELEASE:
+                job.attempts -= 1
         return lost
-
-    async def complete(self, leases: Sequence[Lease]) -> list[Lease]:
-        def apply(job: FakeJob, i: int) -> None:
-            job.status, job.last_error = Status.COMPLETED, None
-
-        return await self._write("complete", leases, apply)
 
     async def complete_and_claim(
         self, leases: Sequence[Lease], n: int, lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]:
         """complete, then claim, with no other call in between (one statement in the real store)."""
         self.combined.append((len(leases), n))
-        lost = await self.complete(leases)
+        lost = await self.record(Operation.COMPLETE, leases)
         return lost, self._claim_now(n, lease_seconds)
-
-    async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        def apply(job: FakeJob, i: int) -> None:
-            job.status, job.last_error = Status.FAILED, errors[i]
-
-        return await self._write("fail", leases, apply)
-
-    async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        def apply(job: FakeJob, i: int) -> None:
-            job.status, job.last_error = Status.DEAD_LETTER, errors[i]
-
-        return await self._write("dead_letter", leases, apply)
-
-    async def retry_later(
-        self, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
-    ) -> list[Lease]:
-        def apply(job: FakeJob, i: int) -> None:
-            job.status, job.last_error, job.delay = Status.PENDING, errors[i], delays[i]
-            job.run_at = self.clock() + delays[i]
-
-        return await self._write("retry_later", leases, apply)
-
-    async def release(self, leases: Sequence[Lease]) -> list[Lease]:
-        def apply(job: FakeJob, i: int) -> None:
-            job.status, job.attempts = Status.PENDING, job.attempts - 1
-
-        return await self._write("release", leases, apply)
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         await asyncio.sleep(0)
@@ -161,7 +140,9 @@ class FakeStore:
             expired = job.locked_until is not None and job.locked_until < now
             if job.status is Status.PROCESSING and expired:
                 job.status = (
-                    Status.DEAD_LETTER if job.attempts >= job.max_attempts else Status.PENDING
+                    Status.DEAD_LETTER
+                    if out_of_attempts(job.attempts, job.max_attempts)
+                    else Status.PENDING
                 )
                 job.locked_until = None
                 recovered.append((job.id, job.status))

@@ -8,6 +8,7 @@ import random
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
+from jobcore.states import Operation
 from jobqueue_worker import metrics
 
 
@@ -49,10 +50,10 @@ async def test_attempts_are_counted_by_the_end_of_the_loop_turn():
     retried = _sample("jobs_retried_total")
     observed = _sample("job_processing_duration_seconds_count", outcome="completed")
     for _ in range(3):
-        metrics.attempt_finished("complete", True, 0.002)
-    metrics.attempt_finished("complete", False, 0.002)  # lost lease: timed, not counted
-    metrics.attempt_finished("dead_letter", True, 0.5)
-    metrics.attempt_finished("retry_later", True, 0.1)
+        metrics.attempt_finished(Operation.COMPLETE, True, 0.002)
+    metrics.attempt_finished(Operation.COMPLETE, False, 0.002)  # lost lease: timed, not counted
+    metrics.attempt_finished(Operation.DEAD_LETTER, True, 0.5)
+    metrics.attempt_finished(Operation.RETRY_LATER, True, 0.1)
     await asyncio.sleep(0)
     assert _sample("jobs_completed_total") == completed + 3
     assert _sample("jobs_failed_total", status="dead_letter") == dead + 1
@@ -62,5 +63,5 @@ async def test_attempts_are_counted_by_the_end_of_the_loop_turn():
 
 def test_without_an_event_loop_an_attempt_is_counted_at_once():
     completed = _sample("jobs_completed_total")
-    metrics.attempt_finished("complete", True, 0.001)
+    metrics.attempt_finished(Operation.COMPLETE, True, 0.001)
     assert _sample("jobs_completed_total") == completed + 1

@@ -8,11 +8,12 @@ import logging
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from jobcore import store
+from jobcore import compiled, store
 from jobcore.schema import jobs
 from jobcore.states import Status
 from jobqueue_worker.database import PgJobStore
 from jobqueue_worker.recovery import recover_once, run_recovery
+from tests.pg import driver
 from tests.worker.support import eventually, fetch, submit
 
 
@@ -24,7 +25,8 @@ async def test_expired_leases_go_back_to_pending_or_dead_letter_counted_and_logg
     again = (await submit(engine, "sleep", {"duration": "0s"}, max_attempts=3))[0]
     last = (await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1))[0]
     async with engine.begin() as conn:
-        assert len(await store.claim(conn, 2, 0.05)) == 2
+        raw = await driver(conn)
+        assert len(await compiled.claim(raw, 2, 0.05)) == 2
     recovered_before = _sample("jobs_recovered_total")
     dead_before = _sample("jobs_failed_total", status="dead_letter")
 
@@ -48,7 +50,8 @@ async def test_expired_leases_go_back_to_pending_or_dead_letter_counted_and_logg
 async def test_recovery_runs_at_start_and_stops_when_told(engine):
     (job,) = await submit(engine, "sleep", {"duration": "0s"})
     async with engine.begin() as conn:
-        await store.claim(conn, 1, 0.01)
+        raw = await driver(conn)
+        await compiled.claim(raw, 1, 0.01)
     await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
     stopped = asyncio.Event()
     pg = PgJobStore(engine)

@@ -24,12 +24,11 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from jobcore import logs
+from jobcore.states import ATTEMPT_OUTCOMES, Operation
 from jobcore.store import Claimed, Lease
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
-
-KINDS = ("complete", "fail", "dead_letter", "retry_later", "release")
 
 # Retry of a failed write: start fast, because most failures are one broken connection.
 _RETRY_FIRST = 0.05
@@ -39,7 +38,7 @@ _RETRY_MAX = 2.0
 class Outcome(NamedTuple):
     """What an attempt produced, for the job held under `lease`."""
 
-    kind: str  # one of KINDS
+    kind: Operation  # one of ATTEMPT_OUTCOMES
     lease: Lease
     # Monotonic time at which the lease runs out (measured from just before the claim):
     # a write that keeps failing is retried until then, never after.
@@ -91,7 +90,7 @@ class Completer:
     def add(self, outcome: Outcome, recorded: Recorded) -> None:
         """Write `outcome`, then call `recorded(applied)`: True if it applied, False if the
         lease was lost or ran out."""
-        if outcome.kind not in KINDS:
+        if outcome.kind not in ATTEMPT_OUTCOMES:
             raise ValueError(f"unknown outcome kind {outcome.kind!r}")
         if self._stopped:
             # Late outcome after the loop ended: write it alone rather than drop it.
@@ -148,19 +147,19 @@ class Completer:
                 await self._write(waiting)
 
     async def _write(self, batch: list[_Waiting]) -> None:
-        by_kind: dict[str, list[_Waiting]] = {}
+        by_kind: dict[Operation, list[_Waiting]] = {}
         for item in batch:
             by_kind.setdefault(item[0].kind, []).append(item)
-        for kind in KINDS:
+        for kind in ATTEMPT_OUTCOMES:
             items = by_kind.get(kind)
             if items:
                 await self._write_kind(kind, items)
 
-    async def _write_kind(self, kind: str, items: list[_Waiting]) -> None:
+    async def _write_kind(self, kind: Operation, items: list[_Waiting]) -> None:
         delay = _RETRY_FIRST
         while items:
             # Every slot of the batch is free once it is written: claim for them meanwhile.
-            claimer = self.claimer if kind == "complete" else None
+            claimer = self.claimer if kind is Operation.COMPLETE else None
             wanted = claimer.claimable(len(items)) if claimer is not None else 0
             claimed_at = self._clock()
             outcomes = [outcome for outcome, _ in items]
@@ -171,7 +170,7 @@ class Completer:
                         leases, wanted, claimer.lease_seconds
                     )
                 else:
-                    lost, claimed = await self._apply(kind, outcomes), []
+                    lost, claimed = await self._record(kind, outcomes), []
             except Exception:
                 # The store logs the outage; keep trying while the leases still hold.
                 items = self._drop_expired(items, margin=delay)
@@ -218,18 +217,10 @@ class Completer:
             _resolve(recorded, False)
         return keep
 
-    async def _apply(self, kind: str, outcomes: list[Outcome]) -> list[Lease]:
+    async def _record(self, kind: Operation, outcomes: list[Outcome]) -> list[Lease]:
         leases = [o.lease for o in outcomes]
-        if kind == "complete":
-            return await self._store.complete(leases)
-        if kind == "release":
-            return await self._store.release(leases)
         errors = [o.error or "" for o in outcomes]
-        if kind == "fail":
-            return await self._store.fail(leases, errors)
-        if kind == "dead_letter":
-            return await self._store.dead_letter(leases, errors)
-        return await self._store.retry_later(leases, errors, [o.delay for o in outcomes])
+        return await self._store.record(kind, leases, errors, [o.delay for o in outcomes])
 
 
 def _resolve(recorded: Recorded, applied: bool) -> None:

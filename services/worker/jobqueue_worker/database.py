@@ -27,7 +27,8 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled
-from jobcore.states import Status
+from jobcore.errors import describe
+from jobcore.states import Operation, Status
 from jobcore.store import Claimed, Lease
 
 log = logging.getLogger("jobqueue.worker")
@@ -58,25 +59,22 @@ _SESSION = (
 
 
 class JobStore(Protocol):
-    """The store operations a worker process performs; outcome writes return the lost leases."""
+    """The store calls a worker process makes, as in `jobcore.compiled`; outcome writes
+    return the lost leases."""
 
     async def claim(self, n: int, lease_seconds: float) -> list[Claimed]: ...
 
-    async def complete(self, leases: Sequence[Lease]) -> list[Lease]: ...
+    async def record(
+        self,
+        operation: Operation,
+        leases: Sequence[Lease],
+        errors: Sequence[str] = (),
+        delays: Sequence[float] = (),
+    ) -> list[Lease]: ...
 
     async def complete_and_claim(
         self, leases: Sequence[Lease], n: int, lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]: ...
-
-    async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]: ...
-
-    async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]: ...
-
-    async def retry_later(
-        self, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
-    ) -> list[Lease]: ...
-
-    async def release(self, leases: Sequence[Lease]) -> list[Lease]: ...
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]: ...
 
@@ -108,12 +106,6 @@ class Availability:
             log.warning(
                 "database unavailable", extra={"operation": operation, "error": describe(exc)}
             )
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name
 
 
 class PgJobStore:
@@ -208,37 +200,34 @@ class PgJobStore:
 
     async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
         return await self._claiming(
-            lambda claim_id: self._run("claim", compiled.claim, n, lease_seconds, claim_id)
+            lambda claim_id: self._run(Operation.CLAIM, compiled.claim, n, lease_seconds, claim_id)
         )
 
-    async def complete(self, leases: Sequence[Lease]) -> list[Lease]:
-        return await self._run("complete", compiled.complete, leases)
+    async def record(
+        self,
+        operation: Operation,
+        leases: Sequence[Lease],
+        errors: Sequence[str] = (),
+        delays: Sequence[float] = (),
+    ) -> list[Lease]:
+        return await self._run(operation, compiled.record, operation, leases, errors, delays)
 
     async def complete_and_claim(
         self, leases: Sequence[Lease], n: int, lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]:
         return await self._claiming(
             lambda claim_id: self._run(
-                "complete", compiled.complete_and_claim, leases, n, lease_seconds, claim_id
+                Operation.COMPLETE,
+                compiled.complete_and_claim,
+                leases,
+                n,
+                lease_seconds,
+                claim_id,
             )
         )
 
-    async def fail(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        return await self._run("fail", compiled.fail, leases, errors)
-
-    async def dead_letter(self, leases: Sequence[Lease], errors: Sequence[str]) -> list[Lease]:
-        return await self._run("dead_letter", compiled.dead_letter, leases, errors)
-
-    async def retry_later(
-        self, leases: Sequence[Lease], errors: Sequence[str], delays: Sequence[float]
-    ) -> list[Lease]:
-        return await self._run("retry_later", compiled.retry_later, leases, errors, delays)
-
-    async def release(self, leases: Sequence[Lease]) -> list[Lease]:
-        return await self._run("release", compiled.release, leases)
-
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
-        return await self._run("recover_expired", compiled.recover_expired)
+        return await self._run(Operation.RECOVER_EXPIRED, compiled.recover_expired)
 
 
 def _never_sent(exc: Exception) -> bool:

@@ -35,12 +35,12 @@ from typing import Any, cast
 
 from jobcore import logs
 from jobcore.backoff import backoff
-from jobcore.errors import PermanentError
+from jobcore.errors import PermanentError, describe
 from jobcore.registry import Handler, JobContext, get_handler
+from jobcore.states import Operation, next_operation
 from jobcore.store import Claimed
 from jobqueue_worker import metrics
 from jobqueue_worker.completer import Outcome, Recorded
-from jobqueue_worker.database import describe
 from jobqueue_worker.threads import HandlerThreads
 
 log = logging.getLogger("jobqueue.worker")
@@ -96,7 +96,7 @@ class _Attempt:
         self.settled = False
         # Its handler (task or thread) runs on after the attempt was recorded without it.
         self.abandoned = False
-        self.kind = ""
+        self.kind = Operation.COMPLETE  # set for real when the attempt settles
         self.error: str | None = None
         self.delay = 0.0
         self.started = 0.0
@@ -213,10 +213,11 @@ class Executor:
         job = attempt.job
         handler = get_handler(job.type)
         if handler is None:
-            self._settle(attempt, "fail", f"no handler is registered for job type {job.type!r}")
+            unknown = PermanentError(f"no handler is registered for job type {job.type!r}")
+            self._settle(attempt, Operation.FAIL, str(unknown))
             return
         if self._shutting_down:
-            self._settle(attempt, "release", "interrupted by shutdown")
+            self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
             return
         ctx = JobContext(
             job_id=job.id,
@@ -268,7 +269,7 @@ class Executor:
         if attempt.interrupted is not None:
             self._settle_interrupted(attempt)
         elif failure is None:
-            self._settle(attempt, "complete")
+            self._settle(attempt, Operation.COMPLETE)
         else:
             self._settle_failure(attempt, failure)
 
@@ -343,23 +344,20 @@ class Executor:
 
     def _settle_interrupted(self, attempt: _Attempt) -> None:
         if attempt.interrupted == _SHUTDOWN:
-            self._settle(attempt, "release", "interrupted by shutdown")
+            self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
         else:
             self._settle_failure(attempt, JobTimeout(f"timed out after {self._job_timeout:g}s"))
 
     def _settle_failure(self, attempt: _Attempt, failure: BaseException) -> None:
-        error = _error_text(failure)
         job = attempt.job
-        if isinstance(failure, PermanentError):
-            self._settle(attempt, "fail", error)
-        elif job.attempts >= job.max_attempts:
-            self._settle(attempt, "dead_letter", error)
-        else:
+        operation = next_operation(failure, job.attempts, job.max_attempts)
+        delay = 0.0
+        if operation is Operation.RETRY_LATER:
             delay = backoff(job.attempts, self._backoff_base, self._backoff_max)
-            self._settle(attempt, "retry_later", error, delay)
+        self._settle(attempt, operation, _error_text(failure), delay)
 
     def _settle(
-        self, attempt: _Attempt, kind: str, error: str | None = None, delay: float = 0.0
+        self, attempt: _Attempt, kind: Operation, error: str | None = None, delay: float = 0.0
     ) -> None:
         """Hand the outcome to the completer; the slot is freed once it is written."""
         attempt.settled = True
@@ -375,10 +373,10 @@ class Executor:
             "job finished",
             attempt.fields,
             {
-                "outcome": metrics.OUTCOMES[kind],
+                "outcome": kind.outcome,
                 "duration_ms": round(attempt.duration * 1000, 3),
                 "error": attempt.error,
-                "retry_in": round(attempt.delay, 3) if kind == "retry_later" else None,
+                "retry_in": round(attempt.delay, 3) if kind is Operation.RETRY_LATER else None,
             },
         )
         self._free(attempt)

@@ -1,4 +1,4 @@
-"""The worker's job metrics (SPEC §8), written by child processes.
+"""The worker's job metrics (docs/operations.md, "Metrics"), written by child processes.
 
 With PROMETHEUS_MULTIPROC_DIR set (the supervisor sets it before starting any
 child), every child writes its values to files there and the supervisor's
@@ -19,14 +19,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-# Outcomes of an attempt, as they appear in logs and in the histogram's `outcome` label.
-OUTCOMES = {
-    "complete": "completed",
-    "fail": "failed",
-    "dead_letter": "dead_letter",
-    "retry_later": "retried",
-    "release": "released",
-}
+from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
 
 JOBS_COMPLETED = Counter("jobs_completed_total", "Jobs completed (outcome recorded).")
 JOBS_FAILED = Counter(
@@ -46,19 +39,30 @@ JOB_DURATION = Histogram(
 )
 
 
+# The counter each applied outcome adds to; a release counts nowhere (the attempt was given
+# back). Filled by initialise(), in the process that writes the values.
+_COUNTED: dict[Operation, Any] = {}
+
+
 def initialise() -> None:
     """Create every labelled series at zero, so dashboards see them before the first job."""
-    for status in ("failed", "dead_letter"):
-        JOBS_FAILED.labels(status=status)
-    for outcome in OUTCOMES.values():
-        JOB_DURATION.labels(outcome=outcome)
+    _COUNTED.update(
+        {
+            Operation.COMPLETE: JOBS_COMPLETED,
+            Operation.FAIL: JOBS_FAILED.labels(status=Status.FAILED),
+            Operation.DEAD_LETTER: JOBS_FAILED.labels(status=Status.DEAD_LETTER),
+            Operation.RETRY_LATER: JOBS_RETRIED,
+        }
+    )
+    for op in ATTEMPT_OUTCOMES:
+        JOB_DURATION.labels(outcome=op.outcome)
 
 
 # Attempts finished in this turn of the event loop: (kind, applied, duration).
-_pending: list[tuple[str, bool, float]] = []
+_pending: list[tuple[Operation, bool, float]] = []
 
 
-def attempt_finished(kind: str, applied: bool, duration: float) -> None:
+def attempt_finished(kind: Operation, applied: bool, duration: float) -> None:
     """Count an attempt whose outcome `kind` was written (`applied`) or found lost."""
     if not _pending:
         try:
@@ -74,21 +78,20 @@ def flush() -> None:
     """Write the counts of the attempts finished since the last flush."""
     finished = _pending[:]
     _pending.clear()
-    durations: dict[str, list[float]] = {}
-    applied_kinds: dict[str, int] = {}
+    durations: dict[Operation, list[float]] = {}
+    applied_kinds: dict[Operation, int] = {}
     for kind, applied, duration in finished:
         durations.setdefault(kind, []).append(duration)
         if applied:
             applied_kinds[kind] = applied_kinds.get(kind, 0) + 1
     for kind, values in durations.items():
-        observe_many(JOB_DURATION.labels(outcome=OUTCOMES[kind]), values)
+        observe_many(JOB_DURATION.labels(outcome=kind.outcome), values)
+    if not _COUNTED:
+        initialise()
     for kind, n in applied_kinds.items():
-        if kind == "complete":
-            JOBS_COMPLETED.inc(n)
-        elif kind in ("fail", "dead_letter"):
-            JOBS_FAILED.labels(status="failed" if kind == "fail" else "dead_letter").inc(n)
-        elif kind == "retry_later":
-            JOBS_RETRIED.inc(n)
+        counter = _COUNTED.get(kind)
+        if counter is not None:
+            counter.inc(n)
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:
@@ -112,4 +115,4 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
 def jobs_recovered(dead_lettered: int, total: int) -> None:
     JOBS_RECOVERED.inc(total)
     if dead_lettered:
-        JOBS_FAILED.labels(status="dead_letter").inc(dead_lettered)
+        JOBS_FAILED.labels(status=Status.DEAD_LETTER).inc(dead_lettered)

@@ -34,11 +34,10 @@ import sqlalchemy as sa
 from prometheus_client import multiprocess
 
 from jobcore.db import check_schema, make_engine
-from jobcore.errors import SchemaNotAtHead
+from jobcore.errors import SchemaNotAtHead, describe
 from jobcore.settings import Settings
 from jobqueue_worker import child as child_process
 from jobqueue_worker import server
-from jobqueue_worker.database import describe
 from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, Beacon
 
 log = logging.getLogger("jobqueue.worker")
