@@ -39,14 +39,14 @@ async def single(adapter: Ours, requests: int, concurrency: int) -> dict[str, An
 async def batch(adapter: Ours, jobs: int, concurrency: int) -> dict[str, Any]:
     """`jobs` submitted as POST /jobs/batch of 1,000 from `concurrency` clients: jobs/s."""
     body = json.dumps({"jobs": [{"type": JOB_TYPE, "payload": {}}] * BATCH_SIZE}).encode()
-    await adapter.submit_batch(body)  # warm, and fails fast where the route is missing
+    await adapter.submit_many(body)  # warm, and fails fast where the route is missing
     left = iter(range(max(jobs // BATCH_SIZE, 1)))
     created = 0
 
     async def client() -> None:
         nonlocal created
         for _ in left:
-            created += await adapter.submit_batch(body)
+            created += await adapter.submit_many(body)
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))

@@ -162,7 +162,7 @@ class Ours:
         if status != 201:
             raise RuntimeError(f"POST /jobs answered {status}: {answer[:200]!r}")
 
-    async def submit_batch(self, body: bytes) -> int:
+    async def submit_many(self, body: bytes) -> int:
         """POST /jobs/batch with a prepared body; returns the number of jobs created."""
         if self.api is None:
             await self.start_api()

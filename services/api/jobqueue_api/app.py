@@ -56,7 +56,7 @@ async def openapi_json(request: Request) -> Response:
 def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     routes = [
         Route("/jobs", jobs.create_job, methods=["POST"]),
-        Route("/jobs/batch", jobs.create_jobs, methods=["POST"]),
+        Route("/jobs/batch", jobs.create_many, methods=["POST"]),
         Route("/jobs/{id}", jobs.get_job, methods=["GET"]),
         Route("/jobs/{id}/status", jobs.get_status, methods=["GET"]),
         Route("/jobs/{id}/retry", jobs.retry_job, methods=["POST"]),

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from jobqueue_api.database import is_unavailable
 
-log = logging.getLogger("jobqueue_api")
+log = logging.getLogger("jobqueue.api")
 
 
 class BodyTooLarge(Exception):

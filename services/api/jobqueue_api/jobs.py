@@ -26,7 +26,7 @@ from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
 from jobqueue_api.notify import Notifier
 
-log = logging.getLogger("jobqueue_api")
+log = logging.getLogger("jobqueue.api")
 
 
 def timestamp(value: datetime | None) -> str | None:
@@ -83,7 +83,7 @@ async def submit(
     return job, created
 
 
-async def submit_batch(
+async def submit_many(
     engine: AsyncEngine, notifier: Notifier, batch: list[store.NewJob]
 ) -> list[store.Submitted]:
     """Create every job of `batch` in one statement; per-item results in input order."""
@@ -137,23 +137,23 @@ async def create_job(request: Request) -> Response:
     return JSONResponse(job_json(job), status_code=200)
 
 
-async def create_jobs(request: Request) -> Response:
+async def create_many(request: Request) -> Response:
     """POST /jobs/batch: all items valid or nothing written; one statement for all."""
     settings: Settings = request.app.state.settings
     try:
-        batch = validation.new_jobs(
+        batch = validation.new_many(
             validation.parse_json(await request.body()),
             known_types=registered_types(),
             default_max_attempts=settings.max_attempts,
         )
     except validation.Invalid as exc:
         return error_response(400, str(exc))
-    results = await submit_batch(_engine(request), _notifier(request), batch)
+    results = await submit_many(_engine(request), _notifier(request), batch)
     pairs = zip(results, batch, strict=True)
-    return JSONResponse({"results": [_batch_result(result, new) for result, new in pairs]})
+    return JSONResponse({"results": [_many_result(result, new) for result, new in pairs]})
 
 
-def _batch_result(result: store.Submitted, new: store.NewJob) -> dict[str, Any]:
+def _many_result(result: store.Submitted, new: store.NewJob) -> dict[str, Any]:
     if result.job_id is None:
         return {
             "status": result.result,

@@ -40,7 +40,7 @@ from jobcore.settings import Settings, load_settings, parse_addr
 from jobqueue_api.app import create_app
 from jobqueue_api.database import is_unavailable, open_engine
 
-log = logging.getLogger("jobqueue_api")
+log = logging.getLogger("jobqueue.api")
 
 # An open connection with no request in progress, or with a request head still
 # incomplete, is closed after this long (Hypercorn's keep-alive timer covers both).

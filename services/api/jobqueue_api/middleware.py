@@ -23,7 +23,7 @@ from jobcore.logs import bind
 from jobqueue_api import metrics
 from jobqueue_api.errors import BodyTooLarge, error_response, response_for
 
-log = logging.getLogger("jobqueue_api.access")
+log = logging.getLogger("jobqueue.api.access")
 
 # The status logged (never sent) when the client disconnects mid-request, as nginx does.
 CLIENT_CLOSED = 499

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
 
-log = logging.getLogger("jobqueue_api")
+log = logging.getLogger("jobqueue.api")
 
 NOTIFY_TIMEOUT = 2.0
 INLINE_EVERY = 0.005

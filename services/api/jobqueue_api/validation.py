@@ -136,7 +136,7 @@ def new_job(
     )
 
 
-def new_jobs(body: Any, *, known_types: Iterable[str], default_max_attempts: int) -> list[NewJob]:
+def new_many(body: Any, *, known_types: Iterable[str], default_max_attempts: int) -> list[NewJob]:
     """Validate a bulk create request `{"jobs": [...]}`: every item or none.
 
     Each item is a create request plus an optional `idempotency_key`. When any
