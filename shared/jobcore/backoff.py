@@ -1,4 +1,5 @@
-"""Retry delay after a retryable failure: capped exponential growth with jitter."""
+"""Waits after failures: a job's retry delay (`backoff`), and the waits between tries of
+an action that keeps failing (`Retry`). Capped exponential growth with jitter."""
 
 from __future__ import annotations
 
@@ -21,3 +22,25 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = N
     else:
         ceiling = base * 2.0 ** min(attempt - 1, 1023)
     return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+class Retry:
+    """The waits between tries of an action that keeps failing (a reconnect, a write, a
+    claim during an outage): `backoff()` of the number of failures in a row, from `first`
+    seconds up to `limit`; a success starts over."""
+
+    def __init__(self, first: float, limit: float, rng: random.Random | None = None) -> None:
+        if not 0 < first <= limit:
+            raise ValueError(f"need 0 < first <= limit, got first={first}, limit={limit}")
+        self.first = first
+        self.limit = limit
+        self.failures = 0
+        self._rng = rng
+
+    def failed(self) -> float:
+        """Count a failure; returns the seconds to wait before the next try."""
+        self.failures += 1
+        return backoff(self.failures, self.first, self.limit, self._rng)
+
+    def succeeded(self) -> None:
+        self.failures = 0

@@ -1,4 +1,5 @@
-"""Backoff per SPEC §3: uniform in [c/2, c], c = min(base * 2^(n-1), cap)."""
+"""Backoff as documented (docs/worker.md, "Record"): uniform in [c/2, c],
+c = min(base * 2^(n-1), cap); and the waits of `Retry`, built on it."""
 
 import random
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobcore.backoff import backoff
+from jobcore.backoff import Retry, backoff
 
 
 def ceiling(attempt: int, base: float, cap: float) -> float:
@@ -46,3 +47,18 @@ def test_huge_attempt_numbers_do_not_overflow():
 def test_attempt_below_one_is_rejected():
     with pytest.raises(ValueError):
         backoff(0, 1.0, 2.0)
+
+
+def test_retry_waits_grow_from_first_to_the_limit_and_start_over_after_a_success():
+    retry = Retry(0.5, 4.0, random.Random(1))
+    waits = [retry.failed() for _ in range(6)]
+    ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True))
+    retry.succeeded()
+    assert 0.25 <= retry.failed() <= 0.5
+
+
+@pytest.mark.parametrize(("first", "limit"), [(0, 1), (-1, 1), (2, 1)])
+def test_retry_refuses_waits_that_are_not_positive_and_ordered(first, limit):
+    with pytest.raises(ValueError):
+        Retry(first, limit)

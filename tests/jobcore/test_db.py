@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from jobcore.db import check_url, connect_args, make_engine
 from jobcore.errors import ConfigError
 from jobcore.settings import load_settings
-from jobqueue_worker.listener import listen
+from jobqueue_worker.listener import Listener
 
 
 def with_query(url: str, query: str) -> str:
@@ -141,7 +141,7 @@ async def test_the_listener_connects_through_the_same_translation(database_url, 
     url = with_query(database_url, "sslmode=disable&application_name=listener-from-url")
     stopped = asyncio.Event()
     woken = asyncio.Event()
-    task = asyncio.create_task(listen(url, woken.set, stopped))
+    task = asyncio.create_task(Listener(url, woken.set).run(stopped))
     try:
         async with asyncio.timeout(20):
             await woken.wait()  # woken once connected

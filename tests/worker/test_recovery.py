@@ -12,7 +12,7 @@ from jobcore import compiled, store
 from jobcore.schema import jobs
 from jobcore.states import Status
 from jobqueue_worker.database import PgJobStore
-from jobqueue_worker.recovery import recover_once, run_recovery
+from jobqueue_worker.recovery import Recovery
 from tests.pg import driver
 from tests.worker.support import eventually, fetch, submit
 
@@ -34,7 +34,7 @@ async def test_expired_leases_go_back_to_pending_or_dead_letter_counted_and_logg
     try:
         with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
             # The leases run out 50 ms after the claim, by the database's clock.
-            await eventually(lambda: recover_once(pg), 10, "the expired leases")
+            await eventually(lambda: Recovery(pg, 60).run_once(), 10, "the expired leases")
     finally:
         await pg.close()
 
@@ -55,7 +55,7 @@ async def test_recovery_runs_at_start_and_stops_when_told(engine):
     await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
     stopped = asyncio.Event()
     pg = PgJobStore(engine)
-    loop = asyncio.create_task(run_recovery(pg, 3600, stopped))
+    loop = asyncio.create_task(Recovery(pg, 3600).run(stopped))
     await eventually(lambda: _status(engine, job, Status.PENDING), 10, "recovery on the first pass")
     stopped.set()
     await asyncio.wait_for(loop, 5)
@@ -87,9 +87,38 @@ async def test_recovery_takes_back_more_expired_leases_than_one_statement_holds(
         )
     pg = PgJobStore(engine)
     try:
-        assert await recover_once(pg) == count
+        assert await Recovery(pg, 60).run_once() == count
     finally:
         await pg.close()
     async with engine.connect() as conn:
         statuses = (await conn.execute(sa.select(jobs.c.status).distinct())).scalars().all()
     assert statuses == ["pending"]
+
+
+async def test_a_failing_round_is_retried_soon_not_after_the_interval(engine):
+    """A database failure does not cost a whole RECOVERY_INTERVAL: the loop retries with
+    backoff, and once the database answers it takes the lease back."""
+    (job,) = await submit(engine, "sleep", {"duration": "0s"})
+    async with engine.begin() as conn:
+        await compiled.claim(await driver(conn), 1, 0.01)
+    await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
+
+    class Flaky:
+        calls = 0
+
+        async def recover_expired(self):
+            Flaky.calls += 1
+            if Flaky.calls <= 2:
+                raise ConnectionError("refused")
+            return await pg.recover_expired()
+
+    pg = PgJobStore(engine)
+    stopped = asyncio.Event()
+    loop = asyncio.create_task(Recovery(Flaky(), 3600).run(stopped))  # type: ignore[arg-type]
+    try:
+        await eventually(lambda: _status(engine, job, Status.PENDING), 10, "the retried round")
+    finally:
+        stopped.set()
+        await asyncio.wait_for(loop, 5)
+        await pg.close()
+    assert Flaky.calls == 3

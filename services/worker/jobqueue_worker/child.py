@@ -33,9 +33,9 @@ from jobqueue_worker.completer import Completer
 from jobqueue_worker.database import POOL_SIZE, PgJobStore
 from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
-from jobqueue_worker.listener import listen
+from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
-from jobqueue_worker.recovery import run_recovery
+from jobqueue_worker.recovery import Recovery
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -98,14 +98,18 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         pre_ping=False,
     )
     store = PgJobStore(engine)
-    completer = Completer(store, batch_size=settings.workers, linger=_LINGER)
+    recycle = _Recycle(beacon, settings.workers, stop)
+    # The slots record through the completer, the completer claims for the dispatcher, the
+    # dispatcher fills the slots: a cycle, closed by the two late-bound callbacks below.
     executor = Executor(
-        completer.add,
+        lambda outcome, recorded: completer.add(outcome, recorded),
         slots=settings.workers,
         job_timeout=settings.job_timeout,
         backoff_base=settings.backoff_base,
         backoff_max=settings.backoff_max,
         webhook_allow_private=settings.webhook_allow_private,
+        on_slot_freed=lambda: dispatcher.slot_freed(),
+        on_abandoned=recycle.abandoned_changed,
     )
     dispatcher = Dispatcher(
         store,
@@ -113,10 +117,9 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         poll_interval=settings.poll_interval,
         lease_seconds=settings.lease_duration,
     )
-    executor.on_slot_freed = dispatcher.slot_freed
-    completer.claimer = dispatcher
-    recycle = _Recycle(beacon, settings.workers, stop)
-    executor.on_abandoned = recycle.abandoned_changed
+    completer = Completer(store, batch_size=settings.workers, linger=_LINGER, claimer=dispatcher)
+    recovery = Recovery(store, settings.recovery_interval)
+    listener = Listener(settings.database_url, dispatcher.wake)
     metrics.initialise()
     # What start-up made (modules, SQLAlchemy's tables and caches) lives as long as the
     # process: frozen, full collections stop walking it again and again under load.
@@ -135,12 +138,8 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     loops = {
         dispatching,
         asyncio.create_task(completer.run(), name="completer"),
-        asyncio.create_task(
-            run_recovery(store, settings.recovery_interval, maintenance_stop), name="recovery"
-        ),
-        asyncio.create_task(
-            listen(settings.database_url, dispatcher.wake, maintenance_stop), name="listener"
-        ),
+        asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
+        asyncio.create_task(listener.run(maintenance_stop), name=listener.name),
     }
     watcher = asyncio.create_task(_watch_parent(stop))
     stopped = asyncio.create_task(stop.wait())

@@ -24,15 +24,16 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from jobcore import logs
+from jobcore.backoff import Retry
 from jobcore.states import ATTEMPT_OUTCOMES, Operation
 from jobcore.store import Claimed, Lease
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
 
-# Retry of a failed write: start fast, because most failures are one broken connection.
+# Retries of a failed write start fast: most failures are one broken connection.
 _RETRY_FIRST = 0.05
-_RETRY_MAX = 2.0
+_RETRY_LIMIT = 2.0
 
 
 class Outcome(NamedTuple):
@@ -71,6 +72,7 @@ class Completer:
         *,
         batch_size: int = 100,
         linger: float = 0.0,
+        claimer: Claimer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if batch_size < 1:
@@ -85,7 +87,7 @@ class Completer:
         self._closing = False
         self._stopped = False
         self._late: set[asyncio.Task[None]] = set()
-        self.claimer: Claimer | None = None
+        self.claimer = claimer
 
     def add(self, outcome: Outcome, recorded: Recorded) -> None:
         """Write `outcome`, then call `recorded(applied)`: True if it applied, False if the
@@ -156,6 +158,7 @@ class Completer:
                 await self._write_kind(kind, items)
 
     async def _write_kind(self, kind: Operation, items: list[_Waiting]) -> None:
+        retry = Retry(_RETRY_FIRST, _RETRY_LIMIT)
         delay = _RETRY_FIRST
         while items:
             # Every slot of the batch is free once it is written: claim for them meanwhile.
@@ -175,8 +178,8 @@ class Completer:
                 # The store logs the outage; keep trying while the leases still hold.
                 items = self._drop_expired(items, margin=delay)
                 if items:
+                    delay = retry.failed()
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, _RETRY_MAX)
                 continue
             lost_leases = set(lost)
             # The callbacks log a line per job: one write for the batch.

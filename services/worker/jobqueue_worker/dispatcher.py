@@ -22,13 +22,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from jobcore import logs
+from jobcore.backoff import Retry
 from jobcore.store import Claimed
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
-
-_RETRY_FIRST = 0.25
-_RETRY_MAX = 5.0
 
 
 class Slots(Protocol):
@@ -90,7 +88,8 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        failures = 0
+        # Claims failing in a row (the database is unavailable): wait, not a busy loop.
+        retry = Retry(0.25, 5.0)
         while not self._stopping:
             self._wake.clear()
             free = self._slots.free
@@ -105,12 +104,11 @@ class Dispatcher:
                 jobs = await self._store.claim(free, self._lease_seconds)
             except Exception:
                 # PgJobStore logs the outage once; back off so an outage is not a busy loop.
-                failures += 1
                 self._last_claim_full = False
                 log.debug("claim failed", exc_info=True)
-                await self._idle(min(_RETRY_FIRST * 2 ** min(failures - 1, 16), _RETRY_MAX))
+                await self._idle(retry.failed())
                 continue
-            failures = 0
+            retry.succeeded()
             self._last_claim_full = len(jobs) >= free
             # A line per job started: one write for the claim.
             with logs.batch():

@@ -13,68 +13,76 @@ sent while nobody listened are lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 import asyncpg
 
+from jobcore.backoff import Retry
 from jobcore.db import connect_args
+from jobcore.errors import describe
 from jobcore.store import NOTIFY_CHANNEL
+from jobqueue_worker.loops import Loop
 
 log = logging.getLogger("jobqueue.worker")
 
 CHECK_INTERVAL = 5.0
 CHECK_TIMEOUT = 2.0
 CONNECT_TIMEOUT = 5.0
-_RETRY_FIRST = 0.25
-_RETRY_MAX = 5.0
 
 
-async def listen(
-    database_url: str,
-    wake: Callable[[], None],
-    stopped: asyncio.Event,
-    *,
-    check_interval: float = CHECK_INTERVAL,
-) -> None:
-    """Hold a LISTEN connection until `stopped` is set, calling `wake()` on each notification."""
-    failures = 0
-    while not stopped.is_set():
-        conn: asyncpg.Connection | None = None
+class Listener(Loop):
+    """Holds the LISTEN connection, calling `wake()` on each notification. Each round
+    connects if there is no connection, else checks the one there is."""
+
+    name = "listener"
+
+    def __init__(
+        self, database_url: str, wake: Callable[[], None], check_interval: float = CHECK_INTERVAL
+    ) -> None:
+        super().__init__(check_interval, Retry(0.25, 5.0))
+        self._database_url = database_url
+        self._wake = wake
+        self._conn: asyncpg.Connection | None = None
+
+    async def run_once(self) -> None:
         try:
-            conn = await asyncpg.connect(
-                **connect_args(
-                    database_url,
-                    application_name="jobqueue-worker-listen",
-                    timeout=CONNECT_TIMEOUT,
-                )
-            )
-            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: wake())
-            log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL})
-            failures = 0
-            wake()
-            while not stopped.is_set():
-                if await _wait(stopped, check_interval):
-                    break
+            if self._conn is None:
+                await self._connect()
+            else:
                 async with asyncio.timeout(CHECK_TIMEOUT):
-                    await conn.fetchval("SELECT 1")
-        except Exception as exc:
-            failures += 1
-            if failures == 1:
-                log.warning(
-                    "wake-up listener lost", extra={"error": f"{type(exc).__name__}: {exc}"}
-                )
-            await _wait(stopped, min(_RETRY_FIRST * 2 ** min(failures - 1, 16), _RETRY_MAX))
+                    await self._conn.fetchval("SELECT 1")
+        except BaseException:
+            self.close()
+            raise
+
+    async def _connect(self) -> None:
+        self._conn = await asyncpg.connect(
+            **connect_args(
+                self._database_url,
+                application_name="jobqueue-worker-listen",
+                timeout=CONNECT_TIMEOUT,
+            )
+        )
+        await self._conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
+        log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL})
+        # Notifications sent while nobody listened are lost: look for due jobs now.
+        self._wake()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            # terminate(), not close(): close() would wait on a half-open socket.
+            self._conn.terminate()
+            self._conn = None
+
+    def failed(self, exc: Exception) -> None:
+        log.warning("wake-up listener lost", extra={"error": describe(exc)})
+
+    def recovered(self) -> None:
+        pass  # "listening for wake-ups" says it
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await super().run(stop)
         finally:
-            if conn is not None:
-                # terminate(), not close(): close() would wait on a half-open socket.
-                conn.terminate()
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> bool:
-    """Wait up to `seconds` for `event`; True if it is set."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    return event.is_set()
+            self.close()

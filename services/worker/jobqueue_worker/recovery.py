@@ -8,42 +8,43 @@ worker process runs the loop; the statement is safe to run concurrently.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
+from jobcore.backoff import Retry
 from jobcore.states import Status
 from jobcore.store import RECOVER_BATCH
 from jobqueue_worker import metrics
 from jobqueue_worker.database import JobStore
+from jobqueue_worker.loops import Loop
 
 log = logging.getLogger("jobqueue.worker")
 
 
-async def recover_once(store: JobStore) -> int:
-    """Run recover_expired until no expired lease is left (it takes at most RECOVER_BATCH
-    jobs a statement); returns how many jobs it took back, those before a database failure."""
-    total = 0
-    while True:
-        try:
-            recovered = await store.recover_expired()
-        except Exception:
-            log.debug("recover_expired failed", exc_info=True)  # PgJobStore logs the outage
-            return total
-        for job_id, status in recovered:
-            log.warning("job recovered", extra={"job_id": str(job_id), "status": status.value})
-        if recovered:
-            dead = sum(1 for _, status in recovered if status is Status.DEAD_LETTER)
-            metrics.jobs_recovered(dead_lettered=dead, total=len(recovered))
-        total += len(recovered)
-        if len(recovered) < RECOVER_BATCH:
-            return total
+class Recovery(Loop):
+    """`recover_expired` until no expired lease is left, every `interval` seconds."""
 
+    name = "recovery"
 
-async def run_recovery(store: JobStore, interval: float, stopped: asyncio.Event) -> None:
-    """recover_once now and every `interval` seconds until `stopped` is set."""
-    while not stopped.is_set():
-        await recover_once(store)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(interval):
-                await stopped.wait()
+    def __init__(self, store: JobStore, interval: float) -> None:
+        super().__init__(interval, Retry(0.25, min(interval, 5.0)))
+        self._store = store
+
+    async def run_once(self) -> int:
+        """Take back every expired lease (at most RECOVER_BATCH a statement); returns how many."""
+        total = 0
+        while True:
+            recovered = await self._store.recover_expired()
+            for job_id, status in recovered:
+                log.warning("job recovered", extra={"job_id": str(job_id), "status": status.value})
+            if recovered:
+                dead = sum(1 for _, status in recovered if status is Status.DEAD_LETTER)
+                metrics.jobs_recovered(dead_lettered=dead, total=len(recovered))
+            total += len(recovered)
+            if len(recovered) < RECOVER_BATCH:
+                return total
+
+    def failed(self, exc: Exception) -> None:
+        log.debug("recover_expired failed", exc_info=exc)  # PgJobStore logs the outage
+
+    def recovered(self) -> None:
+        pass  # and its end

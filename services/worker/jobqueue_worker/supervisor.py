@@ -1,10 +1,10 @@
 """The supervisor: runs WORKER_PROCESSES worker processes and the worker's HTTP endpoints.
 
 It waits for the database schema to be at head, starts the children (spawn
-method), and restarts one that dies unexpectedly after a delay that doubles
-with each quick death (reset once a child has lived STABLE_AFTER seconds), so
-a crash loop cannot spin. The first SIGTERM/SIGINT makes `/readyz` answer 503
-and is forwarded to the children as SIGTERM (graceful shutdown); the
+method), and restarts one that dies unexpectedly after a delay that grows with
+each quick death (a `jobcore.backoff.Retry`, reset once a child has lived
+STABLE_AFTER seconds), so a crash loop cannot spin. The first SIGTERM/SIGINT
+makes `/readyz` answer 503 and is forwarded to the children as SIGTERM (graceful shutdown); the
 supervisor exits 0 when all of them have. A second signal kills them at once.
 
 Each child's event loop turns a heartbeat (`jobqueue_worker.liveness`). A child
@@ -27,12 +27,13 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
 import sqlalchemy as sa
 from prometheus_client import multiprocess
 
+from jobcore.backoff import Retry
 from jobcore.db import check_schema, make_engine
 from jobcore.errors import SchemaNotAtHead, describe
 from jobcore.settings import Settings
@@ -59,7 +60,8 @@ class _Child:
     index: int
     process: BaseProcess | None = None
     started_at: float = 0.0
-    quick_deaths: int = 0
+    # Deaths in a row, each before STABLE_AFTER: the restart waits grow with them.
+    deaths: Retry = field(default_factory=lambda: Retry(RESTART_FIRST, RESTART_MAX))
     restart: asyncio.TimerHandle | None = None
     beacon: Beacon | None = None
     # Last time the supervisor saw it stopped (SIGSTOP): its loop could not turn before.
@@ -161,7 +163,7 @@ class Supervisor:
 
     async def _wait_for_schema(self) -> bool:
         """Check the schema is at head, waiting out an unreachable database; False if stopped."""
-        delay, down = 0.5, False
+        retry, down = Retry(0.5, 5.0), False
         while not self.shutting_down:
             try:
                 async with asyncio.timeout(SCHEMA_TIMEOUT):
@@ -172,11 +174,9 @@ class Supervisor:
                 if not down:
                     log.warning("database unavailable", extra={"error": describe(exc)})
                     down = True
-                try:
-                    async with asyncio.timeout(delay):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(retry.failed()):
                         await self._stop.wait()
-                except TimeoutError:
-                    delay = min(delay * 2, 5.0)
                 continue
             if down:
                 log.info("database available again")
@@ -225,9 +225,8 @@ class Supervisor:
                 self._all_exited.set()
             return
         if time.monotonic() - child.started_at >= STABLE_AFTER:
-            child.quick_deaths = 0
-        delay = min(RESTART_FIRST * 2 ** min(child.quick_deaths, 16), RESTART_MAX)
-        child.quick_deaths += 1
+            child.deaths.succeeded()
+        delay = child.deaths.failed()
         self.restarts += 1
         if code == child_process.RECYCLE_EXIT:
             self.recycles += 1
