@@ -1,4 +1,4 @@
-"""Configuration from environment variables (SPEC §7), validated once at startup.
+"""Configuration from environment variables (docs/configuration.md), validated once at startup.
 
 `load_settings()` raises `ConfigError` naming the first variable at fault, so a
 service can print one line and exit with status 2.

@@ -1,4 +1,5 @@
-"""POST /jobs/batch (SPEC §4): all-or-nothing validation, one statement, per-item results."""
+"""POST /jobs/batch (docs/api.md, "Bulk submit"): all-or-nothing validation, one statement,
+per-item results."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Whatever arrives (any JSON value, random bytes under any Content-Type, numbers o
 any size, nesting of any depth, long strings, U+0000 and lone surrogates, odd
 Idempotency-Key values) the answer is never a 5xx, every 4xx is `{"error": ...}`,
 and a row is written exactly when the answer is 201. Where the outcome is
-decidable from the input, an oracle written from SPEC §4 predicts it.
+decidable from the input, an oracle written from docs/api.md predicts it.
 
 Each test reuses one app and one database across its examples and compares the
 row count before and after every request. `FUZZ_EXAMPLES` sets the examples per
@@ -31,7 +31,7 @@ from jobcore.registry import registered_types
 from jobqueue_api.validation import CREATE_FIELDS, MAX_DEPTH, MAX_KEY_LENGTH
 from tests.api.conftest import job_count
 
-MAX_BODY_BYTES = 1_048_576  # SPEC §7 default
+MAX_BODY_BYTES = 1_048_576  # the documented default
 TYPES = sorted(registered_types())
 
 
@@ -96,7 +96,7 @@ def _text_ok(text: str, escaped: bool) -> bool:
 
 
 def storable(value: Any, escaped: bool, depth: int = 1) -> bool:
-    """PostgreSQL jsonb can hold it and the API's limits allow it (SPEC §4)."""
+    """PostgreSQL jsonb can hold it and the API's limits allow it (docs/api.md)."""
     if isinstance(value, dict):
         return depth <= MAX_DEPTH and all(
             _text_ok(k, escaped) and storable(v, escaped, depth + 1) for k, v in value.items()
@@ -111,7 +111,7 @@ def storable(value: Any, escaped: bool, depth: int = 1) -> bool:
 
 
 def accepted(value: Any, escaped: bool) -> bool:
-    """A valid create request (SPEC §4) that can be stored."""
+    """A valid create request (docs/api.md, "Jobs") that can be stored."""
     if not isinstance(value, dict) or not set(value) <= set(CREATE_FIELDS):
         return False
     if not (isinstance(value.get("type"), str) and value["type"] in TYPES):
@@ -415,7 +415,8 @@ async def test_unicode_in_keys_and_values_round_trips_or_is_a_400(
 
 
 def key_is_valid(raw: bytes) -> bool:
-    """SPEC §4: 1–255 printable characters (ASCII; edges not blank, which HTTP would strip)."""
+    """docs/api.md, "Idempotency": 1–255 printable characters (ASCII; edges not blank,
+    which HTTP would strip)."""
     return (
         1 <= len(raw) <= MAX_KEY_LENGTH
         and all(0x20 <= b <= 0x7E for b in raw)

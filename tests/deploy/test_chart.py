@@ -16,7 +16,7 @@ from tests.deploy.script import validate_deploy
 Manifest = dict[str, Any]
 render = validate_deploy.render_chart
 find = validate_deploy.find
-SPEC_NAMES = {name.upper() for name in Settings.model_fields}
+SETTING_NAMES = {name.upper() for name in Settings.model_fields}
 MARGIN = 15  # terminationGraceMarginSeconds in values.yaml
 
 
@@ -226,7 +226,7 @@ def test_rendered_settings_are_accepted_by_the_services(
 ) -> None:
     manifests = default_manifests if values == "default" else production_manifests
     data = config_map(manifests)
-    assert set(data) <= SPEC_NAMES
+    assert set(data) <= SETTING_NAMES
     secrets = {s["metadata"]["name"]: s["stringData"] for s in find(manifests, "Secret")}
     for suffix in ("-api", "-worker"):
         main = container(only(manifests, "Deployment", suffix))

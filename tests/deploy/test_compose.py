@@ -7,7 +7,7 @@ from typing import Any
 from jobcore.settings import Settings, load_settings, parse_addr, parse_duration
 from tests.deploy.script import validate_deploy
 
-SPEC_NAMES = {name.upper() for name in Settings.model_fields}
+SETTING_NAMES = {name.upper() for name in Settings.model_fields}
 
 
 def test_compose_resolves_with_database_migration_api_and_worker(compose: dict[str, Any]) -> None:
@@ -82,7 +82,7 @@ def test_stop_grace_period_exceeds_shutdown_timeout_plus_drain_delay(
 def test_settings_use_the_services_variable_names_and_load(compose: dict[str, Any]) -> None:
     for name in ("api", "worker", "migrate"):
         env = compose["services"][name]["environment"]
-        assert set(env) - SPEC_NAMES <= {"PROMETHEUS_MULTIPROC_DIR"}, name
+        assert set(env) - SETTING_NAMES <= {"PROMETHEUS_MULTIPROC_DIR"}, name
         load_settings(env)  # raises ConfigError naming the variable at fault
 
 

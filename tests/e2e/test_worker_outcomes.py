@@ -31,7 +31,7 @@ async def _attempts(engine, job_id) -> int:
     return (await fetch(engine, [job_id]))[job_id].attempts
 
 
-async def test_attempt_outcomes_follow_the_spec(database_url, engine, tmp_path):
+async def test_attempt_outcomes_follow_the_documented_rules(database_url, engine, tmp_path):
     flag = tmp_path / "still-failing"
     flag.touch()
     failing = (await submit(engine, "test.fail", max_attempts=5))[0]

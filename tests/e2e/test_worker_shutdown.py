@@ -1,5 +1,6 @@
-"""Graceful shutdown of a real worker (SPEC §6): finish and record running jobs, claim
-nothing new, release what outlives SHUTDOWN_TIMEOUT, exit 0; a second signal is immediate."""
+"""Graceful shutdown of a real worker (docs/worker.md, "Shutdown"): finish and record running
+jobs, claim nothing new, release what outlives SHUTDOWN_TIMEOUT, exit 0; a second signal is
+immediate."""
 
 from __future__ import annotations
 

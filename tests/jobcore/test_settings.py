@@ -1,4 +1,5 @@
-"""Settings per SPEC §7: defaults, Go-style durations, one clear error naming the variable."""
+"""Settings as documented (docs/configuration.md): defaults, Go-style durations, one clear
+error naming the variable."""
 
 import string
 import urllib.parse
@@ -35,7 +36,7 @@ def test_bad_durations_are_rejected(text):
         parse_duration(text)
 
 
-def test_defaults_match_the_spec():
+def test_defaults_are_the_documented_ones():
     s = load_settings({})
     assert s.database_url == "postgresql://localhost:5432/jobqueue"
     assert (s.http_addr, s.metrics_addr) == (":8080", ":9090")

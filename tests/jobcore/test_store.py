@@ -1,4 +1,4 @@
-"""Store guarantees under concurrency and crashes (SPEC §3, §10), on a real PostgreSQL."""
+"""Store guarantees under concurrency and crashes (docs/guarantees.md), on a real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Alembic owns the schema (SPEC §9): upgrade, re-run, concurrent runs, downgrade, no drift."""
+"""Alembic owns the schema (docs/operations.md, "Migrations"): upgrade, re-run, concurrent
+runs, downgrade, no drift."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore.db import make_engine
 
-# Not configurable in SPEC §7: one API process rarely benefits from more, and
-# PostgreSQL's connection budget is shared with every worker.
+# Not a setting (docs/api.md, "Database connections"): one API process rarely benefits
+# from more, and PostgreSQL's connection budget is shared with every worker.
 POOL_SIZE = 10
 CONNECT_TIMEOUT = 2.0
 # Server-side bound on one statement; API statements take milliseconds.
