@@ -9,6 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from jobcore.errors import describe
 from jobqueue_api.database import is_unavailable
 
 log = logging.getLogger("jobqueue.api")
@@ -54,5 +55,4 @@ def response_for(exc: Exception) -> JSONResponse:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:300]
+    return describe(exc).splitlines()[0][:300]

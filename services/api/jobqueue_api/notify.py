@@ -17,6 +17,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
+from jobcore.errors import describe
 
 log = logging.getLogger("jobqueue.api")
 
@@ -53,7 +54,7 @@ class Notifier:
                     async with asyncio.timeout(NOTIFY_TIMEOUT), self._engine.begin() as conn:
                         await store.notify(conn)
                 except Exception as exc:  # workers still poll: a lost wake-up is only latency
-                    log.debug("notify failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+                    log.debug("notify failed", extra={"error": describe(exc)})
         finally:
             self._sending = None
 

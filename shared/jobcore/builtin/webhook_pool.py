@@ -30,6 +30,8 @@ from typing import Any
 import certifi
 import httpcore
 
+from jobcore.errors import describe
+
 try:
     import sniffio  # noqa: F401
 except ImportError:
@@ -208,9 +210,9 @@ async def post(
         try:
             response = await pool.handle_async_request(request)
         except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-            raise DeliveryFailed(f"cannot connect to {to.host}: {_describe(exc)}") from None
+            raise DeliveryFailed(f"cannot connect to {to.host}: {describe(exc)}") from None
         except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            raise DeliveryFailed(f"webhook to {to.host} failed: {_describe(exc)}") from None
+            raise DeliveryFailed(f"webhook to {to.host} failed: {describe(exc)}") from None
         try:
             await _drain(response)
         finally:
@@ -231,7 +233,3 @@ async def _drain(response: httpcore.Response) -> None:
                     return
     except (TimeoutError, httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError):
         pass  # the status is already known; the connection is just not reused
-
-
-def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
