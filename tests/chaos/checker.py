@@ -2,11 +2,13 @@
 
 Inputs: the final `jobs` rows, the client's acknowledgements, the handlers'
 execution records (`tests.chaos.handlers`), the workers' JSON log lines
-(`job finished`, `lease lost`) and the faults that were injected. Output: the
+(`job finished`, `lease lost`, and the abandonment of a handler that outlived its
+attempt) and the faults that were injected. Output: the
 violated invariants (each one sentence) and the summary table.
 
 The guarantees checked (SPEC §10):
 - every acknowledged job reached a resting state (completed, failed, dead_letter): none lost;
+- no job ended dead_letter without any recorded execution (it never ran);
 - no job is left `processing` with an expired lease; no idempotency key made two jobs;
 - no outcome was written by a stale lease: a write that applied although a newer
   claim of the job had started before the attempt even ended;
@@ -29,6 +31,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 AT_REST = ("completed", "failed", "dead_letter")
+# Worker log lines saying an attempt was recorded while its handler ran on (a thread that
+# cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
+# its lease, ended then, whenever the handler itself returned.
+ABANDONED = ("handler thread abandoned", "handler did not stop when cancelled")
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class Write:
     finished_at: float | None = None
     lost: bool = False  # a `lease lost` line: the write matched no row
     lost_at: float | None = None
+    abandoned_at: float | None = None  # the worker gave up on the handler, which ran on
 
     @property
     def applied(self) -> bool:
@@ -131,19 +138,31 @@ def executions(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Ex
 
 
 def writes(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Write]:
-    """The workers' `job finished` and `lease lost` lines, by (job_id, lease_token)."""
+    """The workers' `job finished`, `lease lost` and abandonment lines, by (job_id,
+    lease_token)."""
     found: dict[tuple[str, int], Write] = {}
     for e in entries:
         msg = e.get("msg")
-        if msg not in ("job finished", "lease lost") or "lease_token" not in e:
+        if msg not in ("job finished", "lease lost", *ABANDONED) or "lease_token" not in e:
             continue
         key = (str(e["job_id"]), int(e["lease_token"]))
         w = found.setdefault(key, Write(*key))
         if msg == "job finished":
             w.outcome, w.finished_at = e.get("outcome"), log_time(e["time"])
-        else:
+        elif msg == "lease lost":
             w.lost, w.lost_at = True, log_time(e["time"])
+        else:
+            w.abandoned_at = log_time(e["time"])
     return found
+
+
+def attempt_end(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float | None:
+    """When execution `e` stopped holding its job: its handler's end, or earlier, when the
+    worker abandoned the handler and recorded the attempt without it."""
+    w = logged.get((e.job_id, e.lease_token))
+    if w is not None and w.abandoned_at is not None:
+        return w.abandoned_at if e.end is None else min(e.end, w.abandoned_at)
+    return e.end
 
 
 # --- the checks --------------------------------------------------------------------
@@ -174,9 +193,10 @@ def check(
     paused = {pid for f in faults for pid in f.paused_pids}
 
     lost = _check_acknowledged(by_id, acks, bad)
+    never_ran = _check_never_ran(by_id, acks, per_job, bad)
     _check_rows(rows, bad)
     stale = _check_stale_writes(per_job, logged, by_id, bad)
-    _check_overlaps(per_job, lease_duration, tolerance, bad)
+    _check_overlaps(per_job, logged, lease_duration, tolerance, bad)
     causes, after_success = _explain_reruns(per_job, logged, killed, paused, bad)
     _check_attempts(rows, execs, bad)
     _check_final_lease(rows, execs, bad)
@@ -189,6 +209,7 @@ def check(
         "failed": statuses["failed"],
         "dead_lettered": statuses["dead_letter"],
         "lost": lost,
+        "never_ran": never_ran,
         "executions": len(execs),
         "retries": causes.get("retry", 0),
         "duplicate_executions": sum(duplicates.values()),
@@ -229,6 +250,22 @@ def _check_acknowledged(by_id: Mapping[str, JobRow], acks: Sequence[Ack], bad: l
     return lost
 
 
+def _check_never_ran(
+    by_id: Mapping[str, JobRow],
+    acks: Sequence[Ack],
+    per_job: Mapping[str, list[Execution]],
+    bad: list[str],
+) -> int:
+    """Acknowledged jobs that ended dead_letter without a single recorded execution."""
+    never = 0
+    for job_id in sorted({ack.job_id for ack in acks}):
+        row = by_id.get(job_id)
+        if row is not None and row.status == "dead_letter" and not per_job.get(job_id):
+            never += 1
+            bad.append(f"job {job_id} ended dead_letter after {row.attempts} attempts, none ran")
+    return never
+
+
 def _check_rows(rows: Sequence[JobRow], bad: list[str]) -> None:
     keys = Counter(row.idempotency_key for row in rows if row.idempotency_key is not None)
     for key, n in keys.items():
@@ -255,7 +292,8 @@ def _check_stale_writes(
         newer = [e for e in per_job.get(job_id, []) if e.lease_token > token]
         mine = next((e for e in per_job.get(job_id, []) if e.lease_token == token), None)
         if w.applied:
-            ended = mine.end if mine is not None and mine.end is not None else w.finished_at
+            end = attempt_end(mine, logged) if mine is not None else None
+            ended = end if end is not None else w.finished_at
             assert ended is not None
             early = [e for e in newer if e.start < ended]
             if early:
@@ -289,13 +327,18 @@ def _wrote_at(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float:
 
 
 def _check_overlaps(
-    per_job: Mapping[str, list[Execution]], lease: float, tolerance: float, bad: list[str]
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+    lease: float,
+    tolerance: float,
+    bad: list[str],
 ) -> None:
     """A lease is valid from its claim (just before `start`) until it expires or the attempt
-    ends; a newer execution must not start inside that window."""
+    ends (`attempt_end`); a newer execution must not start inside that window."""
     for job_id, runs in per_job.items():
         for i, a in enumerate(runs):
-            valid_until = min(a.end if a.end is not None else float("inf"), a.start + lease)
+            end = attempt_end(a, logged)
+            valid_until = min(end if end is not None else float("inf"), a.start + lease)
             for b in runs[i + 1 :]:
                 overlap = valid_until - b.start
                 if overlap > tolerance:

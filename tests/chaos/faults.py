@@ -41,7 +41,17 @@ KINDS = (
     "proxy_blackhole",
     "proxy_refuse",
     "pause",
+    "block_loop",
+    "hang_threads",
 )
+# A handler blocking its event loop for longer than the supervisor's stall limit (10 s):
+# each attempt costs a process; two attempts, then recovery dead-letters the job.
+BLOCK_SECONDS = 30.0
+BLOCK_ATTEMPTS = 2
+# Plain handlers sleeping past JOB_TIMEOUT, more of them than a process has slots.
+HANG_SECONDS = 6.0
+HANG_JOBS = 12
+HANG_ATTEMPTS = 2
 
 
 class Tail:
@@ -234,6 +244,67 @@ def pause(c: Chaos) -> Injected:
     return Injected("none", time.time(), note="probe missed")
 
 
+def block_loop(c: Chaos) -> Injected:
+    """A job whose `async def` handler blocks the event loop: the supervisor must kill and
+    replace each process it stalls, and recovery must dead-letter it after its attempts."""
+    job_id = c.load.submit(
+        {
+            "type": "chaos-block-loop",
+            "payload": {"seconds": BLOCK_SECONDS},
+            "max_attempts": BLOCK_ATTEMPTS,
+        }
+    )
+    if job_id is None:
+        c.problems.append("block_loop: the blocking job was not acknowledged")
+        return Injected("none", time.time(), note="not submitted")
+    limit = BLOCK_ATTEMPTS * (LEASE_SECONDS + 30) + 30
+    rested = wait_until(lambda: _at_rest(c, [job_id]), limit, 0.2)
+    pids = tuple(sorted({int(r["pid"]) for r in _records_of(c, job_id) if r["event"] == "start"}))
+    note = f"job {job_id}, stalled pids {', '.join(map(str, pids))}"
+    if rested is None:
+        c.problems.append(f"block_loop: job {job_id} was not at rest within {limit:g}s")
+        note += ": never at rest"
+    target = _owner_of(c, pids[0]).name if pids else "none"
+    # The stalled processes were killed (by their supervisor): their jobs re-run as after a crash.
+    return Injected(target, time.time(), killed_pids=pids, note=note)
+
+
+def hang_threads(c: Chaos) -> Injected:
+    """Plain handlers that outlive JOB_TIMEOUT: their threads are abandoned, and the slots
+    must go on running the load's jobs meanwhile (never dead-lettered without running)."""
+    body = {
+        "type": "chaos-hang",
+        "payload": {"seconds": HANG_SECONDS},
+        "max_attempts": HANG_ATTEMPTS,
+    }
+    ids = [job_id for _ in range(HANG_JOBS) if (job_id := c.load.submit(body)) is not None]
+    limit = HANG_ATTEMPTS * (HANG_SECONDS + 10) + 30
+    rested = wait_until(lambda: _at_rest(c, ids), limit, 0.2)
+    note = f"{len(ids)} jobs"
+    if len(ids) < HANG_JOBS:
+        c.problems.append(f"hang_threads: {HANG_JOBS - len(ids)} jobs were not acknowledged")
+    if rested is None:
+        c.problems.append(f"hang_threads: the hanging jobs were not at rest within {limit:g}s")
+        note += ": not at rest"
+    return Injected("workers", time.time(), note=note)
+
+
+def _at_rest(c: Chaos, ids: list[str]) -> bool:
+    try:
+        ((n,),) = c.system.query(
+            "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])"
+            " AND status IN ('completed', 'failed', 'dead_letter')",
+            (ids,),
+        )
+    except Exception:
+        return False
+    return int(n) == len(ids)
+
+
+def _records_of(c: Chaos, job_id: str) -> list[dict[str, Any]]:
+    return [r for r in c.system.execution_records() if r["job_id"] == job_id]
+
+
 def _wait_start(c: Chaos, job_id: str, timeout: float) -> tuple[int, int] | None:
     found: list[tuple[int, int]] = []
 
@@ -274,6 +345,8 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
     "proxy_blackhole": _with_proxy(6.0, _blackhole),
     "proxy_refuse": _with_proxy(3.0, _refuse),
     "pause": pause,
+    "block_loop": block_loop,
+    "hang_threads": hang_threads,
 }
 
 

@@ -13,6 +13,10 @@ reads these files together with the database and the services' logs.
     chaos-permanent  raises PermanentError
     chaos-probe      sleeps payload["seconds"]; the run pauses the process running it
                      (SIGSTOP) past the lease to create a stale writer
+    chaos-block-loop a broken `async def`: time.sleep(payload["seconds"]) blocks its
+                     process's event loop until the supervisor kills the process
+    chaos-hang       a plain `def` that sleeps payload["seconds"] in its thread, past
+                     JOB_TIMEOUT: the thread cannot be stopped and is abandoned
 """
 
 from __future__ import annotations
@@ -92,6 +96,29 @@ def _recorded(job_type: str) -> Callable[[Body], Body]:
     return register
 
 
+SyncBody = Callable[[Any, JobContext], None]
+
+
+def _recorded_sync(job_type: str) -> Callable[[SyncBody], SyncBody]:
+    """`_recorded` for a plain `def` handler, which runs in a thread."""
+
+    def register(body: SyncBody) -> SyncBody:
+        @functools.wraps(body)
+        def run(payload: Any, ctx: JobContext) -> None:
+            record("start", ctx)
+            outcome = "error"
+            try:
+                body(payload, ctx)
+                outcome = "ok"
+            finally:
+                record("end", ctx, outcome)
+
+        handler(job_type)(run)
+        return run
+
+    return register
+
+
 @_recorded("chaos-fast")
 async def fast(payload: Any, ctx: JobContext) -> None:
     return None
@@ -116,3 +143,13 @@ async def permanent(payload: Any, ctx: JobContext) -> None:
 @_recorded("chaos-probe")
 async def probe(payload: Any, ctx: JobContext) -> None:
     await asyncio.sleep(float(payload["seconds"]))
+
+
+@_recorded("chaos-block-loop")
+async def block_loop(payload: Any, ctx: JobContext) -> None:
+    time.sleep(float(payload["seconds"]))  # noqa: ASYNC251 - the fault being injected
+
+
+@_recorded_sync("chaos-hang")
+def hang(payload: Any, ctx: JobContext) -> None:
+    time.sleep(float(payload["seconds"]))

@@ -200,6 +200,7 @@ def table(report: Report) -> str:
         f"| completed / failed / dead-lettered | {s['completed']} / {s['failed']} / "
         f"{s['dead_lettered']} |",
         f"| **lost** | **{s['lost']}** |",
+        f"| **dead-lettered without ever running** | **{s['never_ran']}** |",
         f"| executions (retries by policy) | {s['executions']} ({s['retries']}) |",
         f"| duplicate executions | {s['duplicate_executions']} {_pairs(s['duplicate_causes'])} |",
         f"| duplicates whose earlier run had succeeded | {s['duplicates_after_success']} |",

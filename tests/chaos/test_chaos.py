@@ -20,6 +20,7 @@ SHORT_KINDS = [
     "pg_restart_immediate",
     "terminate_backends",
     "proxy_blackhole",
+    "hang_threads",
 ]
 
 
@@ -32,6 +33,7 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     assert report.violations == [], context
     summary = report.summary
     assert summary["lost"] == 0, context
+    assert summary["never_ran"] == 0, context
     assert summary["jobs_submitted"] >= 400, context
     assert set(summary["faults_injected"]) == set(SHORT_KINDS), context
     # The paused worker really was a stale writer: a newer claim held the job when its

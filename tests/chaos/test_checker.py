@@ -223,3 +223,40 @@ def test_a_fault_the_system_never_recovered_from_is_a_violation() -> None:
     report = check([], [], [], [], faults, lease_duration=LEASE)
     assert report.violations == ["no recovery after fault pg_restart_fast on postgres"]
     assert recovery_table(faults) == {"kill_child": {"p50": 3.0, "max": 4.0}}
+
+
+def test_a_job_dead_lettered_without_any_execution_never_ran_and_is_a_violation() -> None:
+    report = checked(
+        [row("a", "dead_letter", attempts=3, token=3), row("b", "dead_letter", attempts=3)],
+        [*run("b", 1, 0, None, None)],
+        [],
+        [Fault("kill_child", "worker-0", T0 + 0.1, None, T0 + 2, killed_pids=(100,))],
+    )
+    assert report.summary["never_ran"] == 1
+    assert "job a ended dead_letter after 3 attempts, none ran" in report.violations
+    assert not any("job b ended" in v for v in report.violations)
+
+
+def abandoned(job_id: str, token: int, at: float) -> dict[str, Any]:
+    return {
+        "msg": "handler thread abandoned",
+        "job_id": job_id,
+        "lease_token": token,
+        "time": stamp(at),
+    }
+
+
+def test_a_thread_returning_after_its_attempt_was_recorded_overlaps_nothing() -> None:
+    # Two attempts of a plain handler, each timed out at 2 s, abandoned, its thread
+    # returning 4 s later, after the next attempt had started.
+    rows = [row("a", "dead_letter", attempts=2, token=2, max_attempts=2)]
+    records = [*run("a", 1, 0, 6.0, "ok", pid=7), *run("a", 2, 2.5, 8.5, "ok", pid=8)]
+    finishing = [finished("a", 1, 2.01, "retried"), finished("a", 2, 4.51, "dead_letter")]
+    for record in records:
+        record["max_attempts"] = 2
+    blind = checked(rows, records, finishing)
+    assert any("stale write applied" in v for v in blind.violations)
+    assert any("lease 2 started" in v for v in blind.violations)
+    told = checked(rows, records, [abandoned("a", 1, 2.0), abandoned("a", 2, 4.5), *finishing])
+    assert told.violations == []
+    assert told.summary["retries"] == 1
