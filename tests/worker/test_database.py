@@ -13,7 +13,6 @@ import uuid
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from jobcore import compiled, store
 from jobcore.db import make_engine
@@ -91,19 +90,6 @@ def test_a_call_begun_before_the_last_success_does_not_report_an_outage(caplog):
         "database available again",
         "database unavailable",
     ]
-
-
-# --- the statements PgJobStore runs are jobcore.store's ----------------------------------
-
-
-def test_every_statement_the_worker_runs_is_its_jobcore_construct_compiled():
-    """There is no second copy to drift: each SQL string the worker sends is the
-    compilation of the construct jobcore.store declares for that operation."""
-    dialect = postgresql.asyncpg.dialect()
-    assert set(compiled.STATEMENTS) == set(store.WORKER_STATEMENTS)
-    for name, construct in store.WORKER_STATEMENTS.items():
-        assert compiled.STATEMENTS[name].sql == construct.compile(dialect=dialect).string, name
-    assert set(Operation) - set(compiled.STATEMENTS) == {Operation.MANUAL_RETRY}  # the API's
 
 
 async def test_the_worker_store_decodes_payloads_as_submitted(engine):
