@@ -43,11 +43,16 @@ KINDS = (
     "pause",
     "block_loop",
     "hang_threads",
+    "lock_rows",
 )
 # A handler blocking its event loop for longer than the supervisor's stall limit (10 s):
 # each attempt costs a process; two attempts, then recovery dead-letters the job.
 BLOCK_SECONDS = 30.0
 BLOCK_ATTEMPTS = 2
+# Row locks on running jobs, held past the worker's own limit on a statement (6 s): the
+# writes (and the claims they carry) stuck behind them must be ended by the server, never
+# commit behind a worker that gave up on them.
+LOCK_SECONDS = 8.0
 # Plain handlers sleeping past JOB_TIMEOUT, more of them than a process has slots.
 HANG_SECONDS = 6.0
 HANG_JOBS = 12
@@ -289,6 +294,24 @@ def hang_threads(c: Chaos) -> Injected:
     return Injected("workers", time.time(), note=note)
 
 
+def lock_rows(c: Chaos) -> Injected:
+    """Lock the rows of running jobs (and a probe's) for LOCK_SECONDS on a connection of
+    its own, as a long transaction of an operator or another application would."""
+    probe = c.load.submit({"type": "chaos-slow", "payload": {"seconds": PROBE_SECONDS}})
+    if probe is not None:
+        _wait_start(c, probe, 60)
+    conn = c.system.cluster.connect()
+    try:
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT id FROM jobs WHERE status = 'processing' FOR UPDATE SKIP LOCKED"
+            ).fetchall()
+            time.sleep(LOCK_SECONDS)  # the fault's duration, not a wait for a condition
+    finally:
+        conn.close()
+    return Injected("postgres", time.time(), note=f"{len(rows)} running jobs locked")
+
+
 def _at_rest(c: Chaos, ids: list[str]) -> bool:
     try:
         ((n,),) = c.system.query(
@@ -347,6 +370,7 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
     "pause": pause,
     "block_loop": block_loop,
     "hang_threads": hang_threads,
+    "lock_rows": lock_rows,
 }
 
 
