@@ -60,7 +60,7 @@ async def claim_latency(adapter: Ours, samples: int, n: int) -> dict[str, Any]:
         async with adapter.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
             started = time.perf_counter()
-            claimed = await compiled.claim(raw, n, LEASE_SECONDS)
+            claimed = await compiled.claim(raw, {"default": n}, LEASE_SECONDS)
             durations.append(time.perf_counter() - started)
         leases.extend(job.lease for job in claimed)
     async with adapter.engine.connect() as conn:

@@ -1,13 +1,17 @@
 """Alembic environment: migrates the database named by DATABASE_URL.
 
-Runs every migration inside one transaction that first takes an advisory lock,
-so several `alembic upgrade head` started together apply each revision once.
+Takes an advisory lock for the whole run, so several `alembic upgrade head`
+started together apply each revision once, then runs the migrations in one
+transaction; a revision that must work outside a transaction (`CREATE INDEX
+CONCURRENTLY` on a table that may be large) commits what came before and
+continues in autocommit, still under the lock (it is held by the session).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from logging.config import fileConfig
 
 import sqlalchemy as sa
@@ -20,6 +24,7 @@ from jobcore.schema import metadata
 
 # Any constant shared by all migrators; "jobqueue" spelled in hex.
 MIGRATION_LOCK = 0x6A6F6271756575
+LOCK_POLL = 0.2
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("skip_logging"):
@@ -41,11 +46,29 @@ def database_url() -> str:
     return url
 
 
+def _lock(connection: Connection) -> None:
+    """Take the migration lock, polling: a session waiting in pg_advisory_lock() holds a
+    snapshot, which a CREATE INDEX CONCURRENTLY of the lock's holder would wait for (a
+    deadlock); short tries in between pauses hold none."""
+    while True:
+        taken = connection.scalar(
+            sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": MIGRATION_LOCK}
+        )
+        connection.commit()
+        if taken:
+            return
+        time.sleep(LOCK_POLL)
+
+
 def migrate(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata)
-    with context.begin_transaction():
-        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-        context.run_migrations()
+    _lock(connection)
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+        connection.commit()
 
 
 async def run_online() -> None:

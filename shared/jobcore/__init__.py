@@ -12,6 +12,7 @@ from jobcore.errors import (
     JobqueueError,
     PermanentError,
     SchemaNotAtHead,
+    Snooze,
 )
 from jobcore.registry import JobContext, handler
 from jobcore.states import TRANSITIONS, Operation, Status
@@ -25,6 +26,7 @@ __all__ = [
     "Operation",
     "PermanentError",
     "SchemaNotAtHead",
+    "Snooze",
     "Status",
     "backoff",
     "handler",

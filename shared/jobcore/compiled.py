@@ -76,15 +76,29 @@ if [c["name"] for c in store.CLAIM.returning_column_descriptions] != _CLAIMED_FI
     raise RuntimeError("CLAIM's RETURNING columns must be Claimed's fields, in order")
 
 
+def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
+    wanted = {queue: n for queue, n in slots.items() if n > 0}
+    if not wanted:
+        raise ValueError(f"a claim needs a queue with a free slot, got {dict(slots)}")
+    return {"queues": list(wanted), "slots": list(wanted.values())}
+
+
 async def claim(
-    conn: Driver, n: int, lease_seconds: float, claim_id: UUID | None = None
+    conn: Driver, slots: Mapping[str, int], lease_seconds: float, claim_id: UUID | None = None
 ) -> list[Claimed]:
-    """Lease up to n due jobs, skipping rows other claimers hold; `claim_id` names this
-    claim for `release_claim`, should its answer be lost."""
-    if n < 1:
-        raise ValueError(f"claim needs n >= 1, got {n}")
-    values = {"n": n, "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
+    """Lease up to `slots[queue]` due jobs of each queue, in claim order, skipping rows
+    other claimers hold; `claim_id` names this claim for `release_claim`, should its
+    answer be lost."""
+    values = {**_slots(slots), "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
     return [Claimed(*row) for row in await conn.fetch(_CLAIM.sql, *_CLAIM.args(values))]
+
+
+async def next_due(conn: Driver, queues: Sequence[str]) -> float | None:
+    """Seconds until the earliest pending job of `queues` that is not due yet; None if none."""
+    statement = STATEMENTS["next_due"]
+    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues)}))
+    seconds = rows[0][0] if rows else None
+    return None if seconds is None else float(seconds)
 
 
 async def record(
@@ -120,19 +134,16 @@ async def record(
 async def complete_and_claim(
     conn: Driver,
     leases: Sequence[Lease],
-    n: int,
+    slots: Mapping[str, int],
     lease_seconds: float,
     claim_id: UUID | None = None,
 ) -> tuple[list[Lease], list[Claimed]]:
-    """`record(COMPLETE, leases)` and `claim(n, lease_seconds, claim_id)` in one statement.
-
-    Returns (the lost leases, the claimed jobs)."""
-    if n < 1:
-        raise ValueError(f"claim needs n >= 1, got {n}")
+    """`record(COMPLETE, leases)` and `claim(slots, lease_seconds, claim_id)` in one
+    statement. Returns (the lost leases, the claimed jobs)."""
     values = {
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
-        "n": n,
+        **_slots(slots),
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
     }
@@ -143,7 +154,7 @@ async def complete_and_claim(
         if row[0]:
             applied.add(Lease(row[1], row[6]))
         else:
-            claimed.append(Claimed(row[1], row[2], row[3], row[4], row[5], row[6]))
+            claimed.append(Claimed(*row[1:]))
     if len(applied) == len(leases):
         return [], claimed
     return [lease for lease in leases if lease not in applied], claimed

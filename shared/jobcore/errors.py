@@ -11,6 +11,22 @@ class PermanentError(JobqueueError):
     """Raised by a handler when retrying cannot help: the job goes to `failed`."""
 
 
+class Snooze(JobqueueError):
+    """Raised by a handler to run the job again later without spending an attempt: it goes
+    back to pending, due after `delay` (seconds, or a duration such as "30s" or "5m")."""
+
+    MAX_DELAY = 366 * 86400.0
+
+    def __init__(self, delay: float | str) -> None:
+        from jobcore.durations import parse_duration
+
+        seconds = parse_duration(delay)
+        if seconds > self.MAX_DELAY:
+            raise ValueError(f"a snooze of {delay!r} is longer than 366 days")
+        self.seconds = seconds
+        super().__init__(f"snoozed for {seconds:g}s")
+
+
 class IdempotencyConflict(JobqueueError):
     """The idempotency key is already bound to a different request."""
 

@@ -8,7 +8,12 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
+
+# What a job's routing fields may hold; the API and the table check the same rules.
+QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+MIN_TIMEOUT, MAX_TIMEOUT = 1.0, 86400.0
 
 metadata = sa.MetaData()
 
@@ -30,6 +35,11 @@ jobs = sa.Table(
     # The claim statement that last took the job (a random id per statement): lets a worker
     # hand back what a claim took when the claim's answer never reached it.
     sa.Column("claim_id", pg.UUID(as_uuid=True), nullable=True),
+    sa.Column("queue", sa.Text, nullable=False, server_default="default"),
+    # Higher runs first.
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
+    # This job's per-attempt limit in seconds; NULL: the worker's JOB_TIMEOUT.
+    sa.Column("timeout", sa.Float, nullable=True),
     sa.Column("idempotency_key", sa.Text, nullable=True),
     sa.Column(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
@@ -43,9 +53,20 @@ jobs = sa.Table(
     sa.CheckConstraint(
         "(status = 'processing') = (locked_until IS NOT NULL)", name="jobs_lease_check"
     ),
-    # The claim query reads this index in order and stops after n rows.
+    sa.CheckConstraint(f"queue ~ '{QUEUE_PATTERN}'", name="jobs_queue_check"),
+    sa.CheckConstraint(
+        f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="jobs_priority_check"
+    ),
+    sa.CheckConstraint(
+        f"timeout IS NULL OR timeout BETWEEN {MIN_TIMEOUT:g} AND {MAX_TIMEOUT:g}",
+        name="jobs_timeout_check",
+    ),
+    # The claim reads this index in claim order: per queue, per priority (highest first),
+    # the due jobs by run_at, stopping after n rows or at the first job not yet due.
     sa.Index(
-        "jobs_claim_idx",
+        "jobs_claim_queue_idx",
+        "queue",
+        sa.text("priority DESC"),
         "run_at",
         "id",
         postgresql_where=sa.text("status = 'pending'"),

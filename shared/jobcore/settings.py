@@ -6,7 +6,6 @@ service can print one line and exit with status 2.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -22,32 +21,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobcore.db import check_url
+from jobcore.durations import format_duration, parse_duration
 from jobcore.errors import ConfigError
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_duration(value: object) -> float:
-    """Seconds in a Go-style duration (`1m30s`, `500ms`, `1.5s`) or a plain number."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 500ms, 2s or 1m30s")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = str(value).strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            if not text or _PART.sub("", text) != "":
-                raise ValueError(
-                    f"{text!r} is not a duration (examples: 500ms, 2s, 1m30s)"
-                ) from None
-            seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(text))
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{value!r} is not a non-negative duration")
-    return seconds
-
+from jobcore.schema import QUEUE_PATTERN
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -70,20 +46,30 @@ DURATION_LIMITS = {
 }
 
 
-def format_duration(seconds: float) -> str:
-    """`86400.0` -> `24h`, `300.0` -> `5m`, `1.5` -> `1.5s`: how limits are shown."""
-    for unit, size in (("h", _HOUR), ("m", _MINUTE)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
 def parse_addr(value: str) -> tuple[str, int]:
     """`host:port`, `:port` or `[v6]:port` -> (host, port); an empty host means all interfaces."""
     match = re.fullmatch(r"(?:\[([^\]]+)\]|([^:\[\]]*)):(\d{1,5})", value.strip())
     if match is None or not 0 <= int(match.group(3)) <= 65535:
         raise ValueError(f"{value!r} is not a listen address like :8080 or 127.0.0.1:8080")
     return (match.group(1) or match.group(2) or "0.0.0.0", int(match.group(3)))
+
+
+def parse_queues(value: str, *, workers: int) -> dict[str, int]:
+    """`QUEUES`: comma-separated `name` or `name:slots`; a name alone gets `workers` slots."""
+    queues: dict[str, int] = {}
+    for item in value.split(","):
+        name, _, slots = item.strip().partition(":")
+        if not re.fullmatch(QUEUE_PATTERN, name):
+            raise ValueError(f"queue name {name!r} must match {QUEUE_PATTERN}")
+        if name in queues:
+            raise ValueError(f"queue {name!r} is listed twice")
+        if not slots:
+            queues[name] = workers
+        elif slots.isdigit() and 1 <= int(slots) <= 10_000:
+            queues[name] = int(slots)
+        else:
+            raise ValueError(f"slots of queue {name!r} must be an integer from 1 to 10000")
+    return queues
 
 
 class Settings(BaseSettings):
@@ -112,6 +98,14 @@ class Settings(BaseSettings):
     webhook_allow_private: bool = False
     api_tokens: str = ""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Worker: the queues served, `name` or `name:slots` (a name alone gets WORKERS slots).
+    queues: str = "default"
+
+    @field_validator("queues")
+    @classmethod
+    def _queues(cls, value: str) -> str:
+        parse_queues(value, workers=1)
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -160,6 +154,11 @@ class Settings(BaseSettings):
         if self.backoff_max < self.backoff_base:
             raise _Relation("backoff_max", "must not be smaller than BACKOFF_BASE")
         return self
+
+    @property
+    def queue_slots(self) -> dict[str, int]:
+        """The queues this worker serves and the slots of each, per worker process."""
+        return parse_queues(self.queues, workers=self.workers)
 
     @property
     def handler_modules(self) -> list[str]:

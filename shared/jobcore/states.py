@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from jobcore.errors import PermanentError
+from jobcore.errors import PermanentError, Snooze
 
 
 class Status(StrEnum):
@@ -46,6 +46,8 @@ class Operation(StrEnum):
     FAIL = "fail", "failed", _R, Status.FAILED
     DEAD_LETTER = "dead_letter", "dead_letter", _R, Status.DEAD_LETTER
     RETRY_LATER = "retry_later", "retried", _R, _P
+    # The handler asked to run later (`Snooze`): the attempt is given back.
+    SNOOZE = "snooze", "snoozed", _R, _P
     # Shutdown interrupted the attempt through no fault of the job: the attempt is given back.
     RELEASE = "release", "released", _R, _P
     # Everything else.
@@ -75,6 +77,8 @@ def next_operation(failure: BaseException | None, attempt: int, max_attempts: in
     """How an attempt that ended with `failure` (None: the handler returned) is recorded."""
     if failure is None:
         return Operation.COMPLETE
+    if isinstance(failure, Snooze):
+        return Operation.SNOOZE
     if isinstance(failure, PermanentError):
         return Operation.FAIL
     if out_of_attempts(attempt, max_attempts):

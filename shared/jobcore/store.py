@@ -55,6 +55,8 @@ class Claimed:
     attempts: int
     max_attempts: int
     lease_token: int
+    queue: str
+    timeout: float | None  # seconds; None: the worker's JOB_TIMEOUT
 
     @property
     def lease(self) -> Lease:
@@ -63,11 +65,19 @@ class Claimed:
 
 @dataclass(frozen=True)
 class NewJob:
+    """A job to submit. `run_at` (a time) or `delay` (seconds from the database's now())
+    says when it is due, at the earliest now(); neither: now()."""
+
     id: UUID
     type: str
     payload: Any
     max_attempts: int
     idempotency_key: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    delay: float | None = None
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,9 @@ class Job:
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
+    queue: str
+    priority: int
+    timeout: float | None
 
 
 _JOB_COLUMNS = [jobs.c[name] for name in Job.__dataclass_fields__]
@@ -106,27 +119,51 @@ def _conflict_target(insert: Any) -> Any:
         # A no-op update that locks and returns the existing row, even when it was
         # inserted by a concurrent transaction this statement's snapshot cannot see.
         set_={"idempotency_key": insert.excluded.idempotency_key},
+        # The same request: when it is due (run_at, delay) is not compared, so a request
+        # repeated with a relative delay is still a replay.
         where=sa.and_(
             c.type == insert.excluded.type,
             c.payload == insert.excluded.payload,
             c.max_attempts == insert.excluded.max_attempts,
+            c.queue == insert.excluded.queue,
+            c.priority == insert.excluded.priority,
+            c.timeout.is_not_distinct_from(insert.excluded.timeout),
         ),
     )
 
 
-_CREATED: Any = sa.literal_column("(xmax = 0)").label("created")
+def _due_at(not_before: Any, delay: Any) -> Any:
+    """When a new job is due, on the database's clock: `not_before` (a time) or `delay`
+    seconds from now, never before now()."""
+    return sa.func.greatest(
+        sa.func.now() + sa.func.coalesce(delay, 0.0) * _ONE_SECOND,
+        sa.func.coalesce(not_before, sa.literal_column("'-infinity'::timestamptz")),
+    )
 
-SUBMIT = _conflict_target(pg.insert(jobs)).returning(*_JOB_COLUMNS, _CREATED)
+
+_CREATED: Any = sa.literal_column("(xmax = 0)").label("created")
+# Parameters are not named after columns (SQLAlchemy would add those columns to the
+# statement): `not_before` stands for run_at.
+_insert_one = pg.insert(jobs).values(
+    id=sa.bindparam("id", type_=pg.UUID(as_uuid=True)),
+    type=sa.bindparam("type", type_=sa.Text),
+    payload=sa.bindparam("payload", type_=pg.JSONB(none_as_null=False)),
+    max_attempts=sa.bindparam("max_attempts", type_=sa.Integer),
+    idempotency_key=sa.bindparam("idempotency_key", type_=sa.Text),
+    queue=sa.bindparam("queue", type_=sa.Text),
+    priority=sa.bindparam("priority", type_=sa.SmallInteger),
+    timeout=sa.bindparam("timeout", type_=sa.Float),
+    run_at=_due_at(
+        sa.bindparam("not_before", type_=sa.DateTime(timezone=True)),
+        sa.bindparam("delay", type_=sa.Float),
+    ),
+)
+SUBMIT = _conflict_target(_insert_one).returning(*_JOB_COLUMNS, _CREATED)
 
 # The same, plus a NOTIFY when a job was created: it is delivered when the insert
-# commits, so an idle worker can start the job before the submitter hears back.
-_submitted = (
-    _conflict_target(
-        pg.insert(jobs).values({name: sa.bindparam(name) for name in NewJob.__dataclass_fields__})
-    )
-    .returning(*_JOB_COLUMNS, _CREATED)
-    .cte("submitted")
-)
+# commits, so an idle worker can start the job (or learn when the next one is due)
+# before the submitter hears back.
+_submitted = _conflict_target(_insert_one).returning(*_JOB_COLUMNS, _CREATED).cte("submitted")
 SUBMIT_AND_NOTIFY = sa.select(
     _submitted,
     sa.case(
@@ -138,65 +175,83 @@ SUBMIT_AND_NOTIFY = sa.select(
 )
 
 
+def _one(new: NewJob) -> dict[str, Any]:
+    return {
+        "id": new.id,
+        "type": new.type,
+        "payload": new.payload,
+        "max_attempts": new.max_attempts,
+        "idempotency_key": new.idempotency_key,
+        "queue": new.queue,
+        "priority": new.priority,
+        "timeout": new.timeout,
+        "not_before": new.run_at,
+        "delay": new.delay,
+    }
+
+
 async def submit(conn: AsyncConnection, new: NewJob, *, notify: bool = False) -> tuple[Job, bool]:
     """Insert a job, or return the job already bound to its idempotency key.
 
-    Returns (job, created). Raises IdempotencyConflict when the key is bound to
-    a different type, payload (compared as jsonb) or max_attempts. With
-    `notify`, a created job also wakes listening workers (at commit).
+    Returns (job, created). Raises IdempotencyConflict when the key is bound to a
+    different type, payload (compared as jsonb), max_attempts, queue, priority or
+    timeout. With `notify`, a created job also wakes listening workers (at commit).
     """
-    row = (
-        (
-            await conn.execute(
-                SUBMIT_AND_NOTIFY if notify else SUBMIT,
-                {
-                    "id": new.id,
-                    "type": new.type,
-                    "payload": new.payload,
-                    "max_attempts": new.max_attempts,
-                    "idempotency_key": new.idempotency_key,
-                },
-            )
-        )
-        .mappings()
-        .first()
-    )
+    statement = SUBMIT_AND_NOTIFY if notify else SUBMIT
+    row = (await conn.execute(statement, _one(new))).mappings().first()
     if row is None:
         assert new.idempotency_key is not None
         raise IdempotencyConflict(new.idempotency_key)
     return _job(row), bool(row["created"])
 
 
-_batch = (
+# One array parameter per column of the batch: column -> (parameter, type).
+_MANY_COLUMNS: dict[str, tuple[str, Any]] = {
+    "id": ("ids", pg.UUID(as_uuid=True)),
+    "type": ("types", sa.Text),
+    "payload": ("payloads", sa.Text),
+    "max_attempts": ("max_attempts", sa.Integer),
+    "key": ("keys", sa.Text),
+    "queue": ("queues", sa.Text),
+    "priority": ("priorities", sa.SmallInteger),
+    "timeout": ("timeouts", sa.Float),
+    "not_before": ("not_befores", sa.DateTime(timezone=True)),
+    "delay": ("delays", sa.Float),
+}
+_many = (
     sa.func.unnest(
-        sa.bindparam("ids", type_=pg.ARRAY(pg.UUID(as_uuid=True))),
-        sa.bindparam("types", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("payloads", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("max_attempts", type_=pg.ARRAY(sa.Integer)),
-        sa.bindparam("keys", type_=pg.ARRAY(sa.Text)),
+        *(sa.bindparam(param, type_=pg.ARRAY(type_)) for param, type_ in _MANY_COLUMNS.values())
     )
-    .table_valued(
-        sa.column("id", pg.UUID(as_uuid=True)),
-        sa.column("type", sa.Text),
-        sa.column("payload", sa.Text),
-        sa.column("max_attempts", sa.Integer),
-        sa.column("key", sa.Text),
-    )
+    .table_valued(*(sa.column(name, type_) for name, (_, type_) in _MANY_COLUMNS.items()))
     .render_derived(name="b")
 )
 SUBMIT_MANY = _conflict_target(
     pg.insert(jobs).from_select(
-        ["id", "type", "payload", "max_attempts", "idempotency_key"],
+        [
+            "id",
+            "type",
+            "payload",
+            "max_attempts",
+            "idempotency_key",
+            "queue",
+            "priority",
+            "timeout",
+            "run_at",
+        ],
         sa.select(
-            _batch.c.id,
-            _batch.c.type,
-            sa.cast(_batch.c.payload, pg.JSONB),
-            _batch.c.max_attempts,
-            _batch.c.key,
+            _many.c.id,
+            _many.c.type,
+            sa.cast(_many.c.payload, pg.JSONB),
+            _many.c.max_attempts,
+            _many.c.key,
+            _many.c.queue,
+            _many.c.priority,
+            _many.c.timeout,
+            _due_at(_many.c.not_before, _many.c.delay),
         )
         # Concurrent batches sharing keys take the key locks in the same order,
         # so they wait for each other instead of deadlocking.
-        .order_by(_batch.c.key),
+        .order_by(_many.c.key),
     )
 ).returning(c.id, c.idempotency_key, _CREATED)
 
@@ -209,9 +264,13 @@ class Submitted(NamedTuple):
 
 
 def _same_request(a: NewJob, b: NewJob) -> bool:
-    return (a.type, a.max_attempts, _canonical(a.payload)) == (
+    """What the idempotency comparison compares (not when the job is due)."""
+    return (a.type, a.max_attempts, a.queue, a.priority, a.timeout, _canonical(a.payload)) == (
         b.type,
         b.max_attempts,
+        b.queue,
+        b.priority,
+        b.timeout,
         _canonical(b.payload),
     )
 
@@ -249,6 +308,11 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
             "payloads": [json.dumps(new.payload) for new in rows],
             "max_attempts": [new.max_attempts for new in rows],
             "keys": [new.idempotency_key for new in rows],
+            "queues": [new.queue for new in rows],
+            "priorities": [new.priority for new in rows],
+            "timeouts": [new.timeout for new in rows],
+            "not_befores": [new.run_at for new in rows],
+            "delays": [new.delay for new in rows],
         },
     )
     by_key: dict[str, tuple[UUID, bool]] = {}
@@ -290,9 +354,9 @@ def _repeated_keys(new_jobs: Sequence[NewJob]) -> set[str]:
     return repeated
 
 
-GET_BY_KEYS = sa.select(c.id, c.type, c.payload, c.max_attempts, c.idempotency_key).where(
-    c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text)))
-)
+GET_BY_KEYS = sa.select(
+    c.id, c.type, c.payload, c.max_attempts, c.idempotency_key, c.queue, c.priority, c.timeout
+).where(c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text))))
 
 
 async def _by_keys(conn: AsyncConnection, keys: set[str]) -> dict[str, NewJob]:
@@ -300,7 +364,14 @@ async def _by_keys(conn: AsyncConnection, keys: set[str]) -> dict[str, NewJob]:
     rows = await conn.execute(GET_BY_KEYS, {"keys": sorted(keys)})
     return {
         row.idempotency_key: NewJob(
-            row.id, row.type, row.payload, row.max_attempts, row.idempotency_key
+            row.id,
+            row.type,
+            row.payload,
+            row.max_attempts,
+            row.idempotency_key,
+            queue=row.queue,
+            priority=row.priority,
+            timeout=row.timeout,
         )
         for row in rows
     }
@@ -321,12 +392,40 @@ async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
 # Constructs only: the worker runs them through `jobcore.compiled`, and so do the
 # tests, so every transition test exercises the path production takes.
 
+# The claim order, per queue: priority descending, then run_at, then id, among due jobs.
+# `jobs_claim_queue_idx` holds pending jobs in that order, but a plain `run_at <= now()`
+# filter on it would read past every job not yet due at a higher priority (each claim,
+# each poll). So the claim walks it as a loose index scan: the priorities present among a
+# queue's pending jobs, highest first (one index probe each, a recursive CTE), and for each
+# the due jobs in run_at order (a range read that stops at the first job not yet due),
+# until it has as many as that queue's free slots. Guards are literals from the
+# declaration, as everywhere (the planner must see them to use the partial index).
+_PENDING = f"'{Operation.CLAIM.source.value}'"
+_PRIORITIES = f"""
+    WITH RECURSIVE priorities(p) AS (
+        (SELECT priority FROM jobs WHERE status = {_PENDING} AND queue = w.queue
+         ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT priority FROM jobs
+                WHERE status = {_PENDING} AND queue = w.queue AND priority < priorities.p
+                ORDER BY priority DESC LIMIT 1)
+        FROM priorities WHERE priorities.p IS NOT NULL
+    )"""
 _due = (
-    sa.select(c.id)
-    .where(c.status == _lit(Operation.CLAIM.source), c.run_at <= sa.func.now())
-    .order_by(c.run_at, c.id)
-    .limit(sa.bindparam("n"))
-    .with_for_update(skip_locked=True)
+    sa.text(
+        f"""
+SELECT j.id FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
+CROSS JOIN LATERAL ({_PRIORITIES}
+    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT id FROM jobs
+        WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
+          AND run_at <= now()
+        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT w.n
+) AS j"""
+    )
+    .columns(sa.column("id", pg.UUID(as_uuid=True)))
     .cte("due")
     .prefix_with("MATERIALIZED")
 )
@@ -349,8 +448,38 @@ CLAIM = (
         claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
         updated_at=sa.func.now(),
     )
-    .returning(c.id, c.type, c.payload, c.attempts, c.max_attempts, c.lease_token)
+    .returning(
+        *(
+            c[name]
+            for name in (
+                "id",
+                "type",
+                "payload",
+                "attempts",
+                "max_attempts",
+                "lease_token",
+                "queue",
+                "timeout",
+            )
+        )
+    )
 )
+
+# Seconds until the earliest pending job of these queues that is not due yet (NULL: none),
+# so an idle worker can wake for it instead of polling fast: per queue and priority, the
+# first entry past now() in the claim index.
+NEXT_DUE = sa.text(
+    f"""
+SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
+FROM unnest(CAST(:queues AS text[])) AS w(queue)
+CROSS JOIN LATERAL ({_PRIORITIES}
+    SELECT (SELECT run_at FROM jobs
+            WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
+              AND run_at > now()
+            ORDER BY run_at LIMIT 1) AS run_at
+    FROM priorities WHERE priorities.p IS NOT NULL
+) AS n"""
+).columns(sa.column("seconds", sa.Float))
 
 
 def _unnest(**arrays: tuple[str, Any]) -> Any:
@@ -379,6 +508,7 @@ def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
 
 _o = _unnest(**_LEASES)
 _oe = _unnest(**_LEASES, **_ERRORS)
+_od = _unnest(**_LEASES, **_DELAYS)
 _oed = _unnest(**_LEASES, **_ERRORS, **_DELAYS)
 
 # Outcome writes, batched and fenced; parameters `ids` and `tokens`, and `errors` and
@@ -392,6 +522,12 @@ OUTCOME_WRITES: dict[Operation, Any] = {
         _oed,
         last_error=_oed.c.error,
         run_at=sa.func.now() + _oed.c.delay * _ONE_SECOND,
+    ),
+    Operation.SNOOZE: _fenced(
+        Operation.SNOOZE,
+        _od,
+        attempts=c.attempts - 1,
+        run_at=sa.func.now() + _od.c.delay * _ONE_SECOND,
     ),
     Operation.RELEASE: _fenced(Operation.RELEASE, _o, attempts=c.attempts - 1),
 }
@@ -470,6 +606,7 @@ RECOVER_EXPIRED = (
 # Every statement the worker runs, by name.
 WORKER_STATEMENTS: dict[str, Any] = {
     Operation.CLAIM: CLAIM,
+    "next_due": NEXT_DUE,
     **{str(op): statement for op, statement in OUTCOME_WRITES.items()},
     Operation.RELEASE_CLAIM: RELEASE_CLAIM,
     Operation.RECOVER_EXPIRED: RECOVER_EXPIRED,

@@ -35,7 +35,7 @@ async def _dead_lettered(engine: AsyncEngine) -> uuid.UUID:
     async with engine.begin() as conn:
         raw = await driver(conn)
         job, _ = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1))
-        (claimed,) = await compiled.claim(raw, 1, 60)
+        (claimed,) = await compiled.claim(raw, {"default": 1}, 60)
         assert await compiled.record(raw, Operation.DEAD_LETTER, [claimed.lease], ["boom"]) == []
     return job.id
 

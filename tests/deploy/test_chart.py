@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobcore.settings import Settings, load_settings, parse_addr, parse_duration
+from jobcore.durations import parse_duration
+from jobcore.settings import Settings, load_settings, parse_addr
 from tests.deploy.script import validate_deploy
 
 Manifest = dict[str, Any]

@@ -16,6 +16,7 @@ from jobcore import store
 from jobcore.compiled import Compiled
 from jobcore.ids import new_id
 from jobcore.schema import jobs
+from tests.pg import driver
 
 
 async def _fill(engine) -> None:
@@ -78,11 +79,69 @@ async def test_claim_reads_the_partial_claim_index(engine, generic):
     plan = await _plan(
         engine,
         store.CLAIM,
-        {"n": 10, "lease_seconds": 60.0, "claim": new_id()},
+        {
+            "queues": ["default", "other"],
+            "slots": [10, 5],
+            "lease_seconds": 60.0,
+            "claim": new_id(),
+        },
         generic,
     )
-    assert "jobs_claim_idx" in _index_scans(plan), plan
+    assert "jobs_claim_queue_idx" in _index_scans(plan), plan
     assert '"Seq Scan"' not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_next_due_reads_the_claim_index(engine, generic):
+    await _fill(engine)
+    plan = await _plan(engine, store.NEXT_DUE, {"queues": ["default", "other"]}, generic)
+    assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
+    assert '"Seq Scan"' not in plan, plan
+
+
+async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine):
+    """20,000 jobs scheduled for later at high priorities sit ahead of the due ones in the
+    claim index: the claim must step over them by priority, not read them one by one."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                " SELECT gen_random_uuid(), 'sleep', '{}', 3, 10 + i % 50,"
+                " now() + interval '1 hour' FROM generate_series(1, 20000) AS i"
+            )
+        )
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts, run_at) SELECT"
+                " gen_random_uuid(), 'sleep', '{}', 3, now() - interval '1 second'"
+                " FROM generate_series(1, 100)"
+            )
+        )
+        await conn.execute(sa.text("ANALYZE jobs"))
+    for statement, params in (
+        (store.CLAIM, {"queues": ["default"], "slots": [10], "lease_seconds": 60.0}),
+        (store.NEXT_DUE, {"queues": ["default"]}),
+    ):
+        async with engine.connect() as conn:
+            raw = await driver(conn)
+            sql = Compiled(statement)
+            rows = await raw.fetch(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.sql}",
+                *sql.args({"claim": new_id(), **params}),
+            )
+            await conn.rollback()
+        plan = rows[0][0]
+        root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+        assert _rows_read(root) < 1000, json.dumps(root, indent=1)
+
+
+def _rows_read(node: dict) -> int:
+    """Index and table rows read by every scan of the plan, over all its loops."""
+    own = 0
+    if "Scan" in node.get("Node Type", ""):
+        loops = node.get("Actual Loops", 1)
+        own = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * loops
+    return own + sum(_rows_read(child) for child in node.get("Plans", []))
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])

@@ -11,14 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobcore.db import SUPPORTED_PARAMETERS, connect_args
+from jobcore.durations import format_duration, parse_duration
 from jobcore.errors import ConfigError
-from jobcore.settings import (
-    DURATION_LIMITS,
-    format_duration,
-    load_settings,
-    parse_addr,
-    parse_duration,
-)
+from jobcore.settings import DURATION_LIMITS, load_settings, parse_addr
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ async def test_submitted_job_can_be_claimed_and_completed(engine):
     assert created
     async with engine.begin() as conn:
         raw = await driver(conn)
-        (claimed,) = await compiled.claim(raw, 5, 60)
+        (claimed,) = await compiled.claim(raw, {"default": 5}, 60)
     assert claimed.id == job.id and claimed.attempts == 1 and claimed.lease_token == 1
     async with engine.begin() as conn:
         raw = await driver(conn)

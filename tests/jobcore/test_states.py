@@ -3,7 +3,7 @@ the decision how an attempt ends follows the documented rules (docs/worker.md, "
 
 import pytest
 
-from jobcore.errors import PermanentError
+from jobcore.errors import PermanentError, Snooze
 from jobcore.states import (
     ATTEMPT_OUTCOMES,
     TRANSITIONS,
@@ -41,6 +41,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         "fail",
         "dead_letter",
         "retry_later",
+        "snooze",
         "release",
     ]
     for op in ATTEMPT_OUTCOMES:
@@ -50,6 +51,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         "failed",
         "dead_letter",
         "retried",
+        "snoozed",
         "released",
     }
 
@@ -66,6 +68,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         (RuntimeError("flaky"), 5, 5, Operation.DEAD_LETTER),
         (TimeoutError(), 1, 1, Operation.DEAD_LETTER),
         (SystemExit(3), 1, 2, Operation.RETRY_LATER),
+        (Snooze("5m"), 1, 1, Operation.SNOOZE),  # on the last attempt too: it is given back
     ],
 )
 def test_next_operation_decides_how_an_attempt_ends(failure, attempt, max_attempts, expected):

@@ -52,7 +52,7 @@ async def test_concurrent_claimers_never_receive_the_same_job(engine):
         while True:
             async with engine.begin() as conn:
                 raw = await driver(conn)
-                batch = await compiled.claim(raw, rng.randint(1, 25), 60)
+                batch = await compiled.claim(raw, {"default": rng.randint(1, 25)}, 60)
             if not batch:
                 return
             claimed.extend(job.id for job in batch)
@@ -83,8 +83,8 @@ async def test_claim_returns_at_most_n_jobs_in_run_at_order_and_skips_future_one
         await conn.execute(sa.insert(jobs).values(rows))
     async with engine.begin() as conn:
         raw = await driver(conn)
-        first = await compiled.claim(raw, 2, 60)
-        second = await compiled.claim(raw, 5, 60)
+        first = await compiled.claim(raw, {"default": 2}, 60)
+        second = await compiled.claim(raw, {"default": 5}, 60)
     assert {job.id for job in first} == {ids[-3], ids[-2]}
     assert [job.id for job in second] == [ids[-1]]
 
@@ -93,12 +93,12 @@ async def test_stale_worker_cannot_overwrite_newer_claim(engine):
     (job_id,) = await _submit_many(engine, 1)
     async with engine.begin() as conn:
         raw = await driver(conn)
-        (old,) = await compiled.claim(raw, 1, TINY_LEASE)
+        (old,) = await compiled.claim(raw, {"default": 1}, TINY_LEASE)
     await _wait_expired(engine, job_id)
     async with engine.begin() as conn:
         raw = await driver(conn)
         assert await compiled.recover_expired(raw) == [(job_id, Status.PENDING)]
-        (new,) = await compiled.claim(raw, 1, 60)
+        (new,) = await compiled.claim(raw, {"default": 1}, 60)
     assert new.lease_token > old.lease_token
     async with engine.begin() as conn:
         raw = await driver(conn)
@@ -115,13 +115,13 @@ async def test_stale_worker_cannot_overwrite_newer_claim_after_manual_retry(engi
     (job_id,) = await _submit_many(engine, 1, max_attempts=1)
     async with engine.begin() as conn:
         raw = await driver(conn)
-        (old,) = await compiled.claim(raw, 1, TINY_LEASE)
+        (old,) = await compiled.claim(raw, {"default": 1}, TINY_LEASE)
     await _wait_expired(engine, job_id)
     async with engine.begin() as conn:
         raw = await driver(conn)
         assert await compiled.recover_expired(raw) == [(job_id, Status.DEAD_LETTER)]
         assert (await store.manual_retry(conn, job_id)).attempts == 0
-        (new,) = await compiled.claim(raw, 1, 60)
+        (new,) = await compiled.claim(raw, {"default": 1}, 60)
     # The attempt number repeats after a manual retry; the lease token does not.
     assert new.attempts == old.attempts == 1
     assert new.lease_token > old.lease_token
@@ -143,14 +143,14 @@ async def test_recovery_returns_expired_leases_to_pending_or_dead_letter_on_the_
     )
     async with engine.begin() as conn:
         raw = await driver(conn)
-        expiring = await compiled.claim(raw, 2, TINY_LEASE)
+        expiring = await compiled.claim(raw, {"default": 2}, TINY_LEASE)
         await conn.execute(  # push the live job to the back of the queue, then lease it for long
             sa.update(jobs).where(jobs.c.id == live_id).values(run_at=sa.func.now())
         )
     assert {job.id for job in expiring} == {retry_id, last_id}
     async with engine.begin() as conn:
         raw = await driver(conn)
-        (live,) = await compiled.claim(raw, 1, 60)
+        (live,) = await compiled.claim(raw, {"default": 1}, 60)
     assert live.id == live_id
     for job in expiring:
         await _wait_expired(engine, job.id)
@@ -170,14 +170,14 @@ async def test_retry_later_schedules_by_the_database_clock(engine):
     await _submit_many(engine, 1)
     async with engine.begin() as conn:
         raw = await driver(conn)
-        (job,) = await compiled.claim(raw, 1, 60)
+        (job,) = await compiled.claim(raw, {"default": 1}, 60)
         assert (
             await compiled.record(raw, Operation.RETRY_LATER, [job.lease], ["flaky"], [30.0]) == []
         )
         delay = await conn.scalar(
             sa.select(sa.func.extract("epoch", jobs.c.run_at - sa.func.now()))
         )
-        assert await compiled.claim(raw, 1, 60) == []  # not due yet
+        assert await compiled.claim(raw, {"default": 1}, 60) == []  # not due yet
     assert 29.9 < float(delay) <= 30.0
 
 

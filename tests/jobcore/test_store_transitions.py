@@ -21,6 +21,7 @@ EXPECTED = {
     ("retry_later", R): P,
     ("release", R): P,
     ("release_claim", R): P,
+    ("snooze", R): P,
     ("fail", R): F,
     ("dead_letter", R): D,
     ("recover_expired", R): P,  # attempts left
@@ -55,7 +56,7 @@ async def _apply(conn, operation: str, lease: store.Lease) -> None:
     raw = await driver(conn)
     op = Operation(operation.removesuffix("_last"))
     if op is Operation.CLAIM:
-        await compiled.claim(raw, 10, 60)
+        await compiled.claim(raw, {"default": 10}, 60)
     elif op in ATTEMPT_OUTCOMES:
         await compiled.record(raw, op, [lease], ["boom"], [0.0])
     elif op is Operation.RECOVER_EXPIRED:

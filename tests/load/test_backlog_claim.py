@@ -1,4 +1,4 @@
-"""Claim latency does not grow with the backlog: `store.claim(n=10)` with 200,000 pending
+"""Claim latency does not grow with the backlog: `claim` of 10 jobs with 200,000 pending
 jobs stays within a small factor of the same claim with 1,000 pending.
 
 A regression guard against a claim that scans or sorts the pending rows (a lost
@@ -57,7 +57,7 @@ async def claim_latencies(engine: AsyncEngine, level: int) -> list[float]:
         async with engine.begin() as conn:
             raw = await driver(conn)
             started = time.perf_counter()
-            claimed = await compiled.claim(raw, N, lease_seconds=60)
+            claimed = await compiled.claim(raw, {"default": N}, lease_seconds=60)
             elapsed = time.perf_counter() - started
         assert len(claimed) == N
         async with engine.begin() as conn:

@@ -105,16 +105,16 @@ def test_upgrading_a_populated_table_rewrites_nothing_and_downgrades_cleanly(emp
             conn.execute(
                 sa.text(
                     "INSERT INTO jobs (id, type, payload, max_attempts) SELECT"
-                    " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 1000)"
+                    " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 100000)"
                 )
             )
             before = conn.scalar(relfilenode)
         command.upgrade(config, "head")
         with engine.connect() as conn:
             assert conn.scalar(relfilenode) == before  # no table rewrite
-            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 1000
+            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 100000
         command.downgrade(config, "0001")
         with engine.connect() as conn:
-            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 1000
+            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 100000
     finally:
         engine.dispose()

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -34,6 +34,9 @@ class FakeJob:
     locked_until: float | None = None
     last_error: str | None = None
     delay: float | None = None
+    queue: str = "default"
+    priority: int = 0
+    timeout: float | None = None
 
 
 class DatabaseDown(ConnectionError):
@@ -53,9 +56,11 @@ class FakeStore:
         self.write_gate: asyncio.Event | None = None  # when set up, writes wait for it
         self._order = itertools.count()
 
-    def add(self, type: str, payload: Any = None, max_attempts: int = 3) -> UUID:
+    def add(self, type: str, payload: Any = None, max_attempts: int = 3, **fields: Any) -> UUID:
+        """A pending job; `fields` as FakeJob's (queue, priority, run_at, timeout)."""
         job_id = uuid.UUID(int=next(self._order) + 1)
-        self.jobs[job_id] = FakeJob(job_id, type, {} if payload is None else payload, max_attempts)
+        payload = {} if payload is None else payload
+        self.jobs[job_id] = FakeJob(job_id, type, payload, max_attempts, **fields)
         return job_id
 
     def status(self, job_id: UUID) -> Status:
@@ -66,26 +71,51 @@ class FakeStore:
             self.failed_calls += 1
             raise DatabaseDown("connection refused")
 
-    async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
+    async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
+        n = sum(slots.values())
         # on_claim sees the caller's state when it asked, before the round trip yields.
         self.on_claim(n)
         await asyncio.sleep(0)  # a round trip yields to the loop
         self._check()
         self.claims.append(n)
-        return self._claim_now(n, lease_seconds)
+        return self._claim_now(slots, lease_seconds)
 
-    def _claim_now(self, n: int, lease_seconds: float) -> list[Claimed]:
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        await asyncio.sleep(0)
+        self._check()
         now = self.clock()
-        due = [j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now]
+        later = [
+            j.run_at - now
+            for j in self.jobs.values()
+            if j.status is Status.PENDING and j.queue in queues and j.run_at > now
+        ]
+        return min(later) if later else None
+
+    def _claim_now(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
+        now = self.clock()
+        due = sorted(
+            (j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now),
+            key=lambda j: (-j.priority, j.run_at, j.id),
+        )
+        taken = [
+            job for queue, n in slots.items() for job in [j for j in due if j.queue == queue][:n]
+        ]
         claimed = []
-        for job in due[:n]:
+        for job in taken:
             job.status = Status.PROCESSING
             job.attempts += 1
             job.lease_token += 1
             job.locked_until = now + lease_seconds
             claimed.append(
                 Claimed(
-                    job.id, job.type, job.payload, job.attempts, job.max_attempts, job.lease_token
+                    job.id,
+                    job.type,
+                    job.payload,
+                    job.attempts,
+                    job.max_attempts,
+                    job.lease_token,
+                    job.queue,
+                    job.timeout,
                 )
             )
         return claimed
@@ -116,20 +146,20 @@ class FakeStore:
                 continue
             job.status, job.locked_until = target, None
             job.last_error = errors[i] if i < len(errors) and errors[i] else None
-            if operation is Operation.RETRY_LATER:
+            if operation in (Operation.RETRY_LATER, Operation.SNOOZE):
                 job.delay = delays[i]
                 job.run_at = self.clock() + delays[i]
-            if operation is Operation.RELEASE:
+            if operation in (Operation.RELEASE, Operation.SNOOZE):
                 job.attempts -= 1
         return lost
 
     async def complete_and_claim(
-        self, leases: Sequence[Lease], n: int, lease_seconds: float
+        self, leases: Sequence[Lease], slots: Mapping[str, int], lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]:
         """complete, then claim, with no other call in between (one statement in the real store)."""
-        self.combined.append((len(leases), n))
+        self.combined.append((len(leases), sum(slots.values())))
         lost = await self.record(Operation.COMPLETE, leases)
-        return lost, self._claim_now(n, lease_seconds)
+        return lost, self._claim_now(slots, lease_seconds)
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         await asyncio.sleep(0)

@@ -17,7 +17,7 @@ class Stack:
         self,
         store: FakeStore,
         *,
-        slots: int = 3,
+        slots: int | dict[str, int] = 3,
         poll_interval: float = 0.05,
         lease_seconds: float = 60.0,
         job_timeout: float = 5.0,
@@ -27,11 +27,12 @@ class Stack:
         **completer: Any,
     ) -> None:
         self.store = store
-        batch_size = completer.pop("batch_size", slots)
+        per_queue = {"default": slots} if isinstance(slots, int) else slots
+        batch_size = completer.pop("batch_size", sum(per_queue.values()))
         self.completer = Completer(store, batch_size=batch_size, **completer)
         self.executor = Executor(
             self.completer.add,
-            slots=slots,
+            slots=per_queue,
             job_timeout=job_timeout,
             backoff_base=backoff_base,
             backoff_max=backoff_max,

@@ -16,11 +16,13 @@ from tests.worker.support import until
 async def _claimed(store: FakeStore, n: int, max_attempts: int = 3) -> list[Lease]:
     for _ in range(n):
         store.add("unit.completer", max_attempts=max_attempts)
-    return [job.lease for job in await store.claim(n, 60)]
+    return [job.lease for job in await store.claim({"default": n}, 60)]
 
 
 def _outcome(kind: str, lease: Lease, deadline: float | None = None, **kw: object) -> Outcome:
-    return Outcome(kind, lease, time.monotonic() + 60 if deadline is None else deadline, **kw)  # type: ignore[arg-type]
+    return Outcome(
+        kind, lease, "default", time.monotonic() + 60 if deadline is None else deadline, **kw
+    )  # type: ignore[arg-type]
 
 
 async def test_outcomes_waiting_together_are_written_in_one_statement_per_kind():

@@ -42,11 +42,11 @@ async def test_database_outage_is_logged_once_per_change_of_state(database_url, 
                 proxy.cut()
                 for _ in range(3):
                     with pytest.raises(Exception):  # noqa: B017 - any driver error will do
-                        await store.claim(1, 60)
+                        await store.claim({"default": 1}, 60)
                 assert _messages(caplog, "database unavailable") == 1
                 proxy.pass_through()
-                claimed = await store.claim(1, 60)
-                await store.claim(1, 60)
+                claimed = await store.claim({"default": 1}, 60)
+                await store.claim({"default": 1}, 60)
             assert _messages(caplog, "database unavailable") == 1
             assert _messages(caplog, "database available again") == 1
         finally:
@@ -67,9 +67,9 @@ async def test_a_silent_connection_times_out_and_the_store_recovers(
             await store.recover_expired()  # a pooled connection, open before the fault
             proxy.blackhole()
             with pytest.raises(TimeoutError):
-                await store.claim(1, 60)
+                await store.claim({"default": 1}, 60)
             proxy.pass_through()
-            claimed = await store.claim(1, 60)
+            claimed = await store.claim({"default": 1}, 60)
         finally:
             await store.close()
             await proxied.dispose()
@@ -97,7 +97,7 @@ async def test_the_worker_store_decodes_payloads_as_submitted(engine):
     (job_id,) = await submit(engine, "sleep", payload)
     pg = PgJobStore(engine)
     try:
-        (claimed,) = await pg.claim(1, 60)
+        (claimed,) = await pg.claim({"default": 1}, 60)
     finally:
         await pg.close()
     assert (claimed.id, claimed.payload) == (job_id, payload)
@@ -180,7 +180,7 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
         if way == "worker":
             pg = PgJobStore(engine)
             try:
-                lost, claimed = await pg.complete_and_claim(mine, 3, 60)
+                lost, claimed = await pg.complete_and_claim(mine, {"default": 3}, 60)
             finally:
                 await pg.close()
         else:
@@ -188,7 +188,7 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
                 await conn.execute(sa.select(1))  # the transaction has begun
                 raw = await driver(conn)
                 lost = await compiled.record(raw, Operation.COMPLETE, mine)
-                claimed = await compiled.claim(raw, 3, 60)
+                claimed = await compiled.claim(raw, {"default": 3}, 60)
         labels = sorted(job.payload["label"] for job in claimed)
         outcomes.append(
             (lost, labels, claimed and sorted(claimed, key=lambda j: j.id), await _state(engine))
@@ -233,11 +233,8 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
             )
         )
     sql = compiled.STATEMENTS[statement].sql
-    args = (
-        "1, 60, 1, NULL, 50"
-        if statement == "claim"
-        else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, NULL, 50"
-    )
+    claim_args = "1, 60, 1, NULL, '{default}', '{50}'"
+    args = claim_args if statement == "claim" else f"'{{}}'::uuid[], '{{}}'::bigint[], {claim_args}"
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         mode = "force_generic_plan" if generic else "force_custom_plan"
@@ -263,12 +260,12 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
             )
         )
     sql = compiled.STATEMENTS[statement].sql
-    small = (
-        "1, 60, 1, NULL, 1"
-        if statement == "claim"
-        else "'{}'::uuid[], '{}'::bigint[], 1, 60, 1, NULL, 1"
-    )
-    burst = small[: -len("1")] + "50"
+
+    def claim_args(n: int) -> str:
+        args = f"1, 60, 1, NULL, '{{default}}', '{{{n}}}'"
+        return args if statement == "claim" else f"'{{}}'::uuid[], '{{}}'::bigint[], {args}"
+
+    small, burst = claim_args(1), claim_args(50)
 
     async def before(driver) -> None:
         await driver.execute(f"PREPARE claim_now AS {sql}")
@@ -311,7 +308,7 @@ async def test_an_old_and_a_new_lease_of_one_job_in_one_batch_report_the_old_one
     pg = PgJobStore(engine)
     try:
         if combined:
-            lost, _ = await pg.complete_and_claim([old, current], 1, 60)
+            lost, _ = await pg.complete_and_claim([old, current], {"default": 1}, 60)
         else:
             lost = await pg.record(Operation.COMPLETE, [old, current])
     finally:
@@ -341,7 +338,7 @@ async def test_a_write_stuck_behind_a_lock_is_stopped_by_the_server_before_the_w
     try:
         started = time.monotonic()
         with pytest.raises(asyncpg.PostgresError):  # the server's error, not the client's timeout
-            await pg.complete_and_claim([held], 3, 60)
+            await pg.complete_and_claim([held], {"default": 3}, 60)
         assert time.monotonic() - started < database.CALL_TIMEOUT
     finally:
         # Held past the client's limit: a statement still alive in the server would now
@@ -365,11 +362,11 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
         pg = PgJobStore(proxied)
         try:
             # A connection open before the fault, with the claim prepared on it.
-            assert await pg.claim(3, 60) == []
+            assert await pg.claim({"default": 3}, 60) == []
             ids = await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1, count=3)
             proxy.add_latency(0.3)  # the claim reaches the server; its answer comes too late
             with pytest.raises(TimeoutError):
-                await pg.claim(3, 60)
+                await pg.claim({"default": 3}, 60)
             await asyncio.sleep(1.5)  # the claim committed meanwhile
             async with engine.connect() as conn:
                 taken = (

@@ -194,9 +194,11 @@ async def test_slot_is_freed_only_after_the_outcome_is_recorded():
     async with Stack(store, slots=1) as stack:
         await until(lambda: "ctx" in seen and seen["ctx"].job_id == job, 5, "the handler ran")
         await asyncio.sleep(0.1)
-        assert stack.executor.free == 0  # handler done, write pending: slot still held
+        assert stack.executor.free == {"default": 0}  # handler done, write pending: slot still held
         store.write_gate.set()
-        await until(lambda: stack.executor.free == 1, 5, "the slot freed after the write")
+        await until(
+            lambda: stack.executor.free == {"default": 1}, 5, "the slot freed after the write"
+        )
     assert store.status(job) is Status.COMPLETED
 
 

@@ -26,7 +26,7 @@ async def test_expired_leases_go_back_to_pending_or_dead_letter_counted_and_logg
     last = (await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1))[0]
     async with engine.begin() as conn:
         raw = await driver(conn)
-        assert len(await compiled.claim(raw, 2, 0.05)) == 2
+        assert len(await compiled.claim(raw, {"default": 2}, 0.05)) == 2
     recovered_before = _sample("jobs_recovered_total")
     dead_before = _sample("jobs_failed_total", status="dead_letter")
 
@@ -51,7 +51,7 @@ async def test_recovery_runs_at_start_and_stops_when_told(engine):
     (job,) = await submit(engine, "sleep", {"duration": "0s"})
     async with engine.begin() as conn:
         raw = await driver(conn)
-        await compiled.claim(raw, 1, 0.01)
+        await compiled.claim(raw, {"default": 1}, 0.01)
     await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
     stopped = asyncio.Event()
     pg = PgJobStore(engine)
@@ -100,7 +100,7 @@ async def test_a_failing_round_is_retried_soon_not_after_the_interval(engine):
     backoff, and once the database answers it takes the lease back."""
     (job,) = await submit(engine, "sleep", {"duration": "0s"})
     async with engine.begin() as conn:
-        await compiled.claim(await driver(conn), 1, 0.01)
+        await compiled.claim(await driver(conn), {"default": 1}, 0.01)
     await eventually(lambda: _expired(engine, job), 10, "the 10 ms lease to run out")
 
     class Flaky:

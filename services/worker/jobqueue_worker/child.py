@@ -98,17 +98,17 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         pre_ping=False,
     )
     store = PgJobStore(engine)
-    recycle = _Recycle(beacon, settings.workers, stop)
+    recycle = _Recycle(beacon, sum(settings.queue_slots.values()), stop)
     # The slots record through the completer, the completer claims for the dispatcher, the
     # dispatcher fills the slots: a cycle, closed by the two late-bound callbacks below.
     executor = Executor(
         lambda outcome, recorded: completer.add(outcome, recorded),
-        slots=settings.workers,
+        slots=settings.queue_slots,
         job_timeout=settings.job_timeout,
         backoff_base=settings.backoff_base,
         backoff_max=settings.backoff_max,
         webhook_allow_private=settings.webhook_allow_private,
-        on_slot_freed=lambda: dispatcher.slot_freed(),
+        on_slot_freed=lambda queue: dispatcher.slot_freed(queue),
         on_abandoned=recycle.abandoned_changed,
     )
     dispatcher = Dispatcher(
@@ -117,7 +117,9 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         poll_interval=settings.poll_interval,
         lease_seconds=settings.lease_duration,
     )
-    completer = Completer(store, batch_size=settings.workers, linger=_LINGER, claimer=dispatcher)
+    completer = Completer(
+        store, batch_size=sum(settings.queue_slots.values()), linger=_LINGER, claimer=dispatcher
+    )
     recovery = Recovery(store, settings.recovery_interval)
     listener = Listener(settings.database_url, dispatcher.wake)
     metrics.initialise()
@@ -133,7 +135,10 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     )
     watchdog.start()
     beacon.set_state(RUNNING)
-    log.info("worker process started", extra={"pid": os.getpid(), "workers": settings.workers})
+    log.info(
+        "worker process started",
+        extra={"pid": os.getpid(), "workers": settings.workers, "queues": settings.queue_slots},
+    )
     dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")
     loops = {
         dispatching,

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
 from jobcore import logs
@@ -31,6 +31,8 @@ from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
 
+# Writes after which a job is due again later.
+_LATER = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
 # Retries of a failed write start fast: most failures are one broken connection.
 _RETRY_FIRST = 0.05
 _RETRY_LIMIT = 2.0
@@ -41,11 +43,12 @@ class Outcome(NamedTuple):
 
     kind: Operation  # one of ATTEMPT_OUTCOMES
     lease: Lease
+    queue: str  # whose slot the attempt holds
     # Monotonic time at which the lease runs out (measured from just before the claim):
     # a write that keeps failing is retried until then, never after.
     deadline: float
     error: str | None = None
-    delay: float = 0.0  # retry_later only: seconds until the job is due again
+    delay: float = 0.0  # retry_later and snooze: seconds until the job is due again
 
 
 Recorded = Callable[[bool], None]
@@ -58,9 +61,13 @@ class Claimer(Protocol):
     @property
     def lease_seconds(self) -> float: ...
 
-    def claimable(self, freeing: int) -> int: ...
+    def claimable(self, freeing: Mapping[str, int]) -> dict[str, int]: ...
 
-    def hand_out(self, jobs: list[Claimed], asked: int, claimed_at: float) -> None: ...
+    def hand_out(
+        self, jobs: list[Claimed], asked: Mapping[str, int], claimed_at: float
+    ) -> None: ...
+
+    def wake(self) -> None: ...
 
 
 class Completer:
@@ -163,11 +170,11 @@ class Completer:
         while items:
             # Every slot of the batch is free once it is written: claim for them meanwhile.
             claimer = self.claimer if kind is Operation.COMPLETE else None
-            wanted = claimer.claimable(len(items)) if claimer is not None else 0
+            wanted = claimer.claimable(_per_queue(items)) if claimer is not None else {}
             claimed_at = self._clock()
             outcomes = [outcome for outcome, _ in items]
             try:
-                if claimer is not None and wanted > 0:
+                if claimer is not None and any(wanted.values()):
                     leases = [o.lease for o in outcomes]
                     lost, claimed = await self._store.complete_and_claim(
                         leases, wanted, claimer.lease_seconds
@@ -196,9 +203,12 @@ class Completer:
                             },
                         )
                     _resolve(recorded, applied)
-            if claimer is not None and wanted > 0:
+            if claimer is not None and any(wanted.values()):
                 # Into the slots the callbacks just freed.
                 claimer.hand_out(claimed, wanted, claimed_at)
+            if kind in _LATER and self.claimer is not None:
+                # Jobs due again later: the dispatcher learns when the next one is due.
+                self.claimer.wake()
             return
 
     def _drop_expired(self, items: list[_Waiting], margin: float) -> list[_Waiting]:
@@ -224,6 +234,14 @@ class Completer:
         leases = [o.lease for o in outcomes]
         errors = [o.error or "" for o in outcomes]
         return await self._store.record(kind, leases, errors, [o.delay for o in outcomes])
+
+
+def _per_queue(items: list[_Waiting]) -> dict[str, int]:
+    """How many slots of each queue the write of `items` frees."""
+    freeing: dict[str, int] = {}
+    for outcome, _ in items:
+        freeing[outcome.queue] = freeing.get(outcome.queue, 0) + 1
+    return freeing
 
 
 def _resolve(recorded: Recorded, applied: bool) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 from uuid import UUID, uuid4
 
@@ -47,6 +47,8 @@ CONNECTION_CHECK = 1.0
 CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
 # Connections per child: one each for the dispatcher, the completer and recovery, plus one spare.
 POOL_SIZE = 4
+# Tries of a call on fresh connections when asyncpg refused to start it on a broken one.
+_NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
 # claim not handed back is recovered, attempt counted, once its lease runs out).
 _MAX_LOST_CLAIMS = 1000
@@ -62,7 +64,9 @@ class JobStore(Protocol):
     """The store calls a worker process makes, as in `jobcore.compiled`; outcome writes
     return the lost leases."""
 
-    async def claim(self, n: int, lease_seconds: float) -> list[Claimed]: ...
+    async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]: ...
+
+    async def next_due(self, queues: Sequence[str]) -> float | None: ...
 
     async def record(
         self,
@@ -73,7 +77,7 @@ class JobStore(Protocol):
     ) -> list[Lease]: ...
 
     async def complete_and_claim(
-        self, leases: Sequence[Lease], n: int, lease_seconds: float
+        self, leases: Sequence[Lease], slots: Mapping[str, int], lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]: ...
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]: ...
@@ -124,26 +128,29 @@ class PgJobStore:
         held = None
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
-                held = await self._connection()
-                if self._lost_claims:
-                    await self._release_lost_claims(held[1])
-                try:
-                    result = await statement(held[1], *args)
-                except Exception as exc:
-                    if not _never_sent(exc):
-                        raise
-                    # The connection broke while it sat idle (its backend was terminated):
-                    # nothing reached the server, so the statement runs on a fresh one.
-                    await _discard(held)
-                    held = None
-                    held = await self._checkout()
-                    result = await statement(held[1], *args)
+                for tried in range(1, _NEVER_SENT_TRIES + 1):
+                    held = await (self._connection() if tried == 1 else self._checkout())
+                    try:
+                        if self._lost_claims:
+                            await self._release_lost_claims(held[1])
+                        result = await statement(held[1], *args)
+                        break
+                    except Exception as exc:
+                        if tried == _NEVER_SENT_TRIES or not _never_sent(exc):
+                            raise
+                        # The connection broke while it sat idle (its backend was
+                        # terminated): nothing reached the server, so the statement runs
+                        # on a fresh one.
+                        log.debug("connection broken before use", extra={"error": describe(exc)})
+                        await _discard(held)
+                        held = None
         except BaseException as exc:
             if held is not None:
                 await _discard(held)
             if isinstance(exc, Exception):
                 self.availability.failed(operation, exc, started)
             raise
+        assert held is not None  # the loop ends with a result, or raises
         self._idle.append(held)
         self.availability.succeeded(started)
         return result
@@ -198,10 +205,15 @@ class PgJobStore:
         for conn, _ in idle:
             await conn.close()
 
-    async def claim(self, n: int, lease_seconds: float) -> list[Claimed]:
+    async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
         return await self._claiming(
-            lambda claim_id: self._run(Operation.CLAIM, compiled.claim, n, lease_seconds, claim_id)
+            lambda claim_id: self._run(
+                Operation.CLAIM, compiled.claim, slots, lease_seconds, claim_id
+            )
         )
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        return await self._run("next_due", compiled.next_due, queues)
 
     async def record(
         self,
@@ -213,14 +225,14 @@ class PgJobStore:
         return await self._run(operation, compiled.record, operation, leases, errors, delays)
 
     async def complete_and_claim(
-        self, leases: Sequence[Lease], n: int, lease_seconds: float
+        self, leases: Sequence[Lease], slots: Mapping[str, int], lease_seconds: float
     ) -> tuple[list[Lease], list[Claimed]]:
         return await self._claiming(
             lambda claim_id: self._run(
                 Operation.COMPLETE,
                 compiled.complete_and_claim,
                 leases,
-                n,
+                slots,
                 lease_seconds,
                 claim_id,
             )

@@ -1,11 +1,13 @@
 """The job slots of one worker process: each runs one attempt, decides its outcome, records it.
 
-An attempt runs in a task of its own under JOB_TIMEOUT: `async def` handlers
+Each queue the process serves has a pool of slots of its own. An attempt runs in
+a task of its own under the job's timeout (its own, else JOB_TIMEOUT): `async def` handlers
 are awaited in it, plain `def` handlers run in a thread of their own that starts
 at once (`jobqueue_worker.threads`), so the clock measures the handler alone. Whatever
 a handler does (raise, time out, swallow cancellation, raise SystemExit), the
-attempt ends in exactly one outcome: complete, fail (PermanentError, unknown
-type), retry_later with backoff, or dead_letter on the last attempt; release
+attempt ends in exactly one outcome, as `jobcore.states.next_operation` decides:
+complete, fail (PermanentError, unknown type), snooze (the handler raised
+Snooze), retry_later with backoff, or dead_letter on the last attempt; release
 when shutdown interrupts it. The outcome goes to the completer, and the slot is
 freed when the completer reports it written (or the lease lost), never before.
 
@@ -30,12 +32,12 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from jobcore import logs
 from jobcore.backoff import backoff
-from jobcore.errors import PermanentError, describe
+from jobcore.errors import PermanentError, Snooze, describe
 from jobcore.registry import Handler, JobContext, get_handler
 from jobcore.states import Operation, next_operation
 from jobcore.store import Claimed
@@ -48,6 +50,8 @@ log = logging.getLogger("jobqueue.worker")
 # last_error is TEXT: PostgreSQL rejects NUL characters, and a huge message helps nobody.
 _MAX_ERROR = 2000
 
+# Outcomes after which the job is due again later: their log line says when.
+_DELAYED = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
 # Why an attempt was interrupted.
 _TIMEOUT = "timeout"
 _SHUTDOWN = "shutdown"
@@ -104,24 +108,26 @@ class _Attempt:
 
 
 class Executor:
-    """Owns the `slots` job slots of one worker process."""
+    """Owns the job slots of one worker process: `slots[queue]` for each queue it serves, a
+    separate pool per queue, so a flood of slow jobs in one queue never delays another."""
 
     def __init__(
         self,
         record: Callable[[Outcome, Recorded], None],
         *,
-        slots: int,
+        slots: Mapping[str, int],
         job_timeout: float,
         backoff_base: float,
         backoff_max: float,
         webhook_allow_private: bool = False,
-        on_slot_freed: Callable[[], None] = lambda: None,
+        on_slot_freed: Callable[[str], None] = lambda queue: None,
         on_abandoned: Callable[[int], None] = lambda n: None,
         cancel_grace: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._record = record
-        self.slots = slots
+        self.slots = dict(slots)
+        self._busy = dict.fromkeys(self.slots, 0)
         self._job_timeout = job_timeout
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
@@ -139,15 +145,18 @@ class Executor:
         self._deadlines: dict[int, set[_Attempt]] = {}
         self._all_freed: asyncio.Future[None] | None = None
         self._shutting_down = False
-        self._threads = HandlerThreads(keep=slots, late_return=self._thread_returned)
+        self._threads = HandlerThreads(
+            keep=sum(self.slots.values()), late_return=self._thread_returned
+        )
 
     @property
     def running(self) -> int:
         return len(self._running)
 
     @property
-    def free(self) -> int:
-        return self.slots - len(self._running)
+    def free(self) -> dict[str, int]:
+        """Free slots per queue."""
+        return {queue: n - self._busy[queue] for queue, n in self.slots.items()}
 
     def running_jobs(self) -> list[tuple[str, bool]]:
         """(job id, whether its handler is what the loop is running right now) per attempt.
@@ -163,10 +172,11 @@ class Executor:
 
     def start(self, job: Claimed, lease_deadline: float) -> None:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
-        if len(self._running) >= self.slots:
-            raise RuntimeError("no free job slot")
+        if self._busy.get(job.queue, 0) >= self.slots.get(job.queue, 0):
+            raise RuntimeError(f"no free job slot in queue {job.queue!r}")
         attempt = _Attempt(job, lease_deadline)
         self._running.add(attempt)
+        self._busy[job.queue] += 1
         logs.line(log, "job started", attempt.fields)
         attempt.task = asyncio.get_running_loop().create_task(self._run(attempt))
 
@@ -233,7 +243,7 @@ class Executor:
         task = attempt.task
         assert task is not None
         attempt.started = self._clock()
-        tick = math.ceil((loop.time() + self._job_timeout) / self._tick)
+        tick = math.ceil((loop.time() + self._timeout(job)) / self._tick)
         due = self._deadlines.get(tick)
         if due is None:
             due = self._deadlines[tick] = set()
@@ -346,11 +356,19 @@ class Executor:
         if attempt.interrupted == _SHUTDOWN:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
         else:
-            self._settle_failure(attempt, JobTimeout(f"timed out after {self._job_timeout:g}s"))
+            timeout = self._timeout(attempt.job)
+            self._settle_failure(attempt, JobTimeout(f"timed out after {timeout:g}s"))
+
+    def _timeout(self, job: Claimed) -> float:
+        """The job's own timeout, else JOB_TIMEOUT."""
+        return job.timeout if job.timeout is not None else self._job_timeout
 
     def _settle_failure(self, attempt: _Attempt, failure: BaseException) -> None:
         job = attempt.job
         operation = next_operation(failure, job.attempts, job.max_attempts)
+        if isinstance(failure, Snooze):
+            self._settle(attempt, operation, None, failure.seconds)
+            return
         delay = 0.0
         if operation is Operation.RETRY_LATER:
             delay = backoff(job.attempts, self._backoff_base, self._backoff_max)
@@ -362,7 +380,8 @@ class Executor:
         """Hand the outcome to the completer; the slot is freed once it is written."""
         attempt.settled = True
         attempt.kind, attempt.error, attempt.delay = kind, error, delay
-        outcome = Outcome(kind, attempt.job.lease, attempt.lease_deadline, error, delay)
+        job = attempt.job
+        outcome = Outcome(kind, job.lease, job.queue, attempt.lease_deadline, error, delay)
         self._record(outcome, functools.partial(self._recorded, attempt))
 
     def _recorded(self, attempt: _Attempt, applied: bool) -> None:
@@ -376,16 +395,17 @@ class Executor:
                 "outcome": kind.outcome,
                 "duration_ms": round(attempt.duration * 1000, 3),
                 "error": attempt.error,
-                "retry_in": round(attempt.delay, 3) if kind is Operation.RETRY_LATER else None,
+                "retry_in": round(attempt.delay, 3) if kind in _DELAYED else None,
             },
         )
         self._free(attempt)
 
     def _free(self, attempt: _Attempt) -> None:
         self._running.discard(attempt)
+        self._busy[attempt.job.queue] -= 1
         if not self._running and self._all_freed is not None and not self._all_freed.done():
             self._all_freed.set_result(None)
-        self.on_slot_freed()
+        self.on_slot_freed(attempt.job.queue)
 
 
 @functools.lru_cache(maxsize=1024)

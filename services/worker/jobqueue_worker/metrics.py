@@ -28,6 +28,9 @@ JOBS_FAILED = Counter(
     ["status"],
 )
 JOBS_RETRIED = Counter("jobs_retried_total", "Attempts that failed and were scheduled again.")
+JOBS_SNOOZED = Counter(
+    "jobs_snoozed_total", "Attempts whose handler snoozed the job (attempt given back)."
+)
 JOBS_RECOVERED = Counter(
     "jobs_recovered_total", "Jobs whose lease expired, put back to pending or dead_letter."
 )
@@ -52,6 +55,7 @@ def initialise() -> None:
             Operation.FAIL: JOBS_FAILED.labels(status=Status.FAILED),
             Operation.DEAD_LETTER: JOBS_FAILED.labels(status=Status.DEAD_LETTER),
             Operation.RETRY_LATER: JOBS_RETRIED,
+            Operation.SNOOZE: JOBS_SNOOZED,
         }
     )
     for op in ATTEMPT_OUTCOMES:

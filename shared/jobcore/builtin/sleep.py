@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from jobcore.durations import parse_duration
 from jobcore.errors import PermanentError
 from jobcore.registry import JobContext, handler
-from jobcore.settings import parse_duration
 
 
 @handler("sleep")
