@@ -257,3 +257,61 @@ async def test_submit_with_notify_wakes_listeners_only_when_it_creates(engine, d
         assert len(heard) == 1
     finally:
         await listener.close()
+
+
+async def _insert(engine, rows: list[dict]) -> list:
+    async with engine.begin() as conn:
+        for row in rows:
+            row.setdefault("id", new_id())
+            await conn.execute(
+                sa.insert(jobs).values(type="sleep", payload={}, max_attempts=3, **row)
+            )
+    return [row["id"] for row in rows]
+
+
+def _at(seconds: float):
+    return sa.func.now() + sa.text(f"interval '{seconds} seconds'")
+
+
+async def test_a_claim_takes_from_each_queue_at_most_its_slots_in_claim_order(engine):
+    a = await _insert(
+        engine,
+        [
+            {"queue": "a", "priority": 0, "run_at": _at(-30)},
+            {"queue": "a", "priority": 9, "run_at": _at(-1)},
+            {"queue": "a", "priority": 9, "run_at": _at(-2)},
+            {"queue": "a", "priority": 50, "run_at": _at(60)},  # not due: never claimed
+        ],
+    )
+    b = await _insert(engine, [{"queue": "b", "run_at": _at(-5)} for _ in range(3)])
+    c = await _insert(engine, [{"queue": "c", "run_at": _at(-5)}])
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        claimed = await compiled.claim(raw, {"a": 2, "b": 5, "x": 1}, 60)
+        again = await compiled.claim(raw, {"a": 5}, 60)
+    by_queue: dict[str, list] = {}
+    for job in claimed:
+        by_queue.setdefault(job.queue, []).append(job.id)
+    # The first two in claim order (priority 9); the order within one claim is not kept.
+    assert sorted(by_queue["a"]) == sorted([a[1], a[2]])
+    assert sorted(by_queue["b"]) == sorted(b)
+    assert set(by_queue) == {"a", "b"}  # c is not asked for, x has nothing
+    assert [job.id for job in again] == [a[0]]
+    assert c  # still pending
+
+
+async def test_next_due_is_when_the_earliest_job_not_yet_due_of_those_queues_is(engine):
+    await _insert(
+        engine,
+        [
+            {"queue": "a", "priority": 5, "run_at": _at(40)},
+            {"queue": "a", "priority": -5, "run_at": _at(20)},
+            {"queue": "a", "run_at": _at(-1)},  # due already: not "next"
+            {"queue": "b", "run_at": _at(3)},
+        ],
+    )
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        assert 19 < await compiled.next_due(raw, ["a"]) <= 20
+        assert 2 < await compiled.next_due(raw, ["a", "b"]) <= 3
+        assert await compiled.next_due(raw, ["empty"]) is None

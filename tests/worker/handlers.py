@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobcore import JobContext, PermanentError, handler
+from jobcore import JobContext, PermanentError, Snooze, handler
 
 
 def note(event: str, ctx: JobContext) -> None:
@@ -86,3 +86,34 @@ async def block_loop(payload: Any, ctx: JobContext) -> None:
     note("run", ctx)
     time.sleep(float(payload.get("seconds", 0)))  # noqa: ASYNC251 - the fault under test
     note("done", ctx)
+
+
+def stamp(ctx: JobContext) -> None:
+    """Append `<job_id> <attempt> <time.time()>` to $WORKER_TEST_LOG.times: when each
+    attempt's handler started, on the machine's clock (the database's too, here)."""
+    path = os.environ.get("WORKER_TEST_LOG")
+    if not path:
+        return
+    fd = os.open(path + ".times", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{ctx.job_id} {ctx.attempt} {time.time():.6f}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@handler("test.stamp")
+async def stamped(payload: Any, ctx: JobContext) -> None:
+    """Note when the attempt started, then sleep payload["seconds"] (default 0)."""
+    stamp(ctx)
+    note("run", ctx)
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+
+
+@handler("test.snooze_once")
+def snooze_once(payload: Any, ctx: JobContext) -> None:
+    """Snoozes for payload["seconds"] the first time it runs, then completes."""
+    stamp(ctx)
+    note("run", ctx)
+    if not Path(payload["marker"]).exists():
+        Path(payload["marker"]).touch()
+        raise Snooze(payload["seconds"])

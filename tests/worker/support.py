@@ -135,3 +135,25 @@ async def until(predicate: Callable[[], Any], within: float, what: str) -> Any:
 async def all_in(engine: AsyncEngine, ids: list[UUID], status: str) -> bool:
     found = await fetch(engine, ids)
     return all(job.status == status for job in found.values())
+
+
+def read_times(path: Path) -> list[tuple[str, int, float]]:
+    """When attempts started, from tests.worker.handlers.stamp: (job_id, attempt, time)."""
+    times = Path(str(path) + ".times")
+    if not times.exists():
+        return []
+    rows = []
+    for line in times.read_text().splitlines():
+        job_id, attempt, at = line.split()
+        rows.append((job_id, int(attempt), float(at)))
+    return rows
+
+
+async def submit_jobs(engine: AsyncEngine, jobs: list[store.NewJob]) -> list[store.Job]:
+    """Submit each NewJob as given (queue, priority, run_at, delay, timeout)."""
+    found = []
+    async with engine.begin() as conn:
+        for new in jobs:
+            job, _created = await store.submit(conn, new, notify=True)
+            found.append(job)
+    return found
