@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench.adapters.base import Adapter
@@ -32,12 +33,20 @@ async def wait_drained(adapter: Adapter, limit: float, interval: float = 0.05) -
         await asyncio.sleep(interval)
 
 
-async def warm_up(adapter: Adapter, rx: Receiver, processes: int, limit: float = 90) -> int:
-    """Send single jobs until every worker process has run one (or time is up).
+async def warm_up(
+    adapter: Adapter,
+    rx: Receiver,
+    processes: int,
+    limit: float = 90,
+    submit: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+) -> int:
+    """Send single jobs (`submit`, by default the adapter's) until every worker process has
+    run one (or time is up).
 
     Proves the workers are up and connected before anything is timed; returns
     how many distinct processes answered.
     """
+    submit = submit or adapter.submit
     pids: set[int] = set()
     deadline = time.monotonic() + limit
     # Once one process answered, the others get a little longer to show up.
@@ -45,7 +54,7 @@ async def warm_up(adapter: Adapter, rx: Receiver, processes: int, limit: float =
     while len(pids) < processes and tries_after_first < 200:
         marker = _marker("w")
         future = rx.expect(marker)
-        await adapter.submit(rx.payload(marker))
+        await submit(rx.payload(marker))
         _, pid = await asyncio.wait_for(future, max(1.0, deadline - time.monotonic()))
         pids.add(pid)
         tries_after_first += 1
@@ -54,10 +63,16 @@ async def warm_up(adapter: Adapter, rx: Receiver, processes: int, limit: float =
     return len(pids)
 
 
-async def drain(adapter: Adapter, n: int, limit: float) -> dict[str, float]:
-    """Workers idle; enqueue n jobs in bulk; rate from the enqueue commit to the last completion."""
+async def drain(
+    adapter: Adapter,
+    n: int,
+    limit: float,
+    enqueue: Callable[[int], Awaitable[None]] | None = None,
+) -> dict[str, float]:
+    """Workers idle; enqueue n jobs in bulk (`enqueue`, by default the adapter's); rate from
+    the enqueue commit to the last completion."""
     called = time.time()
-    await adapter.enqueue_many(n)
+    await (enqueue or adapter.enqueue_many)(n)
     committed = time.time()
     await wait_drained(adapter, limit)
     finished = await adapter.last_completion()

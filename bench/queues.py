@@ -7,9 +7,11 @@ Every system gets the same sessions, interleaved round-robin over the repeats
 and warmed up, then the measurements (see `bench.measure`); then everything is
 stopped and the database dropped. Figures are medians over the repeats. Ours
 also gets a WORKERS sweep, the API submit measurements (`bench.submit`) and
-the backlog check (`bench.backlog`) and webhook jobs/s of one worker process
-against a local sink (`bench.webhooks`). A progress bar goes to stderr, the table
-to stdout, everything measured to bench-results/<timestamp>.json.
+the backlog check (`bench.backlog`), webhook jobs/s of one worker process
+against a local sink (`bench.webhooks`), and the scheduling and routing figures
+(`bench.scheduling`: lateness of scheduled jobs, a drain over two queues). A
+progress bar goes to stderr, the table to stdout, everything measured to
+bench-results/<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, measure, pg, procs, profile, submit, webhooks
+from bench import backlog, measure, pg, procs, profile, scheduling, submit, webhooks
 from bench.adapters.base import Adapter, Unsupported, to_the_end
 from bench.adapters.ours import Ours
 from bench.beacon import Receiver
@@ -65,6 +67,9 @@ class Config:
     claim_samples: int = 300
     claim_n: int = 10
     webhook_jobs: int = 5_000
+    schedule_samples: int = 400
+    schedule_polls: list[str] = field(default_factory=lambda: ["1s", "5s"])
+    two_queues: bool = True
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -85,6 +90,7 @@ QUICK = {
     "backlog_skip": 200,
     "claim_samples": 100,
     "webhook_jobs": 600,
+    "schedule_samples": 100,
 }
 
 
@@ -216,6 +222,22 @@ class Run:
         )
         self.results.append({"kind": "webhooks", "repeat": rep, **figures})
 
+    async def lateness_session(self, rep: int, poll: str) -> None:
+        c = self.config
+        assert self.rx is not None
+        figures = await scheduling.lateness_session(
+            c.server, self.workdir, self.rx, c.workers, max(c.processes), poll, c.schedule_samples
+        )
+        self.results.append({"kind": "lateness", "repeat": rep, **figures})
+
+    async def two_queue_session(self, rep: int) -> None:
+        c = self.config
+        assert self.rx is not None
+        figures = await scheduling.two_queue_session(
+            c.server, self.workdir, self.rx, c.workers, max(c.processes), c.jobs, _timeout(c.jobs)
+        )
+        self.results.append({"kind": "two_queues", "repeat": rep, **figures})
+
     async def backlog_sessions(self) -> None:
         """One big table kept for every repeat; a fresh empty one per repeat."""
         c = self.config
@@ -296,6 +318,19 @@ class Run:
                                 p == max(c.processes),
                             ),
                         )
+                if c.two_queues:
+                    # Right after the single-queue drains it is set against.
+                    await self.step(
+                        f"{rep + 1}/{c.repeat} jobqueue two queues, mixed priorities: "
+                        f"{max(c.processes)} process(es)",
+                        lambda r=rep: self.two_queue_session(r),
+                    )
+                for poll in c.schedule_polls if c.schedule_samples else []:
+                    await self.step(
+                        f"{rep + 1}/{c.repeat} jobqueue scheduled-job lateness: "
+                        f"POLL_INTERVAL={poll}",
+                        lambda r=rep, p=poll: self.lateness_session(r, p),
+                    )
                 for workers in c.sweep:
                     if workers == c.workers:
                         continue  # measured above
@@ -341,6 +376,7 @@ def total_steps(c: Config) -> int:
     systems = 1 + (len(PEERS) if c.compare else 0)
     sweep = len([w for w in c.sweep if w != c.workers])
     per_repeat = (systems + sweep) * len(c.processes) + 1 + (1 if c.webhook_jobs else 0)
+    per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
     return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0)
 
 
@@ -385,6 +421,18 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--webhook-jobs", type=int, help="webhooks per measured drain, 0 to skip (default 5000)"
     )
     parser.add_argument(
+        "--schedule-samples",
+        type=int,
+        help=f"scheduled jobs per lateness measurement, 0 to skip (default {d.schedule_samples})",
+    )
+    parser.add_argument(
+        "--schedule-polls",
+        help="POLL_INTERVAL values the lateness is measured with (default 1s,5s)",
+    )
+    parser.add_argument(
+        "--no-two-queues", action="store_true", help="skip the drain over two queues"
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -413,6 +461,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "backlog_skip",
         "claim_samples",
         "webhook_jobs",
+        "schedule_samples",
         "server",
         "output_dir",
     ):
@@ -423,6 +472,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
         config.sweep = _ints(args.sweep)
     if args.processes:
         config.processes = _ints(args.processes)
+    if args.schedule_polls:
+        config.schedule_polls = [v.strip() for v in args.schedule_polls.split(",") if v.strip()]
+    if args.no_two_queues:
+        config.two_queues = False
     config.keep_logs = args.keep_logs
     config.profile = args.profile
     if config.profile and not profile.available():

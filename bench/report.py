@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import webhooks
+from bench import scheduling, webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -112,6 +112,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     hooks = [r for r in results if r["kind"] == "webhooks"]
     if hooks:
         summary["webhooks"] = webhooks.summarize(hooks)
+    routed = scheduling.summarize(results, summary["systems"].get(OURS, {}))
+    if routed:
+        summary["scheduling"] = routed
     summary["targets"] = _targets(summary)
     return summary
 
@@ -204,6 +207,7 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": hooks["target_met"],
             }
         )
+    out += scheduling.targets(summary.get("scheduling", {}))
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
         out.append(
@@ -352,6 +356,7 @@ def render(document: dict[str, Any]) -> str:
             f" (within 20%: {'yes' if backlog['within_20pct'] else 'NO'})",
             _table(["", "empty table", "backlog", "difference"], rows_),
         ]
+    out += scheduling.lines(summary.get("scheduling", {}))
     hooks = summary.get("webhooks")
     if hooks:
         out += [

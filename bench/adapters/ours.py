@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +148,12 @@ class Ours:
     # --- operations --------------------------------------------------------------
 
     async def enqueue_many(self, n: int) -> None:
-        jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+        await self.insert([store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)])
+
+    async def insert(self, jobs: Sequence[store.NewJob]) -> None:
+        """Insert prepared jobs (any queue, priority, run_at) in one transaction; wake workers."""
         async with self.engine.begin() as conn:
-            for i in range(0, n, ENQUEUE_CHUNK):
+            for i in range(0, len(jobs), ENQUEUE_CHUNK):
                 await store.submit_many(conn, jobs[i : i + ENQUEUE_CHUNK])
             await store.notify(conn)
 

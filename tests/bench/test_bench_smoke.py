@@ -37,6 +37,7 @@ TINY = [
     "--backlog-skip", "20",
     "--claim-samples", "10",
     "--webhook-jobs", "100",
+    "--schedule-samples", "20",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -104,6 +105,16 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert hooks["jobs_per_s"] > 0 and hooks["worker_cpu_us_per_job"] > 0
     assert hooks["retries"] == 0 and hooks["not_completed"] == 0
     assert "Webhooks:" in run.stdout
+
+    routed = summary["scheduling"]
+    assert set(routed["lateness"]) == {"1s", "5s"}
+    for figures_ in routed["lateness"].values():
+        assert figures_["samples"] == 20 and figures_["early"] == 0
+        assert 0 <= figures_["earliest_ms"] <= figures_["p50_ms"] <= figures_["p99_ms"]
+    two = routed["two_queues"]
+    assert two["queues"] == "a,b" and two["jobs_per_s"] > 0 and two["ratio"] > 0
+    assert "Scheduled jobs: lateness after run_at" in run.stdout
+    assert "Two queues (QUEUES=a,b" in run.stdout
 
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20

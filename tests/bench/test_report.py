@@ -104,3 +104,77 @@ def test_backlog_counts_only_slowdowns_against_the_20_percent_bound() -> None:
         [backlog_row("empty", 1.0, 2.0, 1000), backlog_row("backlog", 1.25, 2.0, 1000)]
     )
     assert slower_claims["summary"]["backlog"]["within_20pct"] is False
+
+
+def lateness_row(poll: str, p99: float, earliest: float, early: int = 0) -> dict[str, Any]:
+    return {
+        "kind": "lateness",
+        "poll_interval": poll,
+        "processes": 2,
+        "workers": 50,
+        "p50_ms": p99 / 4,
+        "p95_ms": p99 / 2,
+        "p99_ms": p99,
+        "earliest_ms": earliest,
+        "early": early,
+        "samples": 400,
+    }
+
+
+def two_queue_row(drain: float) -> dict[str, Any]:
+    return {
+        "kind": "two_queues",
+        "processes": 2,
+        "workers": 50,
+        "queues": "a,b",
+        "drain_jobs_per_s": drain,
+    }
+
+
+def verdicts(doc: dict[str, Any]) -> dict[str, bool]:
+    return {t["target"]: t["met"] for t in doc["summary"]["targets"]}
+
+
+def test_scheduled_lateness_meets_its_target_only_if_p99_within_250ms_and_never_early() -> None:
+    doc = document(
+        [
+            lateness_row("1s", 12.0, 2.0),
+            lateness_row("1s", 300.0, 1.0),
+            lateness_row("1s", 20.0, 3.0),
+            lateness_row("5s", 260.0, 4.0),
+            lateness_row("5s", 270.0, -0.4, early=1),
+            lateness_row("5s", 10.0, 5.0),
+        ]
+    )
+    late = doc["summary"]["scheduling"]["lateness"]
+    assert late["1s"]["p99_ms"] == 20.0  # the median over repeats
+    assert late["5s"]["earliest_ms"] == -0.4  # the earliest start of every repeat
+    assert late["5s"]["early"] == 1
+    met = verdicts(doc)
+    assert met["scheduled-job lateness p99, POLL_INTERVAL=1s (ms)"] is True
+    assert met["scheduled-job lateness p99, POLL_INTERVAL=5s (ms)"] is False
+    assert met["scheduled jobs never start early, POLL_INTERVAL=1s (earliest lateness, ms)"]
+    assert not met["scheduled jobs never start early, POLL_INTERVAL=5s (earliest lateness, ms)"]
+    text = render(doc)
+    assert "Scheduled jobs: lateness after run_at" in text
+    assert "[MISSED] scheduled-job lateness p99, POLL_INTERVAL=5s" in text
+
+
+def test_two_queue_drain_is_set_against_the_single_queue_drain_of_the_same_run() -> None:
+    doc = document(
+        [
+            session("jobqueue", 2, 10_000),
+            session("jobqueue", 1, 6_000),
+            two_queue_row(9_100),
+        ]
+    )
+    two = doc["summary"]["scheduling"]["two_queues"]
+    assert two["single_queue_jobs_per_s"] == 10_000  # the 2-process drain, not the 1-process
+    assert two["ratio"] == pytest.approx(0.91)
+    assert verdicts(doc)["drain over two queues, mixed priorities, vs one queue (ratio)"] is True
+    assert "drain 9,100 jobs/s vs one queue 10,000 jobs/s: 0.91x" in render(doc)
+
+    slower = document([session("jobqueue", 2, 10_000), two_queue_row(8_900)])
+    assert (
+        verdicts(slower)["drain over two queues, mixed priorities, vs one queue (ratio)"] is False
+    )
