@@ -37,7 +37,7 @@ BAD_BODIES = {
         b'{"type": "sleep", "max_attempts": 1' + b"0" * 30 + b"}",
         "max_attempts",
     ),
-    "unknown field": (b'{"type": "sleep", "priority": 1}', "unknown field(s): 'priority'"),
+    "unknown field": (b'{"type": "sleep", "colour": 1}', "unknown field(s): 'colour'"),
     "NUL in payload string": (b'{"type": "sleep", "payload": "a\\u0000b"}', "\\u0000"),
     "NUL deep in payload": (
         b'{"type": "sleep", "payload": {"a": [1, {"b": "\\u0000"}]}}',

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobcore.durations import format_duration
+from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.states import Status
 from jobqueue_api.validation import (
+    DURATION_PATTERN,
     MAX_ATTEMPTS,
     MAX_BATCH,
+    MAX_DELAY,
     MAX_DEPTH,
     MAX_KEY_LENGTH,
     MIN_ATTEMPTS,
+    MIN_DELAY,
 )
 
 _REF = "#/components/schemas/"
@@ -39,6 +44,53 @@ _PAYLOAD = {
 }
 
 
+_QUEUE = {"type": "string", "pattern": QUEUE_PATTERN}
+_PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY}
+
+
+def _duration(low: float, high: float, description: str) -> dict[str, Any]:
+    """Seconds as a number, or a Go duration string (whose range no pattern can state)."""
+    return {
+        "anyOf": [
+            {"type": "number", "minimum": low, "maximum": high},
+            {"type": "string", "pattern": DURATION_PATTERN},
+        ],
+        "description": (
+            f"{description} Seconds, or a Go duration such as 90s, 1m30s or 1.5h; "
+            f"from {format_duration(low)} to {format_duration(high)}."
+        ),
+    }
+
+
+def _scheduling() -> dict[str, Any]:
+    return {
+        "queue": {**_QUEUE, "default": "default", "description": "The queue the job waits in."},
+        "priority": {
+            **_PRIORITY,
+            "default": 0,
+            "description": "Among due jobs of a queue, higher runs first.",
+        },
+        "run_at": {
+            "type": "string",
+            "format": "date-time",
+            "description": (
+                "RFC 3339 with an offset (Z or +hh:mm), at most 9999-12-31T23:59:59Z: "
+                "the job is not claimed before it; a past time means now. Not with delay."
+            ),
+        },
+        "delay": _duration(
+            MIN_DELAY,
+            MAX_DELAY,
+            "Due this long after the database's now(). Not together with run_at.",
+        ),
+        "timeout": _duration(
+            MIN_TIMEOUT,
+            MAX_TIMEOUT,
+            "This job's per-attempt limit, instead of the worker's JOB_TIMEOUT.",
+        ),
+    }
+
+
 def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
     status = {"type": "string", "enum": [s.value for s in Status]}
     nullable_text = {"type": ["string", "null"]}
@@ -49,6 +101,14 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
         "status": status,
         "attempts": {"type": "integer", "minimum": 0},
         "max_attempts": {"type": "integer", "minimum": MIN_ATTEMPTS, "maximum": MAX_ATTEMPTS},
+        "queue": _QUEUE,
+        "priority": _PRIORITY,
+        "timeout": {
+            "type": ["number", "null"],
+            "minimum": MIN_TIMEOUT,
+            "maximum": MAX_TIMEOUT,
+            "description": "Seconds per attempt; null: the worker's JOB_TIMEOUT.",
+        },
         "run_at": _TIME,
         "last_error": nullable_text,
         "created_at": _TIME,
@@ -79,7 +139,9 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
                 "maximum": MAX_ATTEMPTS,
                 "default": default_max_attempts,
             },
+            **_scheduling(),
         },
+        "not": {"required": ["run_at", "delay"]},
     }
     return {
         "Job": _object(job),
@@ -169,8 +231,9 @@ _IDEMPOTENCY_KEY = {
     "in": "header",
     "required": False,
     "description": (
-        "Makes the submission safe to repeat: the same key with the same type, payload "
-        "and max_attempts returns the existing job (200); with a different request, 409."
+        "Makes the submission safe to repeat: the same key with the same type, payload, "
+        "max_attempts, queue, priority and timeout returns the existing job (200), whatever "
+        "its run_at or delay; with a different request, 409."
     ),
     "schema": _KEY_SCHEMA,
 }

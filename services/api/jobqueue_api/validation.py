@@ -1,7 +1,9 @@
 """Turning request bytes and headers into a `NewJob`, or into one clear 400 message.
 
 Everything here is pure: no I/O, no framework. One create item is validated
-on its own (`new_job`), so a bulk endpoint can apply it to each item.
+on its own (`new_job`), so a bulk endpoint can apply it to each item. The limits
+of the scheduling and routing fields are jobcore's (the table's CHECKs use the same);
+the patterns here are also what the OpenAPI document shows.
 """
 
 from __future__ import annotations
@@ -10,18 +12,41 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from jobcore.durations import format_duration, parse_duration
+from jobcore.errors import Snooze
 from jobcore.ids import new_id
+from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.store import NewJob
 
 MAX_DEPTH = 100
 MAX_KEY_LENGTH = 255
 KEY_PATTERN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
-CREATE_FIELDS = ("type", "payload", "max_attempts")
+SCHEDULING_FIELDS = ("queue", "priority", "run_at", "delay", "timeout")
+CREATE_FIELDS = ("type", "payload", "max_attempts", *SCHEDULING_FIELDS)
 BATCH_ITEM_FIELDS = (*CREATE_FIELDS, "idempotency_key")
 MAX_BATCH = 1000
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 100
+MIN_DELAY, MAX_DELAY = 0.0, Snooze.MAX_DELAY
+
+_QUEUE = re.compile(QUEUE_PATTERN)
+# A Go duration (`1m30s`, `500ms`) or decimal seconds as text. ASCII digits only: Python's
+# \d (and float()) would take other scripts' digits too.
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+DURATION_PATTERN = f"^(?:{_NUMBER}(?:ns|us|µs|ms|s|m|h))+$|^{_NUMBER}$"
+_DURATION = re.compile(DURATION_PATTERN)
+_TIMESTAMP = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))?"
+)
+# Any time before now is due now, so a time too early for Python's datetime (year 1 with a
+# positive offset) is stored exactly as this one would be.
+_LONG_AGO = datetime(1970, 1, 1, tzinfo=UTC)
+# The last microsecond of datetime's range is what asyncpg sends as 'infinity': a job that
+# would never be due, and whose run_at would come back without a time zone.
+_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
 class Invalid(ValueError):
@@ -133,7 +158,102 @@ def new_job(
         payload=item.get("payload", {}),
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
+        **scheduling(item),
     )
+
+
+def scheduling(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The `NewJob` arguments for the scheduling and routing fields present in `item`."""
+    found: dict[str, Any] = {}
+    if "queue" in item:
+        found["queue"] = _queue(item["queue"])
+    if "priority" in item:
+        found["priority"] = _priority(item["priority"])
+    if "run_at" in item and "delay" in item:
+        raise Invalid("give either field 'run_at' or field 'delay', not both")
+    if "run_at" in item:
+        found["run_at"] = _timestamp(item["run_at"])
+    if "delay" in item:
+        found["delay"] = _duration(item["delay"], "delay", MIN_DELAY, MAX_DELAY)
+    if "timeout" in item:
+        found["timeout"] = _duration(item["timeout"], "timeout", MIN_TIMEOUT, MAX_TIMEOUT)
+    return found
+
+
+def _queue(value: Any) -> str:
+    if not isinstance(value, str) or _QUEUE.fullmatch(value) is None:
+        raise Invalid(
+            "field 'queue' must be 1 to 63 characters of a-z, 0-9, '_', '.' and '-', "
+            f"starting with a letter or digit ({QUEUE_PATTERN})"
+        )
+    return value
+
+
+def _priority(value: Any) -> int:
+    if not _is_int(value) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise Invalid(f"field 'priority' must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}")
+    return int(value)
+
+
+def _duration(value: Any, name: str, low: float, high: float) -> float:
+    seconds = None
+    text = isinstance(value, str) and _DURATION.fullmatch(value) is not None
+    if text or (isinstance(value, int | float) and not isinstance(value, bool)):
+        try:
+            seconds = parse_duration(value)
+        except (ValueError, OverflowError):  # OverflowError: an integer beyond float range
+            seconds = None
+    if seconds is None or not low <= seconds <= high:
+        days = f" ({high / 86400:g} days)" if high > 86400 else ""
+        raise Invalid(
+            f"field {name!r} must be a duration from {format_duration(low)} to "
+            f"{format_duration(high)}{days}: a number of seconds, or a string such as 90s, "
+            "1m30s or 1.5h"
+        )
+    return seconds
+
+
+def _timestamp(value: Any) -> datetime:
+    """An RFC 3339 time with an offset, in UTC (microseconds; further digits dropped)."""
+    match = _TIMESTAMP.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise Invalid(
+            "field 'run_at' must be an RFC 3339 timestamp with an offset, such as "
+            "2026-12-01T09:30:00Z or 2026-12-01T10:30:00+01:00"
+        )
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
+    if zulu is None and sign is None:
+        raise Invalid(
+            "field 'run_at' has no offset: add Z (UTC) or one such as +01:00, "
+            "e.g. 2026-12-01T09:30:00Z"
+        )
+    # A leap second (:60) is the next minute's first, as PostgreSQL reads it.
+    leap = second == "60"
+    try:
+        offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+        if int(off_h or 0) > 23 or int(off_m or 0) > 59:
+            raise ValueError("offset out of range")
+        local = datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            59 if leap else int(second),
+            int((fraction or "")[:6].ljust(6, "0")),
+            tzinfo=timezone(-offset if sign == "-" else offset),
+        )
+    except ValueError:
+        raise Invalid(f"field 'run_at' is not a valid time: {_shown(value)!r}") from None
+    try:
+        due: datetime | None = local.astimezone(UTC) + timedelta(seconds=1 if leap else 0)
+    except OverflowError:
+        if local.year < 5000:
+            return _LONG_AGO
+        due = None
+    if due is None or due > _LATEST:
+        raise Invalid("field 'run_at' must be at most 9999-12-31T23:59:59Z")
+    return due
 
 
 def new_many(body: Any, *, known_types: Iterable[str], default_max_attempts: int) -> list[NewJob]:
