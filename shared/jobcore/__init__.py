@@ -3,6 +3,8 @@
 Importing jobcore performs no I/O. Handler authors need only:
 
     from jobcore import handler, PermanentError, JobContext
+
+and to declare periodic jobs, `from jobcore import periodic`.
 """
 
 from jobcore.backoff import backoff
@@ -14,6 +16,7 @@ from jobcore.errors import (
     SchemaNotAtHead,
     Snooze,
 )
+from jobcore.periodic import periodic
 from jobcore.registry import JobContext, handler
 from jobcore.states import TRANSITIONS, Operation, Status
 
@@ -30,4 +33,5 @@ __all__ = [
     "Status",
     "backoff",
     "handler",
+    "periodic",
 ]

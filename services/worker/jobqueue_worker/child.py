@@ -26,6 +26,7 @@ from types import FrameType
 
 from jobcore import logs
 from jobcore.db import make_engine
+from jobcore.periodic import schedules
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings
 from jobqueue_worker import metrics
@@ -35,6 +36,7 @@ from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
 from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
+from jobqueue_worker.periodic import Scheduler
 from jobqueue_worker.recovery import Recovery
 
 log = logging.getLogger("jobqueue.worker")
@@ -122,12 +124,16 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     )
     recovery = Recovery(store, settings.recovery_interval)
     listener = Listener(settings.database_url, dispatcher.wake)
+    declared = schedules()
+    scheduler = (
+        Scheduler(engine, declared, max_attempts=settings.max_attempts) if declared else None
+    )
     metrics.initialise()
     # What start-up made (modules, SQLAlchemy's tables and caches) lives as long as the
     # process: frozen, full collections stop walking it again and again under load.
     gc.collect()
     gc.freeze()
-    # Set when shutdown starts: ends the recovery loop and the wake-up listener.
+    # Set when shutdown starts: ends the recovery loop, the wake-up listener and the scheduler.
     maintenance_stop = asyncio.Event()
 
     watchdog = Watchdog(
@@ -146,6 +152,8 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
         asyncio.create_task(listener.run(maintenance_stop), name=listener.name),
     }
+    if scheduler is not None:
+        loops.add(asyncio.create_task(scheduler.run(maintenance_stop), name=scheduler.name))
     watcher = asyncio.create_task(_watch_parent(stop))
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({stopped, *loops}, return_when=asyncio.FIRST_COMPLETED)
