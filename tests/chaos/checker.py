@@ -6,9 +6,11 @@ execution records (`tests.chaos.handlers`), the workers' JSON log lines
 attempt) and the faults that were injected. Output: the
 violated invariants (each one sentence) and the summary table.
 
-The guarantees checked (SPEC §10):
+The guarantees checked:
 - every acknowledged job reached a resting state (completed, failed, dead_letter): none lost;
 - no job ended dead_letter without any recorded execution (it never ran);
+- no execution of a job started before the job was due (its `run_at`, or a lower
+  bound of it, from the client's acknowledgement);
 - no job is left `processing` with an expired lease; no idempotency key made two jobs;
 - no outcome was written by a stale lease: a write that applied although a newer
   claim of the job had started before the attempt even ended;
@@ -31,6 +33,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 AT_REST = ("completed", "failed", "dead_letter")
+# A handler's start (time.time()) is read after the claim whose now() passed the job's
+# run_at: both the same machine's clock, so only their reading order needs a margin.
+EARLY_MARGIN = 0.003
 # Worker log lines saying an attempt was recorded while its handler ran on (a thread that
 # cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
 # its lease, ended then, whenever the handler itself returned.
@@ -47,6 +52,7 @@ class JobRow:
     lease_token: int
     idempotency_key: str | None
     lease_expired: bool = False  # locked_until < now() when the rows were read
+    queue: str = "default"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class Ack:
     key: str
     job_id: str
     status_code: int
+    due: float | None = None  # epoch seconds no execution of the job may start before
+    scheduled: bool = False  # sent with a run_at or delay in the future
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,7 @@ def check(
 
     lost = _check_acknowledged(by_id, acks, bad)
     never_ran = _check_never_ran(by_id, acks, per_job, bad)
+    early, lateness = _check_not_early(acks, per_job, bad)
     _check_rows(rows, bad)
     stale = _check_stale_writes(per_job, logged, by_id, bad)
     _check_overlaps(per_job, logged, lease_duration, tolerance, bad)
@@ -210,6 +219,10 @@ def check(
         "dead_lettered": statuses["dead_letter"],
         "lost": lost,
         "never_ran": never_ran,
+        "scheduled_jobs": len({a.job_id for a in acks if a.scheduled}),
+        "started_before_due": early,
+        "scheduled_lateness_seconds": _spread(lateness),
+        "jobs_by_queue": dict(sorted(Counter(row.queue for row in rows).items())),
         "executions": len(execs),
         "retries": causes.get("retry", 0),
         "duplicate_executions": sum(duplicates.values()),
@@ -264,6 +277,35 @@ def _check_never_ran(
             never += 1
             bad.append(f"job {job_id} ended dead_letter after {row.attempts} attempts, none ran")
     return never
+
+
+def _check_not_early(
+    acks: Sequence[Ack], per_job: Mapping[str, list[Execution]], bad: list[str]
+) -> tuple[int, list[float]]:
+    """Executions that started before their job was due (violations), and how late after
+    its due time each scheduled job first started."""
+    early = 0
+    lateness = []
+    for ack in acks:
+        runs = per_job.get(ack.job_id, [])
+        if ack.due is None or not runs:
+            continue
+        for e in runs:
+            if e.start < ack.due - EARLY_MARGIN:
+                early += 1
+                bad.append(
+                    f"job {ack.job_id}: lease {e.lease_token} started "
+                    f"{(ack.due - e.start) * 1000:.1f} ms before the job was due"
+                )
+        if ack.scheduled:
+            lateness.append(min(e.start for e in runs) - ack.due)
+    return early, lateness
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"p50": round(statistics.median(values), 3), "max": round(max(values), 3)}
 
 
 def _check_rows(rows: Sequence[JobRow], bad: list[str]) -> None:

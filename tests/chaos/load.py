@@ -1,10 +1,19 @@
 """The chaos run's client: submits a mix of jobs through both APIs while faults are injected.
 
 Like a careful real client, it retries a submission that got no answer (or a
-503) with the same Idempotency-Key, on the other API, until it is acknowledged
-with 201 (created) or 200 (replayed). Only acknowledged jobs are owed to the
-client, so only they count for "never lost". Any other answer (400, 409, 500)
-is recorded as a failure: the requests are valid and never conflict.
+503) with the same Idempotency-Key and the same body, on the other API, until it
+is acknowledged with 201 (created) or 200 (replayed). Only acknowledged jobs are
+owed to the client, so only they count for "never lost". Any other answer (400,
+409, 500) is recorded as a failure: the requests are valid and never conflict.
+
+The mix is routed: jobs go to several queues (`QUEUE_MIX`; the chaos workers
+serve them all), most carry a priority, and some are scheduled a few seconds
+ahead by `run_at` (with various UTC offsets) or by `delay` (seconds or a Go
+duration). Each acknowledgement carries the job's due time, which no execution
+may start before: the `run_at` of a 201 answer (the database's own value); for a
+200 replay, whose job may have been retried (and so re-scheduled) since, a lower
+bound the client knows by itself: the `run_at` it sent, or the time of its first
+request plus the delay.
 """
 
 from __future__ import annotations
@@ -15,11 +24,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
 
-from tests.chaos.checker import Ack
+from tests.chaos.checker import Ack, log_time
 
 # (job type, weight, payload maker, max_attempts)
 MIX: list[tuple[str, int]] = [
@@ -29,6 +39,49 @@ MIX: list[tuple[str, int]] = [
     ("flaky", 12),
     ("permanent", 5),
 ]
+
+
+# Every queue here must be in the chaos workers' QUEUES (tests.chaos.system), or its jobs
+# would stay pending: lost, for the checker.
+QUEUE_MIX: list[tuple[str, int]] = [("default", 5), ("bulk", 3), ("urgent", 2)]
+PRIORITY_SHARE = 0.6  # jobs sent with a priority (the others get the default, 0)
+SCHEDULED_SHARE = 0.15  # jobs due a few seconds after their submission
+SCHEDULE_AHEAD = (1.0, 5.0)  # seconds
+OFFSETS = [timedelta(0), timedelta(hours=2), timedelta(hours=-5, minutes=-30)]
+
+# How a job is scheduled: ("run_at", seconds ahead, UTC offset), ("delay", seconds, sent
+# as a Go duration rather than a number?), or None (due at once). Applied when the job is
+# sent, so "ahead" is of then.
+Schedule = tuple[str, float, Any] | None
+
+
+def route(body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], Schedule]:
+    """Give a job of the mix its queue, maybe a priority, maybe a schedule."""
+    body = dict(body)
+    body["queue"] = rng.choices([q for q, _ in QUEUE_MIX], [w for _, w in QUEUE_MIX])[0]
+    if rng.random() < PRIORITY_SHARE:
+        body["priority"] = rng.randint(-100, 100)
+    if rng.random() >= SCHEDULED_SHARE:
+        return body, None
+    ahead = round(rng.uniform(*SCHEDULE_AHEAD), 3)
+    if rng.random() < 0.5:
+        return body, ("run_at", ahead, rng.choice(OFFSETS))
+    return body, ("delay", ahead, rng.random() < 0.5)
+
+
+def scheduled(body: dict[str, Any], schedule: Schedule, now: float) -> tuple[dict[str, Any], float]:
+    """The body to send at `now` (epoch seconds) and the earliest its job may start."""
+    if schedule is None:
+        return body, now
+    how, ahead, option = schedule
+    if how == "run_at":
+        at = datetime.fromtimestamp(now + ahead, timezone(option))
+        text = at.isoformat(timespec="microseconds").replace("+00:00", "Z")
+        # The timestamp as sent (microseconds), not now + ahead: it is what the job is due at.
+        return {**body, "run_at": text}, at.timestamp()
+    ms = round(ahead * 1000)
+    # The database adds the delay to its now(), which comes after `now`: a lower bound.
+    return {**body, "delay": f"{ms}ms" if option else ms / 1000}, now + ms / 1000
 
 
 def job_body(kind: str, rng: random.Random) -> dict[str, Any]:
@@ -117,29 +170,34 @@ class Load:
         try:
             kinds = [k for k, _ in MIX]
             weights = [w for _, w in MIX]
-            bodies = [job_body(k, self.rng) for k in self.rng.choices(kinds, weights, k=self.jobs)]
-            queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+            bodies = [
+                route(job_body(k, self.rng), self.rng)
+                for k in self.rng.choices(kinds, weights, k=self.jobs)
+            ]
+            queue: asyncio.Queue[tuple[int, tuple[dict[str, Any], Schedule]]] = asyncio.Queue()
             for item in enumerate(bodies):
                 queue.put_nowait(item)
             started = time.monotonic()
 
             async def sender() -> None:
                 while not queue.empty():
-                    i, body = queue.get_nowait()
+                    i, (body, schedule) = queue.get_nowait()
                     due = started + self.spread * i / max(1, self.jobs)
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
-                    await self._submit_one(body)
+                    await self._submit_one(body, schedule)
 
             await asyncio.gather(*(sender() for _ in range(self.concurrency)))
         finally:
             self.stats.finished_at = time.time()
             self._done.set()
 
-    async def _submit_one(self, body: dict[str, Any]) -> str | None:
+    async def _submit_one(self, body: dict[str, Any], schedule: Schedule = None) -> str | None:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=10.0)
         self._serial += 1
         key = f"{self.run_id}-{self._serial}"
+        # Fixed before the first request: a retry sends the very same body.
+        body, earliest = scheduled(body, schedule, time.time())
         give_up = time.monotonic() + self.give_up_after
         attempt = 0
         while time.monotonic() < give_up:
@@ -155,8 +213,14 @@ class Load:
                 await asyncio.sleep(0.2)
                 continue
             if response.status_code in (200, 201):
-                job_id = str(response.json()["id"])
-                self.stats.acks.append(Ack(key, job_id, response.status_code))
+                answer = response.json()
+                job_id = str(answer["id"])
+                due = earliest
+                if response.status_code == 201 and answer.get("run_at"):
+                    due = log_time(answer["run_at"])
+                self.stats.acks.append(
+                    Ack(key, job_id, response.status_code, due, schedule is not None)
+                )
                 return job_id
             if response.status_code == 503:
                 self.stats.retried["503"] += 1

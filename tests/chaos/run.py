@@ -155,10 +155,10 @@ def _stop_all(system: System) -> list[str]:
 
 def _rows(system: System) -> list[JobRow]:
     return [
-        JobRow(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]))
+        JobRow(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
         for r in system.query(
             "SELECT id, type, status, attempts, max_attempts, lease_token, idempotency_key,"
-            " coalesce(locked_until < now(), false) FROM jobs"
+            " coalesce(locked_until < now(), false), queue FROM jobs"
         )
     ]
 
@@ -201,6 +201,11 @@ def table(report: Report) -> str:
         f"{s['dead_lettered']} |",
         f"| **lost** | **{s['lost']}** |",
         f"| **dead-lettered without ever running** | **{s['never_ran']}** |",
+        f"| **executions started before their job was due** | **{s['started_before_due']}** |",
+        f"| jobs by queue | {_pairs(s['jobs_by_queue'])} |",
+        f"| scheduled jobs (run_at / delay 1–5 s ahead) | {s['scheduled_jobs']} |",
+        f"| scheduled jobs: first start after due (p50 / max) | "
+        f"{_late(s['scheduled_lateness_seconds'])} |",
         f"| executions (retries by policy) | {s['executions']} ({s['retries']}) |",
         f"| duplicate executions | {s['duplicate_executions']} {_pairs(s['duplicate_causes'])} |",
         f"| duplicates whose earlier run had succeeded | {s['duplicates_after_success']} |",
@@ -219,6 +224,10 @@ def table(report: Report) -> str:
         f"| run time | {s['duration_seconds']}s |",
     ]
     return "\n".join(lines)
+
+
+def _late(spread: dict[str, float]) -> str:
+    return f"{spread['p50']}s / {spread['max']}s" if spread else "-"
 
 
 def _pairs(counts: dict[str, int]) -> str:

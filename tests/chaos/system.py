@@ -44,6 +44,8 @@ TIMINGS = {
 }
 LEASE_SECONDS = 8.0
 WORKER_PROCESSES = 2
+# Every queue of the load's mix (tests.chaos.load.QUEUE_MIX), one with fewer slots.
+QUEUES = "default,bulk,urgent:4"
 
 
 class Process:
@@ -173,6 +175,7 @@ class System:
                 **common,
                 "WORKER_PROCESSES": str(WORKER_PROCESSES),
                 "WORKERS": str(self._slots),
+                "QUEUES": QUEUES,
             }
             self._add(f"worker-{i}", "jobqueue-worker", "METRICS_ADDR", env)
         for service in self.services:

@@ -1,7 +1,8 @@
 """The short chaos run inside `make test`: real processes, real faults, every invariant checked.
 
 `make chaos` runs the long version with every fault kind; this one injects
-one fault of each kind below while ~400 jobs are submitted, then checks.
+one fault of each kind below while ~400 jobs (the routed mix: several queues,
+priorities, some due seconds later) are submitted, then checks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import random
 
 import pytest
 
+from tests.chaos.load import QUEUE_MIX
 from tests.chaos.run import run_chaos, table
 
 pytestmark = pytest.mark.chaos
@@ -34,6 +36,10 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     summary = report.summary
     assert summary["lost"] == 0, context
     assert summary["never_ran"] == 0, context
+    # The routed mix was exercised: every queue served, jobs due later started on time.
+    assert summary["started_before_due"] == 0, context
+    assert summary["scheduled_jobs"] >= 20, context
+    assert set(summary["jobs_by_queue"]) == {name for name, _ in QUEUE_MIX}, context
     assert summary["jobs_submitted"] >= 400, context
     assert set(summary["faults_injected"]) == set(SHORT_KINDS), context
     # The paused worker really was a stale writer: a newer claim held the job when its

@@ -260,3 +260,51 @@ def test_a_thread_returning_after_its_attempt_was_recorded_overlaps_nothing() ->
     told = checked(rows, records, [abandoned("a", 1, 2.0), abandoned("a", 2, 4.5), *finishing])
     assert told.violations == []
     assert told.summary["retries"] == 1
+
+
+def scheduled_ack(job_id: str, due: float, status: int = 201) -> Ack:
+    return Ack(f"key-{job_id}", job_id, status, T0 + due, scheduled=True)
+
+
+def test_an_execution_started_before_its_job_was_due_is_a_violation() -> None:
+    rows = [row("early", "completed"), row("on-time", "completed"), row("margin", "completed")]
+    report = check(
+        rows,
+        [scheduled_ack("early", 5.0), scheduled_ack("on-time", 5.0), scheduled_ack("margin", 5.0)],
+        [*run("early", 1, 4.9, 5.0, "ok"), *run("on-time", 1, 5.2, 5.3, "ok"),
+         *run("margin", 1, 4.999, 5.1, "ok")],
+        [finished("early", 1, 5.1, "completed"), finished("on-time", 1, 5.4, "completed"),
+         finished("margin", 1, 5.2, "completed")],
+        [],
+        lease_duration=LEASE,
+    )  # fmt: skip
+    assert len(report.violations) == 1
+    assert "job early: lease 1 started 100.0 ms before the job was due" in report.violations[0]
+    s = report.summary
+    assert (s["started_before_due"], s["scheduled_jobs"]) == (1, 3)
+    assert s["scheduled_lateness_seconds"] == {"p50": -0.001, "max": 0.2}
+
+
+def test_every_execution_of_a_job_is_held_to_its_due_time_not_only_the_first() -> None:
+    report = checked_with(
+        [row("a", "completed", attempts=2, token=2)],
+        [scheduled_ack("a", 2.0, status=200)],
+        [*run("a", 1, 2.5, 2.6, "error"), *run("a", 2, 1.0, 1.1, "ok")],
+    )
+    assert report.summary["started_before_due"] == 1
+    assert "job a: lease 2 started 1000.0 ms before the job was due" in report.violations
+
+
+def test_jobs_are_counted_by_queue() -> None:
+    report = checked(
+        [row("a", "completed", queue="bulk"), row("b", "completed"), row("c", "completed")],
+        [*run("a", 1, 0, 0.1, "ok"), *run("b", 1, 0, 0.1, "ok"), *run("c", 1, 0, 0.1, "ok")],
+        [finished(i, 1, 0.2, "completed") for i in "abc"],
+    )
+    assert report.violations == []
+    assert report.summary["jobs_by_queue"] == {"bulk": 1, "default": 2}
+    assert report.summary["scheduled_lateness_seconds"] == {}
+
+
+def checked_with(rows: list[JobRow], acks_: list[Ack], records: list[Any]) -> Any:
+    return check(rows, acks_, records, [], [], lease_duration=LEASE)

@@ -1,0 +1,54 @@
+"""The chaos client's routed mix: valid requests, and due times that never run ahead of
+what the API will store."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+from jobqueue_api.validation import new_job
+from tests.chaos import load
+from tests.chaos.system import QUEUES
+
+TYPES = ["chaos-fast", "chaos-slow", "chaos-flaky", "chaos-permanent"]
+
+
+def test_the_mix_spans_every_queue_priorities_and_both_ways_of_scheduling() -> None:
+    rng = random.Random(7)
+    routed = [load.route(load.job_body("fast", rng), rng) for _ in range(2000)]
+    queues = Counter(body["queue"] for body, _ in routed)
+    assert set(queues) == {name for name, _ in load.QUEUE_MIX}
+    assert sum("priority" in body for body, _ in routed) > 1000
+    ways = Counter((s[0], s[2]) for _, s in routed if s is not None)
+    assert set(ways) == {("delay", True), ("delay", False)} | {
+        ("run_at", offset) for offset in load.OFFSETS
+    }
+
+
+def test_every_queue_of_the_mix_is_served_by_the_chaos_workers() -> None:
+    served = {item.partition(":")[0] for item in QUEUES.split(",")}
+    assert {name for name, _ in load.QUEUE_MIX} <= served
+
+
+def test_scheduled_bodies_are_valid_and_due_no_earlier_than_the_client_assumes() -> None:
+    rng = random.Random(11)
+    now = time.time()
+    checked = Counter()
+    for kind, _ in load.MIX:
+        for _ in range(200):
+            body, schedule = load.route(load.job_body(kind, rng), rng)
+            sent, earliest = load.scheduled(body, schedule, now)
+            job = new_job(sent, known_types=TYPES, default_max_attempts=5)
+            if schedule is None:
+                assert earliest == now and job.run_at is None and job.delay is None
+            elif schedule[0] == "run_at":
+                assert job.run_at is not None
+                assert abs(job.run_at.timestamp() - earliest) < 1e-6
+                assert earliest - now >= load.SCHEDULE_AHEAD[0] - 0.001
+            else:
+                assert job.delay is not None
+                # The database adds the delay to its now(), which is later than `now`.
+                assert abs(now + job.delay - earliest) < 1e-6
+            checked[schedule[0] if schedule else None] += 1
+    assert checked["run_at"] and checked["delay"] and checked[None]
