@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -110,6 +112,91 @@ def storable(value: Any, escaped: bool, depth: int = 1) -> bool:
     return True
 
 
+QUEUE_FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
+QUEUE_CHARS = QUEUE_FIRST + "_.-"
+UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+DELAY_RANGE, TIMEOUT_RANGE = (0.0, 366 * 86400.0), (1.0, 86400.0)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+_ASCII_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)")
+_STAMP = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
+)
+
+
+def queue_ok(value: Any) -> bool:
+    """docs/api.md: 1 to 63 of a-z 0-9 _ . -, starting with a letter or digit."""
+    return (
+        isinstance(value, str)
+        and 1 <= len(value) <= 63
+        and value[0] in QUEUE_FIRST
+        and all(ch in QUEUE_CHARS for ch in value)
+    )
+
+
+def seconds_of(value: Any) -> float | None:
+    """A duration's seconds (docs/api.md: a JSON number, or a Go duration or decimal seconds
+    as a string), or None when it is not a duration at all."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return float(value) if abs(value) < 10**300 else None
+    if isinstance(value, float):
+        return value
+    if not isinstance(value, str):
+        return None
+    if _ASCII_NUMBER.fullmatch(value):
+        return float(value)
+    parts = _PART.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    total = sum(float(n) * UNITS[u] for n, u in parts)
+    return total if math.isfinite(total) else None
+
+
+def duration_ok(value: Any, limits: tuple[float, float]) -> bool:
+    seconds = seconds_of(value)
+    return seconds is not None and limits[0] <= seconds <= limits[1]
+
+
+def due_at(value: Any) -> datetime | None:
+    """The UTC instant an RFC 3339 run_at names (microseconds), None if it is refused.
+    Times before year 1 in UTC stand for "long ago": 1970-01-01."""
+    match = _STAMP.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction, sign, off_h, off_m = match.groups()
+    if int(off_h or 0) > 23 or int(off_m or 0) > 59 or int(second) > 60:
+        return None
+    try:
+        local = datetime(int(year), int(month), int(day), int(hour), int(minute), tzinfo=UTC)
+    except ValueError:
+        return None
+    offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+    shift = timedelta(
+        seconds=int(second), microseconds=int((fraction or ".")[1:7].ljust(6, "0"))
+    ) - (-offset if sign == "-" else offset)
+    try:
+        due = local + shift
+    except OverflowError:
+        return datetime(1970, 1, 1, tzinfo=UTC) if shift < timedelta(0) else None
+    return due if due <= LATEST else None
+
+
+def scheduling_ok(value: dict[str, Any]) -> bool:
+    if "run_at" in value and "delay" in value:
+        return False
+    checks = {
+        "queue": queue_ok,
+        "priority": lambda v: type(v) is int and -100 <= v <= 100,
+        "run_at": lambda v: due_at(v) is not None,
+        "delay": lambda v: duration_ok(v, DELAY_RANGE),
+        "timeout": lambda v: duration_ok(v, TIMEOUT_RANGE),
+    }
+    return all(check(value[name]) for name, check in checks.items() if name in value)
+
+
 def accepted(value: Any, escaped: bool) -> bool:
     """A valid create request (docs/api.md, "Jobs") that can be stored."""
     if not isinstance(value, dict) or not set(value) <= set(CREATE_FIELDS):
@@ -120,7 +207,7 @@ def accepted(value: Any, escaped: bool) -> bool:
         attempts = value["max_attempts"]
         if type(attempts) is not int or not 1 <= attempts <= 100:
             return False
-    return storable(value, escaped)
+    return storable(value, escaped) and scheduling_ok(value)
 
 
 def encode(value: Any, escaped: bool) -> bytes:
@@ -165,8 +252,77 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(texts, children, max_size=4),
     max_leaves=16,
 )
+queues = st.one_of(
+    st.from_regex(r"[a-z0-9][a-z0-9_.-]{0,62}", fullmatch=True),
+    st.sampled_from(["", "q" * 64, "Default", "-a", "_a", ".a", "a b", "a\n", "été", "a\x00"]),
+    texts,
+    scalars,
+)
+priorities = st.one_of(st.integers(-101, 101), st.sampled_from([3.0, -0.0, True]), scalars)
+_stamp_parts = st.tuples(
+    st.one_of(st.integers(0, 10000), st.sampled_from([1, 1970, 2000, 2100, 9999])),
+    st.integers(0, 13),
+    st.integers(0, 32),
+    st.integers(0, 25),
+    st.integers(0, 61),
+    st.integers(0, 61),
+    st.one_of(st.just(""), st.text("0123456789", min_size=1, max_size=9).map(".".__add__)),
+    st.sampled_from(["T", "t", " ", "_"]),
+    st.one_of(
+        st.sampled_from(["Z", "z", "", "+0100", "+01", "Z "]),
+        st.builds(
+            "{}{:02d}:{:02d}".format,
+            st.sampled_from("+-"),
+            st.integers(0, 25),
+            st.integers(0, 61),
+        ),
+    ),
+)
+timestamps = st.one_of(
+    _stamp_parts.map(
+        lambda p: (
+            f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}{p[7]}{p[3]:02d}:{p[4]:02d}:{p[5]:02d}{p[6]}{p[8]}"
+        )
+    ),
+    st.datetimes(timezones=st.timezones()).map(datetime.isoformat),
+    texts,
+    scalars,
+)
+_go_duration = st.lists(
+    st.tuples(
+        st.one_of(
+            st.integers(0, 100_000).map(str),
+            st.decimals(0, 10_000, places=3).map(str),
+            st.sampled_from([".5", "5.", "1" * 400, "00"]),
+        ),
+        st.sampled_from(list(UNITS)),
+    ),
+    min_size=1,
+    max_size=3,
+).map(lambda parts: "".join(n + u for n, u in parts))
+durations = st.one_of(
+    _go_duration,
+    st.integers(-2, 40_000_000),
+    st.floats(-1, 40_000_000),
+    st.sampled_from(
+        ["0", "1.5", "1e3", "inf", "nan", "-5s", "+5s", " 5s", "5 s", "5d", "", "s", "٣s", "1_0"]
+    ),
+    st.sampled_from([0, 1, 86400, 86400.001, 0.999, 366 * 86400, 366 * 86400 + 1, 10**400]),
+    texts,
+    scalars,
+)
+scheduling_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "queue": queues,
+        "priority": priorities,
+        "run_at": timestamps,
+        "delay": durations,
+        "timeout": durations,
+    },
+)
 create_requests = st.builds(
-    lambda fields, extra: {**fields, **extra},
+    lambda fields, scheduling, extra: {**fields, **scheduling, **extra},
     st.fixed_dictionaries(
         {},
         optional={
@@ -175,6 +331,7 @@ create_requests = st.builds(
             "max_attempts": st.one_of(st.integers(0, 101), scalars),
         },
     ),
+    scheduling_fields,
     st.dictionaries(texts.filter(lambda k: k not in CREATE_FIELDS), json_values, max_size=2)
     | st.just({}),
 )
@@ -295,7 +452,9 @@ def number_is_storable(text: str) -> bool:
 @fuzz(60)
 @given(
     number=st.one_of(integer_literals, float_literals),
-    where=st.sampled_from(["payload", "nested", "max_attempts", "type"]),
+    where=st.sampled_from(
+        ["payload", "nested", "max_attempts", "type", "priority", "delay", "timeout"]
+    ),
 )
 async def test_numbers_of_any_size_are_stored_exactly_or_rejected_cleanly(
     api: httpx.AsyncClient, engine: AsyncEngine, number: str, where: str
@@ -305,14 +464,28 @@ async def test_numbers_of_any_size_are_stored_exactly_or_rejected_cleanly(
         "nested": '{"type": "sleep", "payload": {"a": [0, {"n": %s}]}}',
         "max_attempts": '{"type": "sleep", "max_attempts": %s}',
         "type": '{"type": %s}',
+        "priority": '{"type": "sleep", "priority": %s}',
+        "delay": '{"type": "sleep", "delay": %s}',
+        "timeout": '{"type": "sleep", "timeout": %s}',
     }[where]
     body = (shape % number).encode()
     r = await post(api, engine, body)
-    if where == "max_attempts":
-        ok = _is_integer_literal(number) and number_is_storable(number) and 1 <= int(number) <= 100
+    limits = {"max_attempts": (1, 100), "priority": (-100, 100)}
+    if where in limits:
+        low, high = limits[where]
+        ok = (
+            _is_integer_literal(number)
+            and number_is_storable(number)
+            and low <= int(number) <= high
+        )
+    elif where in ("delay", "timeout"):
+        low, high = DELAY_RANGE if where == "delay" else TIMEOUT_RANGE
+        ok = number_is_storable(number) and low <= float(number) <= high
     else:
         ok = where != "type" and number_is_storable(number)
     expect(r, 201 if ok else 400, body)
+    if ok and where in ("priority", "timeout"):
+        assert r.json()[where] == json.loads(number)
     if ok and where == "payload" and _is_integer_literal(number):
         assert r.json()["payload"] == int(number)  # big integers survive jsonb exactly
 
@@ -476,3 +649,36 @@ async def test_idempotency_key_creates_once_replays_or_conflicts_and_bad_keys_wr
             expect(r, 200 if same else 409, key)
             if same:
                 assert r.json()["id"] == job_id
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@fuzz(80)
+@given(fields=scheduling_fields)
+async def test_scheduling_fields_are_accepted_exactly_when_valid_and_stored_as_given(
+    api: httpx.AsyncClient, engine: AsyncEngine, fields: dict[str, Any]
+) -> None:
+    request = {"type": "sleep", **fields}
+    body = encode(request, escaped=True)
+    r = await post(api, engine, body)
+    ok = accepted(request, escaped=True)
+    expect(r, 201 if ok else 400, body)
+    if not ok:
+        if storable(request, escaped=True):
+            assert any(f"field '{name}'" in r.json()["error"] for name in fields), r.text
+        return
+    job = r.json()
+    assert job["queue"] == fields.get("queue", "default")
+    assert job["priority"] == fields.get("priority", 0)
+    assert job["timeout"] == (seconds_of(fields["timeout"]) if "timeout" in fields else None)
+    run_at, created = _instant(job["run_at"]), _instant(job["created_at"])
+    if "delay" in fields:
+        delay = timedelta(seconds=seconds_of(fields["delay"]) or 0.0)
+        assert abs(run_at - created - delay) <= timedelta(microseconds=1), (run_at, created)
+    elif "run_at" in fields:
+        due = due_at(fields["run_at"])
+        assert due is not None and run_at == max(created, due), (run_at, created, due)
+    else:
+        assert run_at == created

@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
+import jsonschema
 import pytest
+import referencing
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.strategies import SearchStrategy
 from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobqueue_api.openapi import document
+from jobqueue_api.validation import DURATION_PATTERN
 from tests.procs import Service, free_port, wait_for
 
 
@@ -118,3 +122,85 @@ def _fuzz(cases: SearchStrategy[Case], constrained: bool) -> None:
         case.call_and_validate(excluded_checks=excluded)
 
     fuzz()
+
+
+def _validator(schema: str) -> jsonschema.Draft202012Validator:
+    doc = document(["sleep", "webhook"], auth=False, default_max_attempts=5)
+    registry = referencing.Registry().with_resource(
+        "urn:doc", referencing.Resource.from_contents(doc, referencing.jsonschema.DRAFT202012)
+    )
+    return jsonschema.Draft202012Validator(
+        {"$ref": f"urn:doc#/components/schemas/{schema}"},
+        registry=registry,
+        format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+    )
+
+
+def test_document_states_the_scheduling_fields_with_jobcores_limits():
+    schemas = document(["sleep"], auth=False, default_max_attempts=5)["components"]["schemas"]
+    for name in ("CreateJob", "BatchItem"):
+        fields = schemas[name]["properties"]
+        assert fields["queue"]["pattern"] == QUEUE_PATTERN
+        assert fields["queue"]["default"] == "default"
+        priority = fields["priority"]
+        assert (priority["minimum"], priority["maximum"]) == (MIN_PRIORITY, MAX_PRIORITY)
+        assert fields["run_at"]["format"] == "date-time"
+        for field, low, high in (("delay", 0, 366 * 86400), ("timeout", MIN_TIMEOUT, MAX_TIMEOUT)):
+            number, text = fields[field]["anyOf"]
+            assert (number["minimum"], number["maximum"]) == (low, high)
+            assert text["pattern"] == DURATION_PATTERN
+        assert schemas[name]["not"] == {"required": ["run_at", "delay"]}
+    job = schemas["Job"]
+    assert {"queue", "priority", "timeout"} <= set(job["required"])
+    assert job["properties"]["timeout"]["type"] == ["number", "null"]
+
+
+# fields -> whether the API takes them
+SCHEDULING_REQUESTS: list[tuple[dict[str, object], bool]] = [
+    ({"queue": "mail.eu_1-a"}, True),
+    ({"queue": "Mail"}, False),
+    ({"queue": "q" * 64}, False),
+    ({"priority": 100}, True),
+    ({"priority": 101}, False),
+    ({"priority": "1"}, False),
+    ({"run_at": "2030-01-01T00:00:00Z"}, True),
+    ({"run_at": "2030-01-01t00:00:00.5+05:30"}, True),
+    ({"run_at": "2030-01-01T00:00:00"}, False),
+    ({"run_at": "2030-01-01"}, False),
+    ({"run_at": "2030-01-01T12:99:00Z"}, False),  # the document says it with format only
+    ({"delay": 0}, True),
+    ({"delay": -1}, False),
+    ({"delay": 366 * 86400 + 1}, False),
+    ({"delay": "1m30s"}, True),
+    ({"delay": "8785h"}, False),  # a duration string's range: in the description only
+    ({"delay": "5s*"}, False),
+    ({"delay": "five"}, False),
+    ({"timeout": 1}, True),
+    ({"timeout": 0.5}, False),
+    ({"timeout": "24h"}, True),
+    ({"timeout": "1.5"}, True),
+    ({"timeout": None}, False),
+    ({"run_at": "2030-01-01T00:00:00Z", "delay": 1}, False),
+]
+
+
+async def test_what_the_api_takes_the_document_admits_and_what_it_refuses_the_api_refuses(
+    api: httpx.AsyncClient,
+):
+    # Schemathesis sends what the document refuses and expects a 4xx, and what it admits
+    # expecting a 2xx where no unstated limit applies.
+    wrong = []
+    for schema in ("CreateJob", "BatchItem"):
+        validator = _validator(schema)
+        for fields, takes in SCHEDULING_REQUESTS:
+            request = {"type": "sleep", **fields}
+            if schema == "CreateJob":
+                r = await api.post("/jobs", json=request)
+                took = r.status_code == 201
+            else:
+                r = await api.post("/jobs/batch", json={"jobs": [request]})
+                took = r.status_code == 200
+            admitted = validator.is_valid(request)
+            if took != takes or (took and not admitted):
+                wrong.append(f"{schema} {fields}: admitted {admitted}, {r.status_code} {r.text}")
+    assert wrong == []

@@ -86,6 +86,29 @@ def test_serves_jobs_logs_json_and_exits_0_on_sigterm(start_api: Callable[..., A
     assert messages[-1] == "stopped"
 
 
+def test_scheduling_fields_are_taken_and_shown_by_the_real_process(
+    start_api: Callable[..., Api],
+):
+    api = start_api()
+    # As `curl -d` sends it: a form Content-Type, JSON inside.
+    created = api.post(
+        "/jobs",
+        content=b'{"type":"sleep","queue":"mail","priority":-5,"timeout":"1m30s",'
+        b'"run_at":"2100-01-01T01:00:00+01:00"}',
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert (job["queue"], job["priority"], job["timeout"]) == ("mail", -5, 90.0)
+    assert job["run_at"] == "2100-01-01T00:00:00.000000Z"
+    assert api.get(f"/jobs/{job['id']}").json() == job
+    both = api.post("/jobs", json={"type": "sleep", "run_at": job["run_at"], "delay": "1s"})
+    assert both.status_code == 400 and "'delay'" in both.json()["error"]
+    batch = api.post("/jobs/batch", json={"jobs": [{"type": "sleep", "queue": "Mail"}]})
+    assert batch.status_code == 400 and "[0] field 'queue'" in batch.json()["error"]
+    assert api.service.stop() == 0
+
+
 def test_with_api_tokens_there_is_no_warning_and_a_token_is_required(
     start_api: Callable[..., Api],
 ):

@@ -20,6 +20,7 @@ from jobqueue_api.validation import (
     MAX_KEY_LENGTH,
     MIN_ATTEMPTS,
     MIN_DELAY,
+    TIMESTAMP_PATTERN,
 )
 
 _REF = "#/components/schemas/"
@@ -73,6 +74,7 @@ def _scheduling() -> dict[str, Any]:
         "run_at": {
             "type": "string",
             "format": "date-time",
+            "pattern": TIMESTAMP_PATTERN,
             "description": (
                 "RFC 3339 with an offset (Z or +hh:mm), at most 9999-12-31T23:59:59Z: "
                 "the job is not claimed before it; a past time means now. Not with delay."

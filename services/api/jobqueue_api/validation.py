@@ -37,10 +37,12 @@ _QUEUE = re.compile(QUEUE_PATTERN)
 _NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 DURATION_PATTERN = f"^(?:{_NUMBER}(?:ns|us|µs|ms|s|m|h))+$|^{_NUMBER}$"
 _DURATION = re.compile(DURATION_PATTERN)
-_TIMESTAMP = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
-    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))?"
-)
+# RFC 3339's date-time (`T` and `Z` may be lower case). The offset is optional here only to
+# tell a client that forgot it so; the document's pattern requires it.
+_DATE_TIME = r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+_OFFSET = r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
+TIMESTAMP_PATTERN = f"^{_DATE_TIME}{_OFFSET}$"
+_TIMESTAMP = re.compile(f"{_DATE_TIME}{_OFFSET}?")
 # Any time before now is due now, so a time too early for Python's datetime (year 1 with a
 # positive offset) is stored exactly as this one would be.
 _LONG_AGO = datetime(1970, 1, 1, tzinfo=UTC)
