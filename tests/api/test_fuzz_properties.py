@@ -300,13 +300,26 @@ _go_duration = st.lists(
     min_size=1,
     max_size=3,
 ).map(lambda parts: "".join(n + u for n, u in parts))
+ODD_DURATIONS = [
+    "1e3",
+    "inf",
+    "nan",
+    "-5s",
+    "+5s",
+    " 5s",
+    "5 s",
+    "5d",
+    "",
+    "s",
+    "٣s",
+    "1_0",
+    "5s\n",
+]
 durations = st.one_of(
     _go_duration,
     st.integers(-2, 40_000_000),
     st.floats(-1, 40_000_000),
-    st.sampled_from(
-        ["0", "1.5", "1e3", "inf", "nan", "-5s", "+5s", " 5s", "5 s", "5d", "", "s", "٣s", "1_0"]
-    ),
+    st.sampled_from(ODD_DURATIONS),
     st.sampled_from([0, 1, 86400, 86400.001, 0.999, 366 * 86400, 366 * 86400 + 1, 10**400]),
     texts,
     scalars,
@@ -320,6 +333,71 @@ scheduling_fields = st.fixed_dictionaries(
         "delay": durations,
         "timeout": durations,
     },
+)
+
+
+def _go(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60}m{rest % 60}s"
+
+
+def _durations_within(low: int, high: int) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.integers(low, high),
+        st.floats(low, high),
+        st.integers(low, high).map(_go),
+        st.integers(low * 1000, high * 1000).map("{}ms".format),
+        st.decimals(low, high, places=2).map(str),
+    )
+
+
+_offsets = st.one_of(
+    st.sampled_from(["Z", "z", "+00:00", "-00:00"]),
+    st.builds(
+        "{}{:02d}:{:02d}".format, st.sampled_from("+-"), st.integers(0, 23), st.integers(0, 59)
+    ),
+)
+valid_run_at = st.builds(
+    lambda moment, sep, offset: moment.isoformat(sep) + offset,
+    st.datetimes(datetime(1, 1, 2), datetime(9999, 12, 30)),
+    st.sampled_from("Tt"),
+    _offsets,
+)
+# Every field valid: a wild one added to these then decides the answer alone.
+valid_scheduling = st.builds(
+    lambda fields, when: {**fields, **when},
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "queue": st.from_regex(r"[a-z0-9][a-z0-9_.-]{0,62}", fullmatch=True),
+            "priority": st.integers(-100, 100),
+            "timeout": _durations_within(1, 86400),
+        },
+    ),
+    st.one_of(
+        st.just({}),
+        valid_run_at.map(lambda v: {"run_at": v}),
+        _durations_within(0, 366 * 86400).map(lambda v: {"delay": v}),
+    ),
+)
+naive_run_at = st.datetimes(datetime(1, 1, 2), datetime(9999, 12, 30)).map(datetime.isoformat)
+wild_durations = st.one_of(st.sampled_from(ODD_DURATIONS), durations)
+wild_field = st.one_of(
+    queues.map(lambda v: {"queue": v}),
+    st.one_of(st.sampled_from([True, False, 3.0, -0.0, "1"]), priorities).map(
+        lambda v: {"priority": v}
+    ),
+    st.one_of(naive_run_at, timestamps, valid_run_at.map(lambda v: v[:-1])).map(
+        lambda v: {"run_at": v}
+    ),
+    wild_durations.map(lambda v: {"delay": v}),
+    wild_durations.map(lambda v: {"timeout": v}),
+)
+# Half of them all valid, half with one wild field.
+mostly_valid_scheduling = st.builds(
+    lambda valid, wild: {**valid, **wild},
+    valid_scheduling,
+    st.booleans().flatmap(lambda wild: wild_field if wild else st.just({})),
 )
 create_requests = st.builds(
     lambda fields, scheduling, extra: {**fields, **scheduling, **extra},
@@ -655,8 +733,8 @@ def _instant(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-@fuzz(80)
-@given(fields=scheduling_fields)
+@fuzz(200)
+@given(fields=mostly_valid_scheduling)
 async def test_scheduling_fields_are_accepted_exactly_when_valid_and_stored_as_given(
     api: httpx.AsyncClient, engine: AsyncEngine, fields: dict[str, Any]
 ) -> None:
