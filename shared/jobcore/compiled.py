@@ -160,6 +160,24 @@ async def complete_and_claim(
     return [lease for lease in leases if lease not in applied], claimed
 
 
+async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+    """Extend the leases of running attempts to `lease_seconds` from now; returns the ones
+    that were lost."""
+    if not leases:
+        return []
+    statement = STATEMENTS[Operation.RENEW]
+    values = {
+        "ids": [lease.job_id for lease in leases],
+        "tokens": [lease.lease_token for lease in leases],
+        "lease_seconds": lease_seconds,
+    }
+    rows = await conn.fetch(statement.sql, *statement.args(values))
+    if len(rows) == len(leases):
+        return []
+    applied = {Lease(row[0], row[1]) for row in rows}
+    return [lease for lease in leases if lease not in applied]
+
+
 async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:
     """processing -> pending, attempt given back, for every job these claims took.
     Returns the ids of the jobs handed back."""

@@ -55,6 +55,8 @@ class Operation(StrEnum):
     # The jobs of a claim whose answer never reached its worker: the attempt is given back.
     RELEASE_CLAIM = "release_claim", "", _R, _P
     RECOVER_EXPIRED = "recover_expired", "", _R, _P, Status.DEAD_LETTER
+    # The lease of a running attempt extended (a heartbeat): no change of status.
+    RENEW = "renew", "", _R, _R
     MANUAL_RETRY = "manual_retry", "", Status.DEAD_LETTER, _P
 
 
@@ -63,7 +65,7 @@ ATTEMPT_OUTCOMES: tuple[Operation, ...] = tuple(op for op in Operation if op.out
 
 # The edges of the state machine, derived from the operations above.
 TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
-    (op.source, target) for op in Operation for target in op.targets
+    (op.source, target) for op in Operation for target in op.targets if target is not op.source
 )
 
 

@@ -534,6 +534,22 @@ OUTCOME_WRITES: dict[Operation, Any] = {
 if set(OUTCOME_WRITES) != set(ATTEMPT_OUTCOMES):
     raise RuntimeError("every operation that ends an attempt needs its outcome write")
 
+# Heartbeats: the leases of running attempts extended by `lease_seconds` from now(), fenced
+# like an outcome write; a lease it does not return was lost (expired and recovered, or
+# re-claimed), and its attempt must stop.
+RENEW = (
+    sa.update(jobs)
+    .where(
+        c.id == _o.c.id,
+        c.status == _lit(Operation.RENEW.source),
+        c.lease_token == _o.c.token,
+    )
+    .values(
+        locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND
+    )
+    .returning(c.id, c.lease_token)
+)
+
 # A claim whose answer never reached its worker (the call timed out or its connection
 # broke after the statement was sent) may still have committed: the jobs it took are
 # handed back, attempt given back, by the claim's id. Nobody else can hold them: only
@@ -610,6 +626,7 @@ WORKER_STATEMENTS: dict[str, Any] = {
     **{str(op): statement for op, statement in OUTCOME_WRITES.items()},
     Operation.RELEASE_CLAIM: RELEASE_CLAIM,
     Operation.RECOVER_EXPIRED: RECOVER_EXPIRED,
+    Operation.RENEW: RENEW,
     "complete_and_claim": COMPLETE_AND_CLAIM,
 }
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
     ("env", "variable"),
     [
         ({"WORKERS": "many"}, "WORKERS"),
-        ({"JOB_TIMEOUT": "30s", "LEASE_DURATION": "20s"}, "LEASE_DURATION"),
+        ({"LEASE_DURATION": "2s"}, "LEASE_DURATION"),
         ({"JOB_HANDLERS": "tests.worker.no_such_module"}, "JOB_HANDLERS"),
     ],
 )

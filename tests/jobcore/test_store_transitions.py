@@ -63,6 +63,8 @@ async def _apply(conn, operation: str, lease: store.Lease) -> None:
         await compiled.recover_expired(raw)
     elif op is Operation.RELEASE_CLAIM:
         await compiled.release_claim(raw, [CLAIM_ID])
+    elif op is Operation.RENEW:
+        await compiled.renew(raw, [lease], 60)
     elif op is Operation.MANUAL_RETRY:
         await store.manual_retry(conn, lease.job_id)
     else:  # pragma: no cover - a new operation must be added to this test

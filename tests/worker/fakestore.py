@@ -50,6 +50,7 @@ class FakeStore:
         self.claims: list[int] = []  # n asked for by each claim
         self.writes: list[tuple[str, int]] = []  # (operation, batch size) of each outcome write
         self.combined: list[tuple[int, int]] = []  # (completions, n) of each complete_and_claim
+        self.renewals: list[int] = []  # leases in each renew call
         self.down = False
         self.failed_calls = 0
         self.on_claim: Callable[[int], None] = lambda n: None
@@ -160,6 +161,23 @@ class FakeStore:
         self.combined.append((len(leases), sum(slots.values())))
         lost = await self.record(Operation.COMPLETE, leases)
         return lost, self._claim_now(slots, lease_seconds)
+
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+        await asyncio.sleep(0)
+        self._check()
+        self.renewals.append(len(leases))
+        lost = []
+        for lease in leases:
+            job = self.jobs.get(lease.job_id)
+            if (
+                job is None
+                or job.status is not Status.PROCESSING
+                or job.lease_token != lease.lease_token
+            ):
+                lost.append(lease)
+            else:
+                job.locked_until = self.clock() + lease_seconds
+        return lost
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         await asyncio.sleep(0)

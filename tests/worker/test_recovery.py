@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
@@ -122,3 +123,8 @@ async def test_a_failing_round_is_retried_soon_not_after_the_interval(engine):
         await asyncio.wait_for(loop, 5)
         await pg.close()
     assert Flaky.calls == 3
+
+
+@pytest.mark.parametrize("interval", [0.01, 0.2, 3600.0])
+def test_any_positive_recovery_interval_makes_a_loop(interval):
+    assert Recovery(None, interval).interval == interval  # type: ignore[arg-type]

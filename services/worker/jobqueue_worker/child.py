@@ -34,6 +34,7 @@ from jobqueue_worker.completer import Completer
 from jobqueue_worker.database import POOL_SIZE, PgJobStore
 from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
+from jobqueue_worker.heartbeat import Heartbeat
 from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
 from jobqueue_worker.periodic import Scheduler
@@ -123,6 +124,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         store, batch_size=sum(settings.queue_slots.values()), linger=_LINGER, claimer=dispatcher
     )
     recovery = Recovery(store, settings.recovery_interval)
+    heartbeat = Heartbeat(store, executor, settings.lease_duration)
     listener = Listener(settings.database_url, dispatcher.wake)
     declared = schedules()
     scheduler = (
@@ -135,6 +137,8 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     gc.freeze()
     # Set when shutdown starts: ends the recovery loop, the wake-up listener and the scheduler.
     maintenance_stop = asyncio.Event()
+    # Set once every slot is free: jobs finishing during shutdown keep their leases.
+    heartbeat_stop = asyncio.Event()
 
     watchdog = Watchdog(
         beacon, executor.running_jobs, {"worker_process": index, "pid": os.getpid()}
@@ -150,6 +154,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         dispatching,
         asyncio.create_task(completer.run(), name="completer"),
         asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
+        asyncio.create_task(heartbeat.run(heartbeat_stop), name=heartbeat.name),
         asyncio.create_task(listener.run(maintenance_stop), name=listener.name),
     }
     if scheduler is not None:
@@ -173,6 +178,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     # The dispatcher finishes a claim in flight (bounded by its timeout) and hands it out.
     await asyncio.wait({dispatching})
     await executor.shutdown(settings.shutdown_timeout)
+    heartbeat_stop.set()
     completer.close()
     await asyncio.wait(loops)
     metrics.flush()

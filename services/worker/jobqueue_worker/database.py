@@ -45,8 +45,9 @@ STATEMENT_TIMEOUT = 4.0
 LOCK_TIMEOUT = 2.0
 CONNECTION_CHECK = 1.0
 CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
-# Connections per child: one each for the dispatcher, the completer and recovery, plus one spare.
-POOL_SIZE = 4
+# Connections per child: one each for the dispatcher, the completer, recovery and the heartbeat,
+# plus one for the periodic scheduler (at its ticks only).
+POOL_SIZE = 5
 # Tries of a call on fresh connections when asyncpg refused to start it on a broken one.
 _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
@@ -81,6 +82,8 @@ class JobStore(Protocol):
     ) -> tuple[list[Lease], list[Claimed]]: ...
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]: ...
+
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]: ...
 
 
 class Availability:
@@ -240,6 +243,9 @@ class PgJobStore:
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         return await self._run(Operation.RECOVER_EXPIRED, compiled.recover_expired)
+
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+        return await self._run(Operation.RENEW, compiled.renew, leases, lease_seconds)
 
 
 def _never_sent(exc: Exception) -> bool:

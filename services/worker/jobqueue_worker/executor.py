@@ -32,7 +32,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, cast
 
 from jobcore import logs
@@ -40,7 +40,7 @@ from jobcore.backoff import backoff
 from jobcore.errors import PermanentError, Snooze, describe
 from jobcore.registry import Handler, JobContext, get_handler
 from jobcore.states import Operation, next_operation
-from jobcore.store import Claimed
+from jobcore.store import Claimed, Lease
 from jobqueue_worker import metrics
 from jobqueue_worker.completer import Outcome, Recorded
 from jobqueue_worker.threads import HandlerThreads
@@ -55,6 +55,7 @@ _DELAYED = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
 # Why an attempt was interrupted.
 _TIMEOUT = "timeout"
 _SHUTDOWN = "shutdown"
+_LEASE_LOST = "lease lost"
 # Attempts whose JOB_TIMEOUT runs out within the same tick share one timer, which fires at
 # the end of the tick. (A timer per attempt costs more than the rest of a short attempt's
 # bookkeeping.) The tick grows with JOB_TIMEOUT so that at most ~1000 are pending.
@@ -170,6 +171,27 @@ class Executor:
             found.append((str(attempt.job.id), bool(getattr(coro, "cr_running", False))))
         return found
 
+    def leases(self) -> list[tuple[Lease, float]]:
+        """The lease of every job in a slot, with when it runs out (monotonic), for the
+        heartbeat to renew."""
+        return [(attempt.job.lease, attempt.lease_deadline) for attempt in self._running]
+
+    def renewed(self, leases: Collection[Lease], deadline: float) -> None:
+        """These leases now run out at `deadline` (monotonic)."""
+        for attempt in self._running:
+            if attempt.job.lease in leases:
+                attempt.lease_deadline = max(attempt.lease_deadline, deadline)
+
+    def lease_lost(self, lease: Lease) -> None:
+        """Another claim may own the job now: stop the attempt, and write nothing for it."""
+        for attempt in list(self._running):
+            if attempt.job.lease != lease or attempt.settled:
+                continue
+            if attempt.in_handler:
+                self._interrupt(attempt, _LEASE_LOST)
+            else:
+                attempt.interrupted = _LEASE_LOST  # seen before the handler starts
+
     def start(self, job: Claimed, lease_deadline: float) -> None:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
         if self._busy.get(job.queue, 0) >= self.slots.get(job.queue, 0):
@@ -228,6 +250,9 @@ class Executor:
             return
         if self._shutting_down:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
+            return
+        if attempt.interrupted == _LEASE_LOST:
+            self._drop(attempt)
             return
         ctx = JobContext(
             job_id=job.id,
@@ -353,7 +378,9 @@ class Executor:
         self._settle_interrupted(attempt)
 
     def _settle_interrupted(self, attempt: _Attempt) -> None:
-        if attempt.interrupted == _SHUTDOWN:
+        if attempt.interrupted == _LEASE_LOST:
+            self._drop(attempt)
+        elif attempt.interrupted == _SHUTDOWN:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
         else:
             timeout = self._timeout(attempt.job)
@@ -383,6 +410,14 @@ class Executor:
         job = attempt.job
         outcome = Outcome(kind, job.lease, job.queue, attempt.lease_deadline, error, delay)
         self._record(outcome, functools.partial(self._recorded, attempt))
+
+    def _drop(self, attempt: _Attempt) -> None:
+        """End an attempt whose lease was lost without writing an outcome: the job is
+        someone else's now (or recovery's), and a write could only be rejected."""
+        attempt.settled = True
+        log.warning("lease lost, attempt stopped", extra=attempt.fields.values)
+        metrics.lease_lost(1)
+        self._free(attempt)
 
     def _recorded(self, attempt: _Attempt, applied: bool) -> None:
         kind = attempt.kind

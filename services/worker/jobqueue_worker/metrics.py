@@ -31,6 +31,11 @@ JOBS_RETRIED = Counter("jobs_retried_total", "Attempts that failed and were sche
 JOBS_SNOOZED = Counter(
     "jobs_snoozed_total", "Attempts whose handler snoozed the job (attempt given back)."
 )
+JOBS_LEASE_LOST = Counter(
+    "jobs_lease_lost_total",
+    "Leases found lost: by a heartbeat (the attempt was stopped, nothing written) or by an"
+    " outcome write (rejected by the fence).",
+)
 JOBS_RECOVERED = Counter(
     "jobs_recovered_total", "Jobs whose lease expired, put back to pending or dead_letter."
 )
@@ -90,6 +95,9 @@ def flush() -> None:
             applied_kinds[kind] = applied_kinds.get(kind, 0) + 1
     for kind, values in durations.items():
         observe_many(JOB_DURATION.labels(outcome=kind.outcome), values)
+    lost = sum(1 for _, applied, _ in finished if not applied)
+    if lost:
+        JOBS_LEASE_LOST.inc(lost)
     if not _COUNTED:
         initialise()
     for kind, n in applied_kinds.items():
@@ -120,3 +128,8 @@ def jobs_recovered(dead_lettered: int, total: int) -> None:
     JOBS_RECOVERED.inc(total)
     if dead_lettered:
         JOBS_FAILED.labels(status=Status.DEAD_LETTER).inc(dead_lettered)
+
+
+def lease_lost(n: int) -> None:
+    """Count leases a heartbeat found lost (their attempts were stopped)."""
+    JOBS_LEASE_LOST.inc(n)

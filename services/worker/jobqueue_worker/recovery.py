@@ -26,7 +26,8 @@ class Recovery(Loop):
     name = "recovery"
 
     def __init__(self, store: JobStore, interval: float) -> None:
-        super().__init__(interval, Retry(0.25, min(interval, 5.0)))
+        first = min(0.25, interval)
+        super().__init__(interval, Retry(first, max(first, min(interval, 5.0))))
         self._store = store
 
     async def run_once(self) -> int:

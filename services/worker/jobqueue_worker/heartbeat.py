@@ -1,0 +1,89 @@
+"""Heartbeats: the leases of running attempts, renewed every LEASE_DURATION / 3.
+
+One fenced statement renews every lease the process holds. A lease it does not
+renew was lost (it ran out and recovery, or another worker, took the job): the
+attempt is stopped at once and its outcome never written. A lease whose time ran
+out by this process's own clock is lost too, whatever the database would say:
+while the database is unreachable no renewal applies, and after LEASE_DURATION
+the job may run elsewhere. So a job can run for hours under a short lease, and a
+frozen or partitioned worker loses its jobs after about LEASE_DURATION.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
+
+from jobcore.backoff import Retry
+from jobcore.store import Lease
+from jobqueue_worker.database import JobStore
+from jobqueue_worker.loops import Loop
+
+log = logging.getLogger("jobqueue.worker")
+
+# Renewals per lease: a lease survives two failed heartbeats in a row.
+RENEWALS_PER_LEASE = 3
+
+
+class Holder(Protocol):
+    """Who runs the attempts (the executor)."""
+
+    def leases(self) -> list[tuple[Lease, float]]: ...
+
+    def renewed(self, leases: Collection[Lease], deadline: float) -> None: ...
+
+    def lease_lost(self, lease: Lease) -> None: ...
+
+
+class Heartbeat(Loop):
+    """Renews the leases `holder` holds; see the module docstring."""
+
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        store: JobStore,
+        holder: Holder,
+        lease_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        interval = lease_seconds / RENEWALS_PER_LEASE
+        super().__init__(interval, Retry(min(0.25, interval), interval))
+        self._store = store
+        self._holder = holder
+        self._lease_seconds = lease_seconds
+        self._clock = clock
+
+    async def run_once(self) -> int:
+        """Renew every lease held; returns how many were renewed."""
+        now = self._clock()
+        held = self._holder.leases()
+        for lease, deadline in held:
+            if deadline <= now:
+                self._lost(lease, "the lease ran out before it could be renewed")
+        live: Sequence[Lease] = [lease for lease, deadline in held if deadline > now]
+        if not live:
+            return 0
+        started = self._clock()
+        lost = set(await self._store.renew(live, self._lease_seconds))
+        renewed = [lease for lease in live if lease not in lost]
+        # The new lease runs from the database's now() during the statement: measuring from
+        # before the round trip errs on the safe side.
+        self._holder.renewed(set(renewed), started + self._lease_seconds)
+        for lease in lost:
+            self._lost(lease, "the renewal matched no row")
+        return len(renewed)
+
+    def _lost(self, lease: Lease, why: str) -> None:
+        log.warning(
+            "lease lost",
+            extra={
+                "job_id": str(lease.job_id),
+                "lease_token": lease.lease_token,
+                "operation": "renew",
+                "error": why,
+            },
+        )
+        self._holder.lease_lost(lease)
