@@ -141,3 +141,14 @@ def test_connections_beyond_max_connections_get_503_and_service_resumes_when_the
     wait_for(served, 10, "the API to serve again after the slow clients left")
     warnings = [line for line in server.service.logs() if line["level"] == "warning"]
     assert any("connection limit reached" in line["msg"] for line in warnings)
+
+
+def test_connections_a_client_closed_stop_counting_at_once(api):
+    """A client that opens a connection per request and closes it after the answer: the
+    closed connections must not be counted until their idle timer runs out (5 s)."""
+    server = api(MAX_CONNECTIONS="10")
+    statuses = []
+    for _ in range(60):  # six times the limit, within well under the idle timeout
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=5) as client:
+            statuses.append(client.get("/healthz").status_code)
+    assert statuses == [200] * 60

@@ -111,6 +111,12 @@ def cap_connections(limit: int) -> None:
             finally:
                 Capped.open -= 1
 
+        async def _read_data(self) -> None:
+            await super()._read_data()
+            # The client closed its side. Hypercorn would keep the connection (and count it)
+            # until its idle timer ran out, KEEP_ALIVE seconds later; end that timer now.
+            await self.idle_task.stop()
+
     hypercorn.asyncio.run.TCPServer = Capped  # type: ignore[attr-defined]
 
 
