@@ -77,6 +77,37 @@ def parse_queues(value: str, *, workers: int) -> dict[str, int]:
     return queues
 
 
+# The largest MAX_PENDING cap: far above any table a queue should hold, well inside bigint.
+MAX_PENDING_CAP = 1_000_000_000
+
+
+def parse_max_pending(value: str) -> tuple[dict[str, int], int | None]:
+    """`MAX_PENDING`: `N` (every queue), `name:N,...` (those queues), or both (`N` for the
+    queues not listed). Returns (caps by queue, cap of any other queue); empty: no cap."""
+    caps: dict[str, int] = {}
+    others: int | None = None
+    if not value.strip():
+        return caps, others
+    for item in value.split(","):
+        name, colon, number = item.strip().rpartition(":")
+        if not colon:
+            if others is not None:
+                raise ValueError("a bare number (the cap of every other queue) is given twice")
+        elif not re.fullmatch(QUEUE_PATTERN, name):
+            raise ValueError(f"queue name {name!r} must match {QUEUE_PATTERN}")
+        elif name in caps:
+            raise ValueError(f"queue {name!r} is listed twice")
+        digits = number.isascii() and number.isdigit() and len(number) <= 10
+        if not (digits and 1 <= int(number) <= MAX_PENDING_CAP):
+            where = f"of queue {name!r} " if colon else ""
+            raise ValueError(f"the cap {where}must be an integer from 1 to {MAX_PENDING_CAP}")
+        if colon:
+            caps[name] = int(number)
+        else:
+            others = int(number)
+    return caps, others
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 
@@ -106,11 +137,19 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Worker: the queues served, `name` or `name:slots` (a name alone gets WORKERS slots).
     queues: str = "default"
+    # API: admission control, `N` or `name:N,...` pending jobs per queue; empty: no cap.
+    max_pending: str = ""
 
     @field_validator("queues")
     @classmethod
     def _queues(cls, value: str) -> str:
         parse_queues(value, workers=1)
+        return value
+
+    @field_validator("max_pending")
+    @classmethod
+    def _max_pending(cls, value: str) -> str:
+        parse_max_pending(value)
         return value
 
     @field_validator("log_level", mode="before")
@@ -163,6 +202,11 @@ class Settings(BaseSettings):
     def queue_slots(self) -> dict[str, int]:
         """The queues this worker serves and the slots of each, per worker process."""
         return parse_queues(self.queues, workers=self.workers)
+
+    @property
+    def pending_caps(self) -> tuple[dict[str, int], int | None]:
+        """MAX_PENDING: (caps by queue, cap of every queue not listed); ({}, None): no cap."""
+        return parse_max_pending(self.max_pending)
 
     @property
     def handler_modules(self) -> list[str]:
