@@ -1,4 +1,5 @@
-"""The `jobs` table as SQLAlchemy Core metadata; Alembic migrations must match it."""
+"""The `jobs` table (and the per-type rate windows) as SQLAlchemy Core metadata; Alembic
+migrations must match it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -71,6 +72,17 @@ jobs = sa.Table(
         "id",
         postgresql_where=sa.text("status = 'pending'"),
     ),
+    # A type held by TYPE_CONCURRENCY or TYPE_RATE is claimed by type: per type and queue,
+    # in claim order, without reading other types' pending jobs.
+    sa.Index(
+        "jobs_claim_type_idx",
+        "type",
+        "queue",
+        sa.text("priority DESC"),
+        "run_at",
+        "id",
+        postgresql_where=sa.text("status = 'pending'"),
+    ),
     # recover_expired scans only leased rows.
     sa.Index(
         "jobs_lease_idx",
@@ -83,4 +95,14 @@ jobs = sa.Table(
         unique=True,
         postgresql_where=sa.text("idempotency_key IS NOT NULL"),
     ),
+)
+
+# TYPE_RATE: attempts of a type started in its current fixed window (aligned on the database
+# clock), one row per rate-limited type, written only under that type's claim lock.
+job_rate_windows = sa.Table(
+    "job_rate_windows",
+    metadata,
+    sa.Column("type", sa.Text, primary_key=True),
+    sa.Column("window_start", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("used", sa.Integer, nullable=False),
 )
