@@ -108,6 +108,52 @@ def parse_max_pending(value: str) -> tuple[dict[str, int], int | None]:
     return caps, others
 
 
+# TYPE_CONCURRENCY / TYPE_RATE: a job type as registered (any name without commas or
+# whitespace); the limit after its last colon.
+_TYPE_LIMIT_MAX = 1_000_000
+_RATE_PERIODS = {"s": 1.0, "m": 60.0}
+
+
+def _type_items(value: str) -> list[tuple[str, str]]:
+    items: list[tuple[str, str]] = []
+    if not value.strip():
+        return items
+    seen: set[str] = set()
+    for item in value.split(","):
+        name, colon, limit = item.strip().rpartition(":")
+        if not colon or not name or any(ch.isspace() for ch in name):
+            raise ValueError(f"{item.strip()!r} is not type:limit")
+        if name in seen:
+            raise ValueError(f"type {name!r} is listed twice")
+        seen.add(name)
+        items.append((name, limit))
+    return items
+
+
+def _count(limit: str, name: str, what: str) -> int:
+    digits = limit.isascii() and limit.isdigit() and len(limit) <= 7
+    if not (digits and 1 <= int(limit) <= _TYPE_LIMIT_MAX):
+        raise ValueError(f"{what} of type {name!r} must be an integer from 1 to {_TYPE_LIMIT_MAX}")
+    return int(limit)
+
+
+def parse_type_concurrency(value: str) -> dict[str, int]:
+    """`TYPE_CONCURRENCY`: `type:n,...`, at most n jobs of the type processing at once."""
+    return {name: _count(limit, name, "the limit") for name, limit in _type_items(value)}
+
+
+def parse_type_rate(value: str) -> dict[str, tuple[int, float]]:
+    """`TYPE_RATE`: `type:n/s` or `type:n/m,...`, at most n attempts of the type started per
+    second (per minute). Returns type -> (n, the window in seconds)."""
+    rates: dict[str, tuple[int, float]] = {}
+    for name, limit in _type_items(value):
+        count, slash, unit = limit.partition("/")
+        if not slash or unit not in _RATE_PERIODS:
+            raise ValueError(f"the rate of type {name!r} must be n/s or n/m, got {limit!r}")
+        rates[name] = (_count(count, name, "the rate"), _RATE_PERIODS[unit])
+    return rates
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 
@@ -139,6 +185,9 @@ class Settings(BaseSettings):
     queues: str = "default"
     # API: admission control, `N` or `name:N,...` pending jobs per queue; empty: no cap.
     max_pending: str = ""
+    # Worker: global limits per job type, `type:n,...` and `type:n/s` or `type:n/m,...`.
+    type_concurrency: str = ""
+    type_rate: str = ""
 
     @field_validator("queues")
     @classmethod
@@ -150,6 +199,18 @@ class Settings(BaseSettings):
     @classmethod
     def _max_pending(cls, value: str) -> str:
         parse_max_pending(value)
+        return value
+
+    @field_validator("type_concurrency")
+    @classmethod
+    def _type_concurrency(cls, value: str) -> str:
+        parse_type_concurrency(value)
+        return value
+
+    @field_validator("type_rate")
+    @classmethod
+    def _type_rate(cls, value: str) -> str:
+        parse_type_rate(value)
         return value
 
     @field_validator("log_level", mode="before")
@@ -207,6 +268,14 @@ class Settings(BaseSettings):
     def pending_caps(self) -> tuple[dict[str, int], int | None]:
         """MAX_PENDING: (caps by queue, cap of every queue not listed); ({}, None): no cap."""
         return parse_max_pending(self.max_pending)
+
+    @property
+    def type_concurrency_limits(self) -> dict[str, int]:
+        return parse_type_concurrency(self.type_concurrency)
+
+    @property
+    def type_rate_limits(self) -> dict[str, tuple[int, float]]:
+        return parse_type_rate(self.type_rate)
 
     @property
     def handler_modules(self) -> list[str]:
