@@ -17,14 +17,14 @@ each statement commits on its own.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from uuid import UUID, uuid4
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from jobcore import store
 from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
-from jobcore.store import Claimed, Lease
+from jobcore.store import Claimed, Lease, TypeLimits
 
 _DIALECT = asyncpg_dialect()  # type: ignore[no-untyped-call]
 
@@ -35,6 +35,8 @@ class Driver(Protocol):
     async def fetch(self, query: str, *args: Any) -> list[Any]: ...
 
     def is_closed(self) -> bool: ...
+
+    def transaction(self) -> Any: ...
 
 
 class Compiled:
@@ -67,6 +69,11 @@ STATEMENTS: dict[str, Compiled] = {
 }
 _CLAIM = STATEMENTS[Operation.CLAIM]
 _COMPLETE_AND_CLAIM = STATEMENTS["complete_and_claim"]
+# With TYPE_CONCURRENCY or TYPE_RATE set: the same claims, skipping the limited types.
+_CLAIM_UNLIMITED = STATEMENTS["claim_unlimited"]
+_COMPLETE_AND_CLAIM_UNLIMITED = STATEMENTS["complete_and_claim_unlimited"]
+_LOCK_TYPES = STATEMENTS["lock_types"]
+_CLAIM_LIMITED = STATEMENTS["claim_limited"]
 _NEEDS_ERRORS = {op for op in ATTEMPT_OUTCOMES if "errors" in STATEMENTS[op].parameters}
 _NEEDS_DELAYS = {op for op in ATTEMPT_OUTCOMES if "delays" in STATEMENTS[op].parameters}
 
@@ -84,13 +91,68 @@ def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
 
 
 async def claim(
-    conn: Driver, slots: Mapping[str, int], lease_seconds: float, claim_id: UUID | None = None
+    conn: Driver,
+    slots: Mapping[str, int],
+    lease_seconds: float,
+    claim_id: UUID | None = None,
+    limited: Sequence[str] = (),
 ) -> list[Claimed]:
     """Lease up to `slots[queue]` due jobs of each queue, in claim order, skipping rows
-    other claimers hold; `claim_id` names this claim for `release_claim`, should its
-    answer be lost."""
+    other claimers hold and jobs of the `limited` types; `claim_id` names this claim for
+    `release_claim`, should its answer be lost."""
     values = {**_slots(slots), "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
-    return [Claimed(*row) for row in await conn.fetch(_CLAIM.sql, *_CLAIM.args(values))]
+    statement = _CLAIM
+    if limited:
+        statement = _CLAIM_UNLIMITED
+        values["limited"] = list(limited)
+    return [Claimed(*row) for row in await conn.fetch(statement.sql, *statement.args(values))]
+
+
+class LimitedClaim(NamedTuple):
+    """What `claim_limited` took, and why it may have taken less."""
+
+    jobs: list[Claimed]
+    # Type -> the limit it has reached ("rate" or "concurrency"), for each type that has.
+    held: dict[str, str]
+    # Seconds until the rate window of a type held by its rate ends (the soonest); None: none.
+    wait: float | None
+
+
+async def claim_limited(
+    conn: Driver,
+    limits: TypeLimits,
+    slots: Mapping[str, int],
+    lease_seconds: float,
+    claim_id: UUID | None = None,
+) -> LimitedClaim:
+    """Lease due jobs of the limited types, in claim order, at most `slots[queue]` of each
+    queue and never beyond a type's limits across every worker of the database: one
+    transaction, serialised with other claimers of the same types by advisory locks."""
+    types = limits.types
+    rates = [limits.rate.get(name) for name in types]
+    values = {
+        **_slots(slots),
+        "types": types,
+        "concurrency": [limits.concurrency.get(name) for name in types],
+        "rates": [rate[0] if rate else None for rate in rates],
+        "periods": [rate[1] if rate else None for rate in rates],
+        "lease_seconds": lease_seconds,
+        "claim": claim_id or uuid4(),
+    }
+    async with conn.transaction():
+        await conn.fetch(_LOCK_TYPES.sql, *_LOCK_TYPES.args(values))
+        rows = await conn.fetch(_CLAIM_LIMITED.sql, *_CLAIM_LIMITED.args(values))
+    jobs: list[Claimed] = []
+    held: dict[str, str] = {}
+    waits: list[float] = []
+    for row in rows:
+        if row[0] is not None:
+            jobs.append(Claimed(*row[:8]))
+        elif row[8] is not None:
+            held[row[1]] = row[8]
+            if row[8] == "rate" and row[9] is not None:
+                waits.append(max(float(row[9]), 0.0))
+    return LimitedClaim(jobs, held, min(waits) if waits else None)
 
 
 async def next_due(conn: Driver, queues: Sequence[str]) -> float | None:
@@ -137,9 +199,10 @@ async def complete_and_claim(
     slots: Mapping[str, int],
     lease_seconds: float,
     claim_id: UUID | None = None,
+    limited: Sequence[str] = (),
 ) -> tuple[list[Lease], list[Claimed]]:
-    """`record(COMPLETE, leases)` and `claim(slots, lease_seconds, claim_id)` in one
-    statement. Returns (the lost leases, the claimed jobs)."""
+    """`record(COMPLETE, leases)` and `claim(slots, lease_seconds, claim_id, limited)` in
+    one statement. Returns (the lost leases, the claimed jobs)."""
     values = {
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
@@ -147,7 +210,11 @@ async def complete_and_claim(
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
     }
-    rows = await conn.fetch(_COMPLETE_AND_CLAIM.sql, *_COMPLETE_AND_CLAIM.args(values))
+    statement = _COMPLETE_AND_CLAIM
+    if limited:
+        statement = _COMPLETE_AND_CLAIM_UNLIMITED
+        values["limited"] = list(limited)
+    rows = await conn.fetch(statement.sql, *statement.args(values))
     applied = set()
     claimed = []
     for row in rows:

@@ -12,8 +12,8 @@ SQLAlchemy connection; the worker's statements are run by `jobcore.compiled`.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -411,59 +411,70 @@ _PRIORITIES = f"""
                 ORDER BY priority DESC LIMIT 1)
         FROM priorities WHERE priorities.p IS NOT NULL
     )"""
-_due = (
-    sa.text(
-        f"""
+
+
+def _due_jobs(skip: str) -> Any:
+    """The jobs a claim takes; `skip` is a further condition on them ("" for none)."""
+    return (
+        sa.text(
+            f"""
 SELECT j.id FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL ({_PRIORITIES}
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobs
         WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
-          AND run_at <= now()
+          AND run_at <= now(){skip}
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT w.n
 ) AS j"""
+        )
+        .columns(sa.column("id", pg.UUID(as_uuid=True)))
+        .cte("due")
+        .prefix_with("MATERIALIZED")
     )
-    .columns(sa.column("id", pg.UUID(as_uuid=True)))
-    .cte("due")
-    .prefix_with("MATERIALIZED")
-)
+
+
 # The rows `due` locked are pending and stay so until the statement ends (nobody else
 # can change a locked row), so the UPDATE finds them by id alone. Testing the status
 # again here would let the planner reach them through the claim index instead, which it
 # may take for nearly empty (statistics from a quiet moment): every pending job read per
 # claimed one, 100s of ms per claim with 20,000 waiting. `= ANY(ARRAY(...))` keeps the
 # lookup on the primary key in generic plans too, whatever the statistics say.
-CLAIM = (
-    sa.update(jobs)
-    .where(c.id == sa.any_(sa.func.array(sa.select(_due.c.id).scalar_subquery())))
-    .values(
-        status=_lit(Status.PROCESSING),
-        attempts=c.attempts + 1,
-        lease_token=c.lease_token + 1,
-        locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND,
-        # Not named after the column: SQLAlchemy would add `SET claim_id` to every UPDATE of
-        # a statement whose parameters hold a column's name.
-        claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
-        updated_at=sa.func.now(),
-    )
-    .returning(
-        *(
-            c[name]
-            for name in (
-                "id",
-                "type",
-                "payload",
-                "attempts",
-                "max_attempts",
-                "lease_token",
-                "queue",
-                "timeout",
+def _claim(due: Any) -> Any:
+    return (
+        sa.update(jobs)
+        .where(c.id == sa.any_(sa.func.array(sa.select(due.c.id).scalar_subquery())))
+        .values(
+            status=_lit(Status.PROCESSING),
+            attempts=c.attempts + 1,
+            lease_token=c.lease_token + 1,
+            locked_until=sa.func.now()
+            + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND,
+            # Not named after the column: SQLAlchemy would add `SET claim_id` to every UPDATE of
+            # a statement whose parameters hold a column's name.
+            claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
+            updated_at=sa.func.now(),
+        )
+        .returning(
+            *(
+                c[name]
+                for name in (
+                    "id",
+                    "type",
+                    "payload",
+                    "attempts",
+                    "max_attempts",
+                    "lease_token",
+                    "queue",
+                    "timeout",
+                )
             )
         )
     )
-)
+
+
+CLAIM = _claim(_due_jobs(""))
 
 # Seconds until the earliest pending job of these queues that is not due yet (NULL: none),
 # so an idle worker can wake for it instead of polling fast: per queue and priority, the
@@ -578,18 +589,158 @@ RELEASE_CLAIM = (
 # completed job, NULLs between) or (False, the columns of a claimed job, as CLAIM returns
 # them).
 _done = OUTCOME_WRITES[Operation.COMPLETE].cte("done")
-_claimed = CLAIM.cte("claimed")
 _CLAIMED_COLUMNS = [name for name in Claimed.__dataclass_fields__ if name != "id"]
-COMPLETE_AND_CLAIM = sa.union_all(
-    sa.select(
-        sa.true().label("completed"),
-        _done.c.id,
-        *(
-            _done.c.lease_token if name == "lease_token" else sa.cast(sa.null(), c[name].type)
-            for name in _CLAIMED_COLUMNS
+
+
+def _complete_and_claim(claim: Any) -> Any:
+    claimed = claim.cte("claimed")
+    return sa.union_all(
+        sa.select(
+            sa.true().label("completed"),
+            _done.c.id,
+            *(
+                _done.c.lease_token if name == "lease_token" else sa.cast(sa.null(), c[name].type)
+                for name in _CLAIMED_COLUMNS
+            ),
         ),
-    ),
-    sa.select(sa.false(), _claimed.c.id, *(_claimed.c[name] for name in _CLAIMED_COLUMNS)),
+        sa.select(sa.false(), claimed.c.id, *(claimed.c[name] for name in _CLAIMED_COLUMNS)),
+    )
+
+
+COMPLETE_AND_CLAIM = _complete_and_claim(CLAIM)
+
+# --- per-type limits (TYPE_CONCURRENCY, TYPE_RATE) -----------------------------------
+#
+# With limits configured, the claims above skip the limited types (`:limited`), and those
+# are claimed only by CLAIM_LIMITED, in a transaction of its own: LOCK_TYPES first takes a
+# transaction-scoped advisory lock per limited type (in key order, so two claimers cannot
+# deadlock), then CLAIM_LIMITED, a new statement whose snapshot sees every claim committed
+# before the lock, counts what each type has left and claims at most that. Only claimers of
+# the same types wait for each other; other types' claims never take the locks.
+
+
+@dataclass(frozen=True)
+class TypeLimits:
+    """Per job type: at most `concurrency[type]` jobs processing at once, and at most n
+    attempts started per fixed window of s seconds (aligned on the database clock), where
+    `rate[type] = (n, s)`."""
+
+    concurrency: Mapping[str, int] = field(default_factory=dict)
+    rate: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def types(self) -> list[str]:
+        return sorted({*self.concurrency, *self.rate})
+
+
+CLAIM_UNLIMITED = _claim(_due_jobs(" AND type <> ALL(CAST(:limited AS text[]))"))
+COMPLETE_AND_CLAIM_UNLIMITED = _complete_and_claim(CLAIM_UNLIMITED)
+
+LOCK_TYPES = sa.text(
+    """
+SELECT count(pg_advisory_xact_lock(k)) AS locked FROM (
+    SELECT DISTINCT hashtextextended('jobqueue.type:' || t, 0) AS k
+    FROM unnest(CAST(:types AS text[])) AS t
+    ORDER BY k
+) AS keys"""
+).columns(sa.column("locked", sa.BigInteger))
+
+_PROCESSING = f"'{Status.PROCESSING.value}'"
+# Per type, the jobs it may still start: its concurrency limit less its processing jobs
+# (read through the lease index: only leased rows), its rate less what its current window
+# used; NULL where it has no such limit. Then, per queue and type, the due jobs in claim
+# order (a loose index scan over priorities, as in CLAIM, in `jobs_claim_type_idx`), at
+# most what the type has left and the queue's free slots; of those, in claim order, at
+# most what each type has left, then at most each queue's free slots. The rate windows of
+# the types that started jobs are advanced. Rows: a claimed job (columns as CLAIM's, then
+# NULL, NULL), or per limited type (id NULL) the type, the limit it reached (`held`,
+# 'rate' or 'concurrency', NULL if none) and the seconds until its rate window ends.
+CLAIM_LIMITED = sa.text(
+    f"""
+WITH room AS MATERIALIZED (
+    SELECT l.type, l.rate, l.period, r.window_start,
+           l.concurrency - (SELECT count(*) FROM jobs
+                            WHERE status = {_PROCESSING} AND type = l.type) AS concurrency_left,
+           l.rate - coalesce((SELECT used FROM job_rate_windows AS u
+                              WHERE u.type = l.type AND u.window_start = r.window_start),
+                             0) AS rate_left
+    FROM unnest(CAST(:types AS text[]), CAST(:concurrency AS integer[]),
+                CAST(:rates AS integer[]), CAST(:periods AS float8[]))
+         AS l(type, concurrency, rate, period)
+    CROSS JOIN LATERAL (
+        SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
+                            * l.period) AS window_start
+    ) AS r
+), due AS MATERIALIZED (
+    SELECT d.id, d.priority, d.run_at, room.type, w.queue, w.n AS slots,
+           greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
+    FROM room CROSS JOIN unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
+    CROSS JOIN LATERAL (
+        WITH RECURSIVE priorities(p) AS (
+            (SELECT priority FROM jobs
+             WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
+             ORDER BY priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT priority FROM jobs
+                    WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
+                      AND priority < priorities.p
+                    ORDER BY priority DESC LIMIT 1)
+            FROM priorities WHERE priorities.p IS NOT NULL
+        )
+        SELECT j.id, j.priority, j.run_at FROM priorities CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM jobs
+            WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
+              AND priority = priorities.p AND run_at <= now()
+            ORDER BY run_at, id
+            LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
+            FOR UPDATE SKIP LOCKED
+        ) AS j
+        LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
+    ) AS d
+), by_type AS (
+    SELECT id, priority, run_at, queue, slots,
+           row_number() OVER (PARTITION BY type ORDER BY priority DESC, run_at, id) AS nth,
+           type_left
+    FROM due
+), by_queue AS (
+    SELECT id, slots,
+           row_number() OVER (PARTITION BY queue ORDER BY priority DESC, run_at, id) AS nth
+    FROM by_type WHERE nth <= type_left
+), claimed AS (
+    UPDATE jobs SET status = {_PROCESSING}, attempts = attempts + 1,
+        lease_token = lease_token + 1,
+        locked_until = now() + CAST(:lease_seconds AS float8) * interval '1 second',
+        claim_id = CAST(:claim AS uuid), updated_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
+    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout
+), started AS (
+    SELECT type, count(*) AS n FROM claimed GROUP BY type
+), counted AS (
+    INSERT INTO job_rate_windows AS u (type, window_start, used)
+    SELECT room.type, room.window_start, started.n
+    FROM room JOIN started ON started.type = room.type
+    WHERE room.rate IS NOT NULL
+    ON CONFLICT (type) DO UPDATE SET
+        used = CASE WHEN u.window_start = excluded.window_start
+                    THEN u.used + excluded.used ELSE excluded.used END,
+        window_start = excluded.window_start
+)
+SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout,
+       CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+FROM claimed
+UNION ALL
+SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL,
+       CASE WHEN room.rate_left - coalesce(started.n, 0) <= 0 THEN 'rate'
+            WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
+       END,
+       extract(epoch FROM room.window_start + room.period * interval '1 second'
+                          - statement_timestamp())::float8
+FROM room LEFT JOIN started ON started.type = room.type"""
+).columns(
+    sa.column("id", pg.UUID(as_uuid=True)),
+    *(sa.column(name, c[name].type) for name in _CLAIMED_COLUMNS),
+    sa.column("held", sa.Text),
+    sa.column("wait", sa.Float),
 )
 
 # At most this many jobs per statement, so that recovery after a long outage stays within
@@ -628,6 +779,10 @@ WORKER_STATEMENTS: dict[str, Any] = {
     Operation.RECOVER_EXPIRED: RECOVER_EXPIRED,
     Operation.RENEW: RENEW,
     "complete_and_claim": COMPLETE_AND_CLAIM,
+    "claim_unlimited": CLAIM_UNLIMITED,
+    "complete_and_claim_unlimited": COMPLETE_AND_CLAIM_UNLIMITED,
+    "lock_types": LOCK_TYPES,
+    "claim_limited": CLAIM_LIMITED,
 }
 
 

@@ -1,0 +1,179 @@
+"""Per-type limits at claim time, on real PostgreSQL: claimers on several connections never
+hold more of a type than its TYPE_CONCURRENCY, never start more than its TYPE_RATE per
+window, and never stop other types from being claimed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import Counter
+
+import sqlalchemy as sa
+
+from jobcore import compiled
+from jobcore.ids import new_id
+from jobcore.states import Operation
+from jobcore.store import NewJob, TypeLimits, submit_many
+from tests.pg import driver
+
+LEASE = 60.0
+
+
+async def _add(engine, type: str, count: int, **fields) -> None:
+    async with engine.begin() as conn:
+        await submit_many(conn, [NewJob(new_id(), type, {}, 3, **fields) for _ in range(count)])
+
+
+async def _count(engine, sql: str) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(sa.text(sql))).scalar_one())
+
+
+async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engine):
+    await _add(engine, "limited", 60)
+    limits = TypeLimits(concurrency={"limited": 3})
+    most = 0
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal most
+        async with engine.connect() as conn:
+            while not done.is_set():
+                n = (
+                    await conn.execute(
+                        sa.text(
+                            "SELECT count(*) FROM jobs"
+                            " WHERE status = 'processing' AND type = 'limited'"
+                        )
+                    )
+                ).scalar_one()
+                await conn.commit()
+                most = max(most, n)
+
+    async def claimer() -> int:
+        taken = 0
+        async with engine.connect() as conn:
+            raw = await driver(conn)
+            while True:
+                got = await compiled.claim_limited(raw, limits, {"default": 2}, LEASE)
+                assert len(got.jobs) <= 3
+                taken += len(got.jobs)
+                if got.jobs:
+                    await asyncio.sleep(random.uniform(0, 0.01))
+                    lost = await compiled.record(
+                        raw, Operation.COMPLETE, [job.lease for job in got.jobs]
+                    )
+                    assert lost == []
+                elif (
+                    await _count(engine, "SELECT count(*) FROM jobs WHERE status = 'pending'") == 0
+                ):
+                    return taken
+
+    watcher = asyncio.create_task(watch())
+    taken = await asyncio.wait_for(asyncio.gather(*(claimer() for _ in range(8))), 60)
+    done.set()
+    await watcher
+    assert sum(taken) == 60
+    assert 1 <= most <= 3
+    assert await _count(engine, "SELECT count(*) FROM jobs WHERE status = 'completed'") == 60
+
+
+async def test_a_rate_limited_type_never_starts_more_than_its_rate_in_a_window(engine):
+    await _add(engine, "mail", 200)
+    limits = TypeLimits(rate={"mail": (5, 1.0)})
+    per_window: Counter[int] = Counter()
+    total = 0
+    stop_at = time.time() + 2.6
+
+    async def claimer() -> None:
+        nonlocal total
+        async with engine.connect() as conn:
+            raw = await driver(conn)
+            while time.time() < stop_at:
+                before = time.time()
+                got = await compiled.claim_limited(raw, limits, {"default": 10}, LEASE)
+                after = time.time()
+                total += len(got.jobs)
+                # The database's clock is this machine's: a claim that began and ended in the
+                # same second was counted in that second's window.
+                if math.floor(before) == math.floor(after):
+                    per_window[math.floor(before)] += len(got.jobs)
+                if not got.jobs:
+                    assert got.held == {"mail": "rate"}
+                    assert got.wait is not None and 0 <= got.wait <= 1.0
+                    await asyncio.sleep(0.01)
+
+    started = time.time()
+    await asyncio.gather(*(claimer() for _ in range(6)))
+    elapsed = time.time() - started
+    assert max(per_window.values()) <= 5, per_window
+    # Fixed windows: at most one window more than the seconds elapsed.
+    assert 5 <= total <= 5 * (math.ceil(elapsed) + 1), (total, elapsed)
+    assert sum(per_window.values()) >= 10  # windows did roll over and were used again
+
+
+async def test_other_types_are_claimed_around_a_saturated_limited_type(engine):
+    # 50 jobs of the limited type, due first and at a higher priority, ahead of the others.
+    await _add(engine, "limited", 50, priority=10)
+    await _add(engine, "other", 10)
+    limits = TypeLimits(concurrency={"limited": 1})
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        first = await compiled.claim_limited(raw, limits, {"default": 5}, LEASE)
+        assert [job.type for job in first.jobs] == ["limited"]
+        assert first.held == {"limited": "concurrency"}
+        again = await compiled.claim_limited(raw, limits, {"default": 5}, LEASE)
+        assert again.jobs == [] and again.held == {"limited": "concurrency"}
+        others = await compiled.claim(raw, {"default": 6}, LEASE, limited=limits.types)
+        assert [job.type for job in others] == ["other"] * 6
+        lost, more = await compiled.complete_and_claim(
+            raw, [job.lease for job in others], {"default": 6}, LEASE, limited=limits.types
+        )
+        assert lost == [] and [job.type for job in more] == ["other"] * 4
+        # Without limits configured the ordinary claim takes the limited type in claim order.
+        plain = await compiled.claim(raw, {"default": 2}, LEASE)
+        assert [job.type for job in plain] == ["limited", "limited"]
+
+
+async def test_limited_claims_follow_claim_order_and_free_slots_per_queue(engine):
+    await _add(engine, "a", 3, priority=1)
+    await _add(engine, "b", 3, priority=5)
+    await _add(engine, "a", 2, queue="bulk", priority=9)
+    limits = TypeLimits(concurrency={"a": 4, "b": 2})
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        got = await compiled.claim_limited(raw, limits, {"default": 3, "bulk": 1}, LEASE)
+    by_queue = Counter((job.queue, job.type) for job in got.jobs)
+    # default: b first (priority 5) up to its limit of 2, then one a; bulk: one a.
+    assert by_queue == {("default", "b"): 2, ("default", "a"): 1, ("bulk", "a"): 1}
+    assert got.held == {"b": "concurrency"}
+
+
+async def test_a_spent_rate_window_opens_again_when_the_next_window_starts(engine):
+    await _add(engine, "mail", 10)
+    limits = TypeLimits(rate={"mail": (3, 1.0)})
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        first = await compiled.claim_limited(raw, limits, {"default": 10}, LEASE)
+        if len(first.jobs) < 3:  # the first window ended during the claim: start afresh
+            await asyncio.sleep(1.0)
+            first = await compiled.claim_limited(raw, limits, {"default": 10}, LEASE)
+        assert len(first.jobs) == 3 and first.held == {"mail": "rate"}
+        assert first.wait is not None and 0 <= first.wait <= 1.0
+        await asyncio.sleep(first.wait + 0.01)
+        second = await compiled.claim_limited(raw, limits, {"default": 10}, LEASE)
+        assert len(second.jobs) == 3
+
+
+async def test_a_lost_limited_claim_is_released_by_its_claim_id(engine):
+    await _add(engine, "limited", 2)
+    limits = TypeLimits(concurrency={"limited": 5})
+    claim_id = new_id()
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        got = await compiled.claim_limited(raw, limits, {"default": 5}, LEASE, claim_id)
+        assert len(got.jobs) == 2
+        released = await compiled.release_claim(raw, [claim_id])
+    assert sorted(released) == sorted(job.id for job in got.jobs)
