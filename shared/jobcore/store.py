@@ -387,6 +387,61 @@ async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
     return _job(row) if row is not None else None
 
 
+# --- admission (the API's MAX_PENDING) ----------------------------------------
+#
+# Pending jobs per capped queue, due or not, each count stopping at the queue's cap (a
+# queue holding millions costs no more than one at its cap). Index-only reads of
+# `jobs_claim_queue_idx`, which holds exactly the pending rows, queue first: the listed
+# queues, and with a cap for every other queue (`others`), each queue present among the
+# pending jobs, found as a loose index scan (one probe per queue).
+PENDING_DEPTHS = sa.text(
+    f"""
+WITH RECURSIVE present(queue) AS (
+    (SELECT queue FROM jobs WHERE status = {_lit(Status.PENDING)}
+       AND CAST(:others AS bigint) IS NOT NULL
+     ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT queue FROM jobs WHERE status = {_lit(Status.PENDING)}
+              AND queue > present.queue ORDER BY queue LIMIT 1)
+    FROM present WHERE present.queue IS NOT NULL
+), capped(queue, cap) AS (
+    SELECT * FROM unnest(CAST(:queues AS text[]), CAST(:caps AS bigint[]))
+    UNION ALL
+    SELECT queue, CAST(:others AS bigint) FROM present
+    WHERE queue IS NOT NULL AND queue <> ALL(CAST(:queues AS text[]))
+)
+SELECT capped.queue, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM jobs
+        WHERE status = {_lit(Status.PENDING)} AND jobs.queue = capped.queue
+        LIMIT capped.cap
+    ) AS p
+) AS pending
+FROM capped"""
+)
+
+
+async def pending_depths(
+    conn: AsyncConnection, caps: dict[str, int], others: int | None
+) -> dict[str, int]:
+    """Pending jobs of each capped queue (at most its cap); queues holding none may be absent."""
+    rows = await conn.execute(
+        PENDING_DEPTHS, {"queues": list(caps), "caps": list(caps.values()), "others": others}
+    )
+    return {row.queue: row.pending for row in rows}
+
+
+EXISTING_KEYS = sa.select(c.idempotency_key).where(
+    c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text)))
+)
+
+
+async def existing_keys(conn: AsyncConnection, keys: set[str]) -> set[str]:
+    """Those of `keys` that name a stored job."""
+    rows = await conn.execute(EXISTING_KEYS, {"keys": sorted(keys)})
+    return {row.idempotency_key for row in rows}
+
+
 # --- the worker's statements ------------------------------------------------
 #
 # Constructs only: the worker runs them through `jobcore.compiled`, and so do the

@@ -1,7 +1,8 @@
 """`create_app(settings, engine)`: the Starlette application with its routes and middleware.
 
 The process-level state the app reads lives on `app.state`: `engine`,
-`settings`, and `shutting_down` (set by `main` when a signal arrives).
+`settings`, `admission` (None without MAX_PENDING), and `shutting_down` (set by
+`main` when a signal arrives).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.routing import Route
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
 from jobqueue_api import jobs, metrics, openapi
+from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
 from jobqueue_api.notify import Notifier
@@ -82,7 +84,11 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     app.state.notifier = Notifier(engine)
     app.state.settings = settings
     app.state.shutting_down = False
+    app.state.admission = Admission.of(settings)
     app.state.openapi = openapi.document(
-        registered_types(), auth=bool(settings.tokens), default_max_attempts=settings.max_attempts
+        registered_types(),
+        auth=bool(settings.tokens),
+        default_max_attempts=settings.max_attempts,
+        admission=app.state.admission is not None,
     )
     return app

@@ -22,6 +22,7 @@ from jobcore.ids import parse_id
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
 from jobqueue_api import metrics, validation
+from jobqueue_api.admission import REFRESH, Admission
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
 from jobqueue_api.notify import Notifier
@@ -131,11 +132,19 @@ async def create_job(request: Request) -> Response:
         )
     except validation.Invalid as exc:
         return error_response(400, str(exc))
+    engine = _engine(request)
+    admission: Admission | None = request.app.state.admission
+    if admission is not None:
+        full = await admission.refused(engine, (new,))
+        if full is not None:
+            return _refused(admission, full)
     try:
-        job, created = await submit(_engine(request), _notifier(request), new)
+        job, created = await submit(engine, _notifier(request), new)
     except IdempotencyConflict as exc:
         return error_response(409, str(exc))
     if created:
+        if admission is not None:
+            admission.created(new.queue)
         return JSONResponse(job_json(job), status_code=201, headers={"Location": f"/jobs/{job.id}"})
     return JSONResponse(job_json(job), status_code=200)
 
@@ -151,9 +160,29 @@ async def create_many(request: Request) -> Response:
         )
     except validation.Invalid as exc:
         return error_response(400, str(exc))
-    results = await submit_many(_engine(request), _notifier(request), batch)
+    engine = _engine(request)
+    admission: Admission | None = request.app.state.admission
+    if admission is not None:
+        full = await admission.refused(engine, batch)
+        if full is not None:
+            return _refused(admission, full)
+    results = await submit_many(engine, _notifier(request), batch)
     pairs = zip(results, batch, strict=True)
+    if admission is not None:
+        for result, new in zip(results, batch, strict=True):
+            if result.result == "created":
+                admission.created(new.queue)
     return JSONResponse({"results": [_many_result(result, new) for result, new in pairs]})
+
+
+def _refused(admission: Admission, queue: str) -> Response:
+    """429 for a request that would add to `queue`, which holds its cap of pending jobs."""
+    return error_response(
+        429,
+        f"queue {queue!r} holds {admission.cap(queue)} or more pending jobs (MAX_PENDING); "
+        "nothing was written, retry later",
+        {"Retry-After": f"{REFRESH:.0f}"},
+    )
 
 
 def _many_result(result: store.Submitted, new: store.NewJob) -> dict[str, Any]:

@@ -9,6 +9,20 @@ SUBMITTED = Counter(
     "Jobs created through the API (idempotent replays excluded).",
 )
 
+REJECTED = Counter(
+    "jobs_rejected",
+    "Create requests (POST /jobs, POST /jobs/batch: one per request) refused, by reason: "
+    "admission (429, MAX_PENDING) or validation (400, 413).",
+    ["reason"],
+)
+# The create routes' refusals, by status; created up front so both series exist from zero.
+_REFUSALS = {
+    429: REJECTED.labels("admission"),
+    400: REJECTED.labels("validation"),
+    413: REJECTED.labels("validation"),
+}
+_CREATE_ROUTES = frozenset({"/jobs", "/jobs/batch"})
+
 REQUEST_DURATION = Histogram(
     "http_request_duration_seconds",
     "Time to answer an HTTP request, by route template (not raw path).",
@@ -23,6 +37,9 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     method = method if method in _METHODS else "OTHER"
     REQUEST_DURATION.labels(method, route, str(status)).observe(seconds)
+    refusal = _REFUSALS.get(status)
+    if refusal is not None and method == "POST" and route in _CREATE_ROUTES:
+        refusal.inc()
 
 
 def render() -> tuple[bytes, str]:

@@ -215,6 +215,17 @@ def _error(description: str) -> dict[str, Any]:
 
 
 _UNAVAILABLE = _error("The database is unreachable or did not answer in time.")
+_FULL = _response(
+    "A queue the request adds to holds its MAX_PENDING cap of pending jobs; nothing was "
+    "written (a batch is refused whole). A replay of a stored job is still answered 200.",
+    "Error",
+    {
+        "Retry-After": {
+            "description": "Seconds to wait before retrying.",
+            "schema": {"type": "integer"},
+        }
+    },
+)
 _JOB_ID = {
     "name": "id",
     "in": "path",
@@ -241,9 +252,10 @@ _IDEMPOTENCY_KEY = {
 }
 
 
-def _paths(auth: bool) -> dict[str, Any]:
+def _paths(auth: bool, admission: bool) -> dict[str, Any]:
     locked: dict[str, Any] = {"security": [{"bearer": []}]} if auth else {}
     unauthorized = {"401": _error("Missing or invalid bearer token.")} if auth else {}
+    full = {"429": _FULL} if admission else {}
     job_read = {
         "404": _error("No job has this id."),
         **unauthorized,
@@ -272,6 +284,7 @@ def _paths(auth: bool) -> dict[str, Any]:
                     **unauthorized,
                     "409": _error("The idempotency key was used for a different request."),
                     "413": _error("The body is larger than MAX_BODY_BYTES."),
+                    **full,
                     "503": _UNAVAILABLE,
                 },
             }
@@ -296,6 +309,7 @@ def _paths(auth: bool) -> dict[str, Any]:
                     "400": _error("An invalid request or item(s); nothing was written."),
                     **unauthorized,
                     "413": _error("The body is larger than MAX_BODY_BYTES."),
+                    **full,
                     "503": _UNAVAILABLE,
                 },
             }
@@ -377,7 +391,10 @@ def _paths(auth: bool) -> dict[str, Any]:
     }
 
 
-def document(job_types: list[str], *, auth: bool, default_max_attempts: int) -> dict[str, Any]:
+def document(
+    job_types: list[str], *, auth: bool, default_max_attempts: int, admission: bool = False
+) -> dict[str, Any]:
+    """With `admission` (MAX_PENDING set), the create endpoints may answer 429."""
     components: dict[str, Any] = {"schemas": _schemas(job_types, default_max_attempts)}
     if auth:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -391,6 +408,6 @@ def document(job_types: list[str], *, auth: bool, default_max_attempts: int) -> 
                 "Every response carries X-Request-ID (the caller's, if sane, else generated)."
             ),
         },
-        "paths": _paths(auth),
+        "paths": _paths(auth, admission),
         "components": components,
     }
