@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
+import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.procs import Service, free_port, wait_for
 
@@ -218,6 +220,7 @@ def test_an_address_in_use_is_one_line_naming_http_addr_and_exit_1(database_url:
         ("REQUEST_BODY_TIMEOUT", "1h", "at most 5m"),
         ("MAX_CONNECTIONS", "none", "MAX_CONNECTIONS"),
         ("SHUTDOWN_TIMEOUT", "1e13", "at most 1h"),
+        ("MAX_PENDING", "default:100,bulk:0", "'bulk'"),
     ],
 )
 def test_unsupported_url_parameters_and_absurd_values_exit_2_with_one_line(
@@ -265,3 +268,49 @@ def test_sslmode_require_against_a_server_without_tls_is_one_line_and_exit_1(
     (line,) = [line for line in api.service.logs() if line["level"] == "error"]
     assert "database unreachable at startup" in line["msg"] and "SSL" in line["msg"]
     assert "Traceback" not in api.service.output()
+
+
+def _rejected(api: Api) -> dict[str, float]:
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(api.get("/metrics").text)
+        for s in family.samples
+        if s.name == "jobs_rejected_total"
+    }
+
+
+def test_a_full_queue_is_refused_with_429_by_the_real_process_until_it_drains(
+    start_api: Callable[..., Api], database_url: str
+):
+    api = start_api(MAX_PENDING="default:3")
+    assert _rejected(api) == {"admission": 0.0, "validation": 0.0}
+    first = api.post("/jobs", json={"type": "sleep"}, headers={"Idempotency-Key": "e2e-k"})
+    assert first.status_code == 201
+    for _ in range(2):
+        assert api.post("/jobs", json={"type": "sleep", "delay": "1h"}).status_code == 201
+
+    refused = api.post("/jobs", json={"type": "sleep"})
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert "'default'" in refused.json()["error"]
+    batch = {"jobs": [{"type": "sleep", "queue": "mail"}, {"type": "sleep"}]}
+    assert api.post("/jobs/batch", json=batch).status_code == 429
+    replay = api.post("/jobs", json={"type": "sleep"}, headers={"Idempotency-Key": "e2e-k"})
+    assert replay.status_code == 200 and replay.json() == first.json()
+    assert api.post("/jobs", json={"type": "sleep", "queue": "mail"}).status_code == 201
+    assert api.post("/jobs", json={"type": "nope"}).status_code == 400
+    assert _rejected(api) == {"admission": 2.0, "validation": 1.0}
+    document = api.get("/openapi.json").json()
+    assert "429" in document["paths"]["/jobs/batch"]["post"]["responses"]
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (4,)
+        conn.execute("UPDATE jobs SET status = 'completed' WHERE queue = 'default'")
+    drained = time.monotonic()
+
+    def admitted() -> bool:
+        return api.post("/jobs", json={"type": "sleep"}).status_code == 201
+
+    wait_for(admitted, 3, "the drained queue to admit jobs again")
+    # Within the one-second refresh period (plus this machine's scheduling noise).
+    assert time.monotonic() - drained < 2.5
+    assert api.service.stop() == 0
