@@ -29,6 +29,7 @@ from jobcore.db import make_engine
 from jobcore.periodic import schedules
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings
+from jobcore.store import TypeLimits
 from jobqueue_worker import metrics
 from jobqueue_worker.completer import Completer
 from jobqueue_worker.database import POOL_SIZE, PgJobStore
@@ -100,7 +101,8 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         isolation_level="AUTOCOMMIT",
         pre_ping=False,
     )
-    store = PgJobStore(engine)
+    limits = TypeLimits(settings.type_concurrency_limits, settings.type_rate_limits)
+    store = PgJobStore(engine, limits=limits)
     recycle = _Recycle(beacon, sum(settings.queue_slots.values()), stop)
     # The slots record through the completer, the completer claims for the dispatcher, the
     # dispatcher fills the slots: a cycle, closed by the two late-bound callbacks below.
@@ -119,6 +121,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         executor,
         poll_interval=settings.poll_interval,
         lease_seconds=settings.lease_duration,
+        limits=limits,
     )
     completer = Completer(
         store, batch_size=sum(settings.queue_slots.values()), linger=_LINGER, claimer=dispatcher
@@ -147,7 +150,13 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     beacon.set_state(RUNNING)
     log.info(
         "worker process started",
-        extra={"pid": os.getpid(), "workers": settings.workers, "queues": settings.queue_slots},
+        extra={
+            "pid": os.getpid(),
+            "workers": settings.workers,
+            "queues": settings.queue_slots,
+            **({"type_concurrency": dict(limits.concurrency)} if limits.concurrency else {}),
+            **({"type_rate": settings.type_rate} if limits.rate else {}),
+        },
     )
     dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")
     loops = {

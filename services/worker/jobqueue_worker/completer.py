@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, Protocol
+from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import Retry
@@ -68,6 +69,8 @@ class Claimer(Protocol):
     ) -> None: ...
 
     def wake(self) -> None: ...
+
+    def finishing(self, job_ids: Iterable[UUID], written: bool) -> None: ...
 
 
 class Completer:
@@ -168,11 +171,15 @@ class Completer:
         retry = Retry(_RETRY_FIRST, _RETRY_LIMIT)
         delay = _RETRY_FIRST
         while items:
+            outcomes = [outcome for outcome, _ in items]
+            if self.claimer is not None:
+                # Before `claimable`: a slot a job of a limited type frees is left to the
+                # dispatcher, which claims limited types.
+                self.claimer.finishing((o.lease.job_id for o in outcomes), False)
             # Every slot of the batch is free once it is written: claim for them meanwhile.
             claimer = self.claimer if kind is Operation.COMPLETE else None
             wanted = claimer.claimable(_per_queue(items)) if claimer is not None else {}
             claimed_at = self._clock()
-            outcomes = [outcome for outcome, _ in items]
             try:
                 if claimer is not None and any(wanted.values()):
                     leases = [o.lease for o in outcomes]
@@ -206,6 +213,8 @@ class Completer:
             if claimer is not None and any(wanted.values()):
                 # Into the slots the callbacks just freed.
                 claimer.hand_out(claimed, wanted, claimed_at)
+            if self.claimer is not None:
+                self.claimer.finishing((o.lease.job_id for o in outcomes), True)
             if kind in _LATER and self.claimer is not None:
                 # Jobs due again later: the dispatcher learns when the next one is due.
                 self.claimer.wake()

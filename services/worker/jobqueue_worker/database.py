@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from jobcore import compiled
 from jobcore.errors import describe
 from jobcore.states import Operation, Status
-from jobcore.store import Claimed, Lease
+from jobcore.store import Claimed, Lease, TypeLimits
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -66,6 +66,10 @@ class JobStore(Protocol):
     return the lost leases."""
 
     async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]: ...
+
+    async def claim_limited(
+        self, slots: Mapping[str, int], lease_seconds: float
+    ) -> compiled.LimitedClaim: ...
 
     async def next_due(self, queues: Sequence[str]) -> float | None: ...
 
@@ -118,9 +122,18 @@ class Availability:
 class PgJobStore:
     """`JobStore` over `jobcore.compiled`: one statement per call, each under a timeout."""
 
-    def __init__(self, engine: AsyncEngine, availability: Availability | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        availability: Availability | None = None,
+        limits: TypeLimits | None = None,
+    ) -> None:
         self.engine = engine
         self.availability = availability or Availability()
+        # TYPE_CONCURRENCY / TYPE_RATE: the ordinary claims skip these types, which only
+        # `claim_limited` takes. Empty: the claims are exactly those of a worker without limits.
+        self.limits = limits or TypeLimits()
+        self._limited = self.limits.types
         # Connections checked out of the engine and kept between calls, with their asyncpg
         # connection: at most one per concurrent caller (dispatcher, completer, recovery).
         self._idle: list[tuple[AsyncConnection, compiled.Driver]] = []
@@ -211,7 +224,21 @@ class PgJobStore:
     async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
         return await self._claiming(
             lambda claim_id: self._run(
-                Operation.CLAIM, compiled.claim, slots, lease_seconds, claim_id
+                Operation.CLAIM, compiled.claim, slots, lease_seconds, claim_id, self._limited
+            )
+        )
+
+    async def claim_limited(
+        self, slots: Mapping[str, int], lease_seconds: float
+    ) -> compiled.LimitedClaim:
+        return await self._claiming(
+            lambda claim_id: self._run(
+                "claim_limited",
+                compiled.claim_limited,
+                self.limits,
+                slots,
+                lease_seconds,
+                claim_id,
             )
         )
 
@@ -238,6 +265,7 @@ class PgJobStore:
                 slots,
                 lease_seconds,
                 claim_id,
+                self._limited,
             )
         )
 

@@ -14,6 +14,14 @@ Under load most claims do not come from here: the completer's write that
 records completed jobs also claims for the slots it frees (`claimable()`), in
 the same statement, and hands what it claimed back (`hand_out()`), so a slot is
 refilled by the commit that frees it.
+
+Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, first in
+each claim (`claim_limited`), the free slots left going to the other types. The
+completer's claims skip them, and leave their slots to the dispatcher while a
+limited claim is wanted: after a job of a limited type of this process ended,
+when the rate window that held a type back has rolled over, at least every
+POLL_INTERVAL (other processes' jobs ending), and while the last limited claim
+took all the slots it was offered.
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
+from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import Retry
-from jobcore.store import Claimed
+from jobcore.compiled import LimitedClaim
+from jobcore.store import Claimed, Lease, TypeLimits
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
@@ -35,6 +45,10 @@ log = logging.getLogger("jobqueue.worker")
 # Waking for a scheduled job this much after its run_at (by the database's clock, measured
 # before a round trip) keeps a wake-up from coming a hair early and finding nothing due.
 _DUE_MARGIN = 0.002
+# The same for a rate window that opens on the database's clock.
+_WINDOW_MARGIN = 0.005
+# Jobs of limited types remembered before those no longer running are forgotten.
+_LIMITED_KEPT = 10_000
 
 
 class Slots(Protocol):
@@ -42,6 +56,8 @@ class Slots(Protocol):
     def free(self) -> dict[str, int]: ...
 
     def start(self, job: Claimed, lease_deadline: float) -> None: ...
+
+    def leases(self) -> list[tuple[Lease, float]]: ...
 
 
 class Dispatcher:
@@ -55,8 +71,17 @@ class Dispatcher:
         poll_interval: float,
         lease_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        limits: TypeLimits | None = None,
     ) -> None:
         self._store = store
+        # Per-type limits: None when there are none (nothing below costs anything then).
+        self._limits = limits if limits is not None and limits.types else None
+        # Jobs of limited types this process runs, and whether one of them has ended since
+        # the last limited claim.
+        self._limited_running: set[UUID] = set()
+        self._limited_ended = False
+        # Monotonic time from which a limited claim is wanted again (rate window, poll).
+        self._limited_at = 0.0
         self._slots = slots
         self._poll_interval = poll_interval
         self._lease_seconds = lease_seconds
@@ -72,8 +97,22 @@ class Dispatcher:
 
     def slot_freed(self, queue: str) -> None:
         # After a partial claim the queue was empty: a free slot alone is no reason to ask again.
-        if queue in self._full:
+        if queue in self._full or (self._limits is not None and self._limited_wanted()):
             self._wake.set()
+
+    def finishing(self, job_ids: Iterable[UUID], written: bool) -> None:
+        """The completer writes (`written`: has written) the outcomes of these jobs."""
+        if not self._limited_running:
+            return
+        ended = [job_id for job_id in job_ids if job_id in self._limited_running]
+        if ended:
+            self._limited_ended = True
+            if written:
+                self._limited_running.difference_update(ended)
+                self._wake.set()
+
+    def _limited_wanted(self) -> bool:
+        return self._limited_ended or self._clock() >= self._limited_at
 
     @property
     def lease_seconds(self) -> float:
@@ -81,7 +120,9 @@ class Dispatcher:
 
     def claimable(self, freeing: Mapping[str, int]) -> dict[str, int]:
         """How many jobs of each queue an outcome write that frees `freeing` slots may claim."""
-        return {} if self._stopping else dict(freeing)
+        if self._stopping or (self._limits is not None and self._limited_wanted()):
+            return {}
+        return dict(freeing)
 
     def hand_out(self, jobs: list[Claimed], asked: Mapping[str, int], claimed_at: float) -> None:
         """Start jobs that an outcome write claimed (`asked` for, per queue), in the slots it
@@ -120,7 +161,7 @@ class Dispatcher:
             # before the round trip errs on the safe side.
             claimed_at = self._clock()
             try:
-                jobs = await self._store.claim(free, self._lease_seconds)
+                jobs = await self._claim(free)
             except Exception:
                 # PgJobStore logs the outage once; back off so an outage is not a busy loop.
                 self._full.clear()
@@ -135,7 +176,51 @@ class Dispatcher:
                     self._slots.start(job, claimed_at + self._lease_seconds)
             drained = [queue for queue in free if queue not in self._full]
             if drained:
-                await self._idle(await self._until_next_due(drained))
+                wait = await self._until_next_due(drained)
+                limited = self._limited_wait()
+                # A rate window that opens sooner ends the wait.
+                await self._idle(wait if limited is None else min(wait, limited))
+
+    async def _claim(self, free: dict[str, int]) -> list[Claimed]:
+        if self._limits is None:
+            return await self._store.claim(free, self._lease_seconds)
+        got = await self._store.claim_limited(free, self._lease_seconds)
+        self._limited_claimed(got, sum(free.values()))
+        rest = dict(free)
+        for job in got.jobs:
+            rest[job.queue] -= 1
+        rest = {queue: n for queue, n in rest.items() if n > 0}
+        if not rest:
+            return got.jobs
+        try:
+            return got.jobs + await self._store.claim(rest, self._lease_seconds)
+        except Exception:
+            # The limited jobs are leased: they start; the next round claims the rest.
+            log.debug("claim failed", exc_info=True)
+            return got.jobs
+
+    def _limited_claimed(self, got: LimitedClaim, offered: int) -> None:
+        self._limited_ended = False
+        now = self._clock()
+        if len(got.jobs) >= offered:
+            self._limited_at = now  # more may be waiting: every freed slot asks again
+        elif got.wait is not None:
+            self._limited_at = now + min(got.wait + _WINDOW_MARGIN, self._poll_interval)
+        else:
+            self._limited_at = now + self._poll_interval
+        if len(self._limited_running) > _LIMITED_KEPT:
+            # Jobs whose lease was lost end without an outcome write: forget them.
+            self._limited_running &= {lease.job_id for lease, _ in self._slots.leases()}
+        self._limited_running.update(job.id for job in got.jobs)
+        for job_type, limit in got.held.items():
+            log.debug(
+                "job type held back by its limit", extra={"job_type": job_type, "limit": limit}
+            )
+
+    def _limited_wait(self) -> float | None:
+        if self._limits is None:
+            return None
+        return max(self._limited_at - self._clock(), 0.0)
 
     async def _until_next_due(self, queues: list[str]) -> float:
         """How long to wait for these queues: until their next job is due, at most
