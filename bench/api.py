@@ -8,6 +8,10 @@ HTTP/1.1 on asyncio so that it costs far less CPU than the server it measures.
 Afterwards the job count in the database must equal the number of 201s.
 
     python -m bench.api [--concurrency 8 32] [--duration 10] [--idempotency-keys]
+                        [--max-pending 1000000]
+
+`--max-pending` starts the API with that MAX_PENDING (admission control), to measure what
+the depth check costs per request; a cap the run reaches measures the 429 path instead.
 """
 
 from __future__ import annotations
@@ -76,14 +80,19 @@ class Client:
     async def open(cls, port: int) -> Client:
         return cls(*await asyncio.open_connection("127.0.0.1", port))
 
-    async def post_job(self, key: str | None) -> int:
+    async def post_job(self, key: str | None) -> int | None:
+        """The answer's status, or None when the server had closed the connection (Hypercorn
+        closes a keep-alive connection after 1,000 requests)."""
         extra = f"Idempotency-Key: {key}\r\n" if key else ""
         head = (
             f"POST /jobs HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             f"{extra}Content-Length: {len(BODY)}\r\n\r\n"
         )
         self.writer.write(head.encode() + BODY)
-        status = int((await self.reader.readline()).split()[1])
+        status_line = await self.reader.readline()
+        if not status_line:
+            return None
+        status = int(status_line.split()[1])
         length = 0
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
@@ -117,6 +126,10 @@ async def load(
                 key = f"bench-{os.getpid()}-{concurrency}-{n}-{i}" if keys else None
                 started = time.perf_counter()
                 status = await client.post_job(key)
+                if status is None:
+                    client.close()
+                    client = await Client.open(port)
+                    continue
                 latencies.append(time.perf_counter() - started)
                 statuses[status] = statuses.get(status, 0) + 1
                 i += 1
@@ -141,8 +154,13 @@ async def load(
     }
 
 
-def _start_api(url: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+def _start_api(
+    url: str, port: int, log_path: Path, max_pending: str | None
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DATABASE_URL": url, "HTTP_ADDR": f"127.0.0.1:{port}"}
+    env.pop("MAX_PENDING", None)
+    if max_pending is not None:
+        env["MAX_PENDING"] = max_pending
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "jobqueue-api")],
@@ -187,7 +205,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         config.attributes["skip_logging"] = True
         await asyncio.to_thread(command.upgrade, config, "head")  # env.py runs its own loop
         port = _free_port()
-        proc = _start_api(url, port, log_path)
+        proc = _start_api(url, port, log_path, args.max_pending)
         await _wait_ready(port, proc)
         await load(port, 4, 2.0, args.idempotency_keys, proc.pid)  # warm-up: pools, caches
         jobs_before = await _job_count(url)
@@ -202,6 +220,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "what": "POST /jobs against one jobqueue-api process (default settings)",
             "idempotency_keys": args.idempotency_keys,
+            "max_pending": args.max_pending,
             "cpus": os.cpu_count(),
             "load_average_before": os.getloadavg(),
             "runs": runs,
@@ -230,10 +249,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--idempotency-keys", action="store_true", help="a unique key per job")
+    parser.add_argument("--max-pending", help="MAX_PENDING for the API (default: unset)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(f"load average before: {result['load_average_before']}")
+    print(f"MAX_PENDING: {result['max_pending'] or 'unset'}")
     print(
         f"{'conc':>5} {'requests':>9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
         f" {'server CPU ms/req':>18}"
