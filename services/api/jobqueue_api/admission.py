@@ -5,9 +5,10 @@ Pending means every `pending` row of the queue, due or scheduled: both occupy th
 and the claim index alike. No count per request: each API process keeps the depths of the
 capped queues from one query (`store.pending_depths`), refreshed by the first submission
 that finds them more than REFRESH seconds old, and adds the jobs it creates itself
-meanwhile, so one process alone never overshoots a cap by more than one batch. Several
-processes, and jobs enqueued by other means, may overshoot it by what they add within
-REFRESH. A queue is admitted again at most REFRESH after it drops below its cap.
+meanwhile. So one process alone overshoots a cap only by the requests it admitted that
+were still in flight when the cap was reached (a batch below the cap is admitted whole);
+several processes, and jobs enqueued by other means, by what they add within REFRESH.
+A queue is admitted again at most REFRESH after it drops below its cap.
 
 A refused request writes nothing. A request to a full queue is admitted only when every
 one of its jobs bound for a full queue carries an idempotency key that already names a
