@@ -19,8 +19,10 @@ from jobcore.errors import ConfigError
 from jobcore.ids import new_id
 from jobcore.settings import load_settings, parse_max_pending
 from jobqueue_api.admission import REFRESH
+from jobqueue_api.database import REQUEST_DEADLINE
 from jobqueue_api.openapi import document
 from tests.api.conftest import MakeApi, app_of, job_count
+from tests.faultproxy import FaultProxy
 
 
 async def _pending(engine: AsyncEngine, queue: str) -> int:
@@ -266,6 +268,29 @@ async def test_depths_are_read_once_per_refresh_period_not_per_request(
     elapsed = time.monotonic() - started
     assert all(r.status_code == 201 for r in responses)
     assert 1 <= reads <= 1 + int(elapsed / REFRESH)
+
+
+async def test_in_a_database_outage_the_depth_check_adds_no_wait_to_the_503(
+    make_api: MakeApi, database_url: str
+):
+    with FaultProxy.to_database(database_url) as proxy:
+        api = await make_api(DATABASE_URL=proxy.database_url(database_url), MAX_PENDING="100")
+        assert (await _post(api)).status_code == 201
+        await asyncio.sleep(REFRESH)  # the depths are due for a read
+        proxy.blackhole()
+        started = time.monotonic()
+        batch = api.post("/jobs/batch", json={"jobs": [{"type": "sleep"}]})
+        answers = await asyncio.gather(batch, *(_post(api) for _ in range(6)))
+        took = time.monotonic() - started
+        assert [r.status_code for r in answers] == [503] * 7
+        # One request reads the depths and then inserts, all within one request deadline;
+        # the others neither queue behind that read nor read again one after another.
+        assert took < REQUEST_DEADLINE + 2.5, f"took {took:.1f}s"
+        proxy.pass_through()
+        deadline = time.monotonic() + 10
+        while (await _post(api)).status_code != 201:
+            assert time.monotonic() < deadline, "not serving again after the outage"
+            await asyncio.sleep(0.1)
 
 
 # --- metrics --------------------------------------------------------------------

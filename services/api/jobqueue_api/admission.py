@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
 from jobcore.settings import Settings
-from jobqueue_api.database import REQUEST_DEADLINE, in_turn
+from jobqueue_api.database import in_turn
 
 # How old the depths may be. Also the Retry-After of a refusal: by then they are fresh.
 REFRESH = 1.0
@@ -40,8 +40,9 @@ class Admission:
         self._pending: dict[str, int] = {}
         # Jobs this process created since the depths were last read.
         self._created: dict[str, int] = {}
+        # When the last read started, successful or not.
         self._read_at = float("-inf")
-        self._reading = asyncio.Lock()
+        self._first_read = asyncio.Event()
 
     @classmethod
     def of(cls, settings: Settings) -> Admission | None:
@@ -58,11 +59,18 @@ class Admission:
             return False
         return self._pending.get(queue, 0) + self._created.get(queue, 0) >= cap
 
-    async def refused(self, engine: AsyncEngine, jobs: Sequence[store.NewJob]) -> str | None:
-        """The first full queue that `jobs` would add to, or None: they may be submitted."""
-        loop = asyncio.get_running_loop()
-        if loop.time() - self._read_at >= REFRESH:
-            await self._read(engine)
+    async def refused(
+        self, engine: AsyncEngine, jobs: Sequence[store.NewJob], deadline: float
+    ) -> str | None:
+        """The first full queue that `jobs` would add to, or None: they may be submitted.
+
+        `deadline` (event loop time) bounds the reads this takes.
+        """
+        if asyncio.get_running_loop().time() - self._read_at >= REFRESH:
+            await self._read(engine, deadline)
+        elif not self._first_read.is_set():
+            async with asyncio.timeout_at(deadline):
+                await self._first_read.wait()
         full = {new.queue for new in jobs if self._full(new.queue)}
         if not full:
             return None
@@ -72,7 +80,7 @@ class Admission:
             if new.idempotency_key is None:
                 return new.queue
             keys.add(new.idempotency_key)
-        async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        async with asyncio.timeout_at(deadline), in_turn(engine), engine.connect() as conn:
             stored = await store.existing_keys(conn, keys)
         for new in bound:
             if new.idempotency_key not in stored:
@@ -83,19 +91,20 @@ class Admission:
         """Count jobs this process created in `queue` until the next read of the depths."""
         self._created[queue] = self._created.get(queue, 0) + count
 
-    async def _read(self, engine: AsyncEngine) -> None:
-        async with self._reading:
-            loop = asyncio.get_running_loop()
-            if loop.time() - self._read_at < REFRESH:  # another request just read them
-                return
-            started = loop.time()
-            # Jobs created from here on may be in the read too: counted twice until the
-            # next read, which errs on the side of refusing.
-            self._created = {}
-            async with (
-                asyncio.timeout(REQUEST_DEADLINE),
-                in_turn(engine),
-                engine.connect() as conn,
-            ):
+    async def _read(self, engine: AsyncEngine, deadline: float) -> None:
+        # Marked at the start, so requests arriving meanwhile go on with the depths they
+        # have instead of queueing behind this read (or, in an outage, behind one failed
+        # read after another).
+        self._read_at = asyncio.get_running_loop().time()
+        # Jobs created from here on may be in the read too: counted twice until the next
+        # read, which errs on the side of refusing.
+        created, self._created = self._created, {}
+        try:
+            async with asyncio.timeout_at(deadline), in_turn(engine), engine.connect() as conn:
                 self._pending = await store.pending_depths(conn, self._caps, self._others)
-            self._read_at = started
+        except BaseException:
+            for queue, count in created.items():
+                self.created(queue, count)
+            raise
+        finally:
+            self._first_read.set()

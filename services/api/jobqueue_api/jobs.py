@@ -66,15 +66,20 @@ def status_json(job: store.Job) -> dict[str, Any]:
     }
 
 
+def _within(deadline: float | None) -> asyncio.Timeout:
+    """The request's database deadline: REQUEST_DEADLINE from now, or an earlier start's."""
+    return asyncio.timeout(REQUEST_DEADLINE) if deadline is None else asyncio.timeout_at(deadline)
+
+
 async def submit(
-    engine: AsyncEngine, notifier: Notifier, new: store.NewJob
+    engine: AsyncEngine, notifier: Notifier, new: store.NewJob, deadline: float | None = None
 ) -> tuple[store.Job, bool]:
     """Create `new`, or find the job its idempotency key already names: (job, created).
 
     Raises IdempotencyConflict. The job exists once this returns (committed).
     """
     inline = notifier.inline()
-    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
+    async with _within(deadline), in_turn(engine), engine.begin() as conn:
         job, created = await store.submit(conn, new, notify=inline)
     if created:
         if not inline:
@@ -88,10 +93,13 @@ async def submit(
 
 
 async def submit_many(
-    engine: AsyncEngine, notifier: Notifier, batch: list[store.NewJob]
+    engine: AsyncEngine,
+    notifier: Notifier,
+    batch: list[store.NewJob],
+    deadline: float | None = None,
 ) -> list[store.Submitted]:
     """Create every job of `batch` in one statement; per-item results in input order."""
-    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
+    async with _within(deadline), in_turn(engine), engine.begin() as conn:
         results = await store.submit_many(conn, batch)
     created = sum(1 for r in results if r.result == "created")
     if created:
@@ -134,12 +142,15 @@ async def create_job(request: Request) -> Response:
         return error_response(400, str(exc))
     engine = _engine(request)
     admission: Admission | None = request.app.state.admission
+    deadline = None
     if admission is not None:
-        full = await admission.refused(engine, (new,))
+        # The depth check and the insert share one deadline: a 503 still comes in time.
+        deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
+        full = await admission.refused(engine, (new,), deadline)
         if full is not None:
             return _refused(admission, full)
     try:
-        job, created = await submit(engine, _notifier(request), new)
+        job, created = await submit(engine, _notifier(request), new, deadline)
     except IdempotencyConflict as exc:
         return error_response(409, str(exc))
     if created:
@@ -162,11 +173,13 @@ async def create_many(request: Request) -> Response:
         return error_response(400, str(exc))
     engine = _engine(request)
     admission: Admission | None = request.app.state.admission
+    deadline = None
     if admission is not None:
-        full = await admission.refused(engine, batch)
+        deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
+        full = await admission.refused(engine, batch, deadline)
         if full is not None:
             return _refused(admission, full)
-    results = await submit_many(engine, _notifier(request), batch)
+    results = await submit_many(engine, _notifier(request), batch, deadline)
     pairs = zip(results, batch, strict=True)
     if admission is not None:
         for result, new in zip(results, batch, strict=True):
