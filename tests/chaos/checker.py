@@ -14,9 +14,18 @@ The guarantees checked:
 - no job is left `processing` with an expired lease; no idempotency key made two jobs;
 - no outcome was written by a stale lease: a write that applied although a newer
   claim of the job had started before the attempt even ended;
-- no two executions of a job overlapped while both held a valid lease;
+- no two executions of a job overlapped while both held a valid lease. With
+  heartbeats a running holder keeps its lease until its attempt ends, however
+  long it runs; only a holder a fault disturbed (paused, killed, cut off from the
+  database) may lose it, at the earliest LEASE_DURATION less one renewal
+  interval after the fault began (its last renewal may have come that much
+  before);
 - every re-execution is explained: a retry, a shutdown release, a crash (its
-  process was killed), a pause past the lease, or a lost lease;
+  process was killed), a pause past the lease, or a lease lost during a fault
+  that disturbed its holder. A lease lost while its holder ran undisturbed is a
+  violation;
+- a paused holder, once resumed, stops within a renewal interval (and a margin):
+  its renewal finds the lease lost, by the database or by its own clock;
 - attempts never exceed max_attempts, and a dead-lettered job used all of them;
 - a completed (failed) job's final lease belongs to an execution that returned
   (raised PermanentError).
@@ -32,6 +41,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
+
 AT_REST = ("completed", "failed", "dead_letter")
 # A handler's start (time.time()) is read after the claim whose now() passed the job's
 # run_at: both the same machine's clock, so only their reading order needs a margin.
@@ -40,6 +51,13 @@ EARLY_MARGIN = 0.003
 # cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
 # its lease, ended then, whenever the handler itself returned.
 ABANDONED = ("handler thread abandoned", "handler did not stop when cancelled")
+# The target of a fault that hits the database itself, and so every worker process at once.
+DATABASE = "postgres"
+# How long after its resume a paused holder may still run, beyond one renewal interval: the
+# heartbeat that was due during the pause runs at once, but a loaded machine is slow.
+RESUME_MARGIN = 2.0
+# The job type of the long jobs (tests.chaos.handlers): they outlive the lease many times.
+LONG_TYPE = "chaos-long"
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,38 @@ class Fault:
     killed_pids: tuple[int, ...] = ()
     paused_pids: tuple[int, ...] = ()
     note: str = ""
+    # When the killed or paused processes were stopped (SIGKILL, SIGSTOP), if known; else
+    # the fault counts from `injected_at`.
+    stopped_at: float | None = None
+    # Worker processes whose path to the database the fault cut or slowed (a proxy fault).
+    partitioned_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Disturbance:
+    """A fault as the leases of the processes it hit saw it: from `since` to `until`."""
+
+    pids: frozenset[int] | None  # None: every process (the database itself was hit)
+    since: float
+    until: float
+
+    def hits(self, pid: int, start: float, end: float) -> bool:
+        """Whether it hit process `pid` at some time between `start` and `end`."""
+        touched = self.pids is None or pid in self.pids
+        return touched and self.since <= end and self.until >= start
+
+
+def disturbances(faults: Iterable[Fault]) -> list[Disturbance]:
+    """The faults that could cost a running holder its lease, earliest first."""
+    found = []
+    for f in faults:
+        pids = frozenset((*f.killed_pids, *f.paused_pids, *f.partitioned_pids))
+        if f.target != DATABASE and not pids:
+            continue
+        since = f.stopped_at if f.stopped_at is not None else f.injected_at
+        until = max(since, f.healed_at if f.healed_at is not None else since)
+        found.append(Disturbance(None if f.target == DATABASE else pids, since, until))
+    return sorted(found, key=lambda d: d.since)
 
 
 @dataclass
@@ -104,6 +154,9 @@ class Write:
     finished_at: float | None = None
     lost: bool = False  # a `lease lost` line: the write matched no row
     lost_at: float | None = None
+    # A `lease lost` line of a renewal (by the database, or the holder's own clock): the
+    # attempt was stopped and nothing written for it.
+    renew_lost_at: float | None = None
     abandoned_at: float | None = None  # the worker gave up on the handler, which ran on
 
     @property
@@ -157,6 +210,8 @@ def writes(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Write]
         w = found.setdefault(key, Write(*key))
         if msg == "job finished":
             w.outcome, w.finished_at = e.get("outcome"), log_time(e["time"])
+        elif msg == "lease lost" and e.get("operation") == "renew":
+            w.renew_lost_at = log_time(e["time"])
         elif msg == "lease lost":
             w.lost, w.lost_at = True, log_time(e["time"])
         else:
@@ -199,14 +254,16 @@ def check(
         runs.sort(key=lambda e: e.lease_token)
     killed = {pid for f in faults for pid in f.killed_pids}
     paused = {pid for f in faults for pid in f.paused_pids}
+    hits = disturbances(faults)
 
     lost = _check_acknowledged(by_id, acks, bad)
     never_ran = _check_never_ran(by_id, acks, per_job, bad)
     early, lateness = _check_not_early(acks, per_job, bad)
     _check_rows(rows, bad)
     stale = _check_stale_writes(per_job, logged, by_id, bad)
-    _check_overlaps(per_job, logged, lease_duration, tolerance, bad)
-    causes, after_success = _explain_reruns(per_job, logged, killed, paused, bad)
+    _check_overlaps(per_job, logged, hits, lease_duration, tolerance, bad)
+    causes, after_success = _explain_reruns(per_job, logged, killed, paused, hits, bad)
+    stopped = _check_resumed_holders(per_job, logged, faults, lease_duration, bad)
     _check_attempts(rows, execs, bad)
     _check_final_lease(rows, execs, bad)
 
@@ -231,6 +288,9 @@ def check(
         "stale_writes_rejected": stale["rejected"],
         "stale_writes_rejected_by_token": stale["by_token"],
         "stale_writes_applied": stale["applied"],
+        "leases_lost_on_renewal": sum(w.renew_lost_at is not None for w in logged.values()),
+        "paused_holders_stopped_by_renewal": stopped,
+        "long_jobs": _long_jobs(rows, per_job, logged),
         "claims_without_execution_record": _token_gaps(rows, per_job),
         "faults_injected": dict(sorted(Counter(f.kind for f in faults).items())),
         "recovery_seconds": recovery_table(faults),
@@ -371,16 +431,16 @@ def _wrote_at(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float:
 def _check_overlaps(
     per_job: Mapping[str, list[Execution]],
     logged: Mapping[tuple[str, int], Write],
+    hits: Sequence[Disturbance],
     lease: float,
     tolerance: float,
     bad: list[str],
 ) -> None:
-    """A lease is valid from its claim (just before `start`) until it expires or the attempt
-    ends (`attempt_end`); a newer execution must not start inside that window."""
+    """A newer execution must not start while an older one still holds a valid lease (see
+    `lease_valid_until`)."""
     for job_id, runs in per_job.items():
         for i, a in enumerate(runs):
-            end = attempt_end(a, logged)
-            valid_until = min(end if end is not None else float("inf"), a.start + lease)
+            valid_until = lease_valid_until(a, attempt_end(a, logged), hits, lease)
             for b in runs[i + 1 :]:
                 overlap = valid_until - b.start
                 if overlap > tolerance:
@@ -390,14 +450,36 @@ def _check_overlaps(
                     )
 
 
+def lease_valid_until(
+    a: Execution, end: float | None, hits: Sequence[Disturbance], lease: float
+) -> float:
+    """Until when execution `a` surely held a valid lease.
+
+    Its holder renews the lease every lease / RENEWALS_PER_LEASE while it runs, so an
+    undisturbed holder keeps it until its attempt ends. A fault that stopped the holder or
+    cut it off from the database stops the renewals: the last one may have come up to a
+    renewal interval before the fault, so the lease is sure only until then plus the lease.
+    """
+    valid = end if end is not None else float("inf")
+    for d in hits:
+        if d.hits(a.pid, a.start, valid):
+            valid = min(valid, max(a.start, d.since) + lease - lease / RENEWALS_PER_LEASE)
+    return valid
+
+
 def _explain_reruns(
     per_job: Mapping[str, list[Execution]],
     logged: Mapping[tuple[str, int], Write],
     killed: set[int],
     paused: set[int],
+    hits: Sequence[Disturbance],
     bad: list[str],
 ) -> tuple[Counter[str], int]:
-    """Why each execution after a job's first one happened; unexplained ones are violations."""
+    """Why each execution after a job's first one happened; unexplained ones are violations.
+
+    A lost lease explains a re-run only when a fault hit its holder between its start and
+    the re-run: under heartbeats, a holder that runs undisturbed never loses its lease.
+    """
     causes: Counter[str] = Counter()
     after_success = 0
     for job_id, runs in per_job.items():
@@ -411,8 +493,14 @@ def _explain_reruns(
                 cause = "crash"
             elif a.pid in paused:
                 cause = "paused past lease"
-            elif w is not None and w.lost:
-                cause = "lease lost"
+            elif w is not None and (w.lost or w.renew_lost_at is not None):
+                if not any(d.hits(a.pid, a.start, b.start) for d in hits):
+                    bad.append(
+                        f"job {job_id}: lease {a.lease_token} was lost while its holder "
+                        f"(pid {a.pid}) ran undisturbed, and lease {b.lease_token} re-ran it"
+                    )
+                    continue
+                cause = "lease lost in a fault"
             else:
                 bad.append(
                     f"job {job_id}: lease {b.lease_token} re-ran the job after lease "
@@ -423,6 +511,65 @@ def _explain_reruns(
             if cause != "retry" and a.outcome == "ok":
                 after_success += 1
     return causes, after_success
+
+
+def _check_resumed_holders(
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+    faults: Sequence[Fault],
+    lease: float,
+    bad: list[str],
+) -> int:
+    """A holder paused until its job was claimed again must stop once resumed: its next
+    heartbeat finds the lease run out (or renews nothing) and stops the attempt. Returns
+    how many were stopped that way.
+
+    Only superseded holders are held to it: a job claimed shortly before the pause may
+    still have had its lease at the resume, renewed it, and rightly run on."""
+    stopped = 0
+    limit = lease / RENEWALS_PER_LEASE + RESUME_MARGIN
+    for f in faults:
+        if not f.paused_pids or f.healed_at is None:
+            continue
+        paused_at = f.stopped_at if f.stopped_at is not None else f.injected_at
+        resumed_at = f.healed_at
+        for e in (e for runs in per_job.values() for e in runs):
+            end = attempt_end(e, logged)
+            if e.pid not in f.paused_pids or e.start > paused_at:
+                continue
+            if end is not None and end <= paused_at:
+                continue
+            newer = per_job[e.job_id]
+            if not any(b.lease_token > e.lease_token and b.start <= resumed_at for b in newer):
+                continue
+            ran_on = (end if end is not None else float("inf")) - f.healed_at
+            if ran_on > limit:
+                bad.append(
+                    f"job {e.job_id}: lease {e.lease_token}'s holder (pid {e.pid}) ran on "
+                    f"{ran_on:.1f}s after it was resumed past its lease"
+                )
+                continue
+            w = logged.get((e.job_id, e.lease_token))
+            if w is not None and w.renew_lost_at is not None and e.outcome == "cancelled":
+                stopped += 1
+    return stopped
+
+
+def _long_jobs(
+    rows: Sequence[JobRow],
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+) -> dict[str, float]:
+    """The long jobs: how many, completed, run exactly once, and longest execution."""
+    long_rows = [row for row in rows if row.type == LONG_TYPE]
+    runs = [e for row in long_rows for e in per_job.get(row.id, [])]
+    spans = [end - e.start for e in runs if (end := attempt_end(e, logged)) is not None]
+    return {
+        "jobs": len(long_rows),
+        "completed": sum(row.status == "completed" for row in long_rows),
+        "run_once": sum(len(per_job.get(row.id, [])) == 1 for row in long_rows),
+        "longest_execution_seconds": round(max(spans, default=0.0), 1),
+    }
 
 
 def _check_attempts(

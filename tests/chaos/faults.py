@@ -4,8 +4,15 @@ One fault at a time, in shuffled cycles of every kind, with a short gap in
 between. A fault's recovery time runs from its removal (a restart, a resume,
 the proxy passing traffic again; for a kill, the kill itself) until every
 service is ready again (workers with all their processes) and a job has
-reached a resting state since, or no job is waiting. A fault the system does not recover
-from within RECOVERY_LIMIT is a failure of the run.
+reached a resting state since, or no job is waiting (a long job running is not). A
+fault the system does not recover from within RECOVERY_LIMIT is a failure of the run.
+
+`pause` and `pause_long` freeze the holder of a job past its lease: a probe that
+returns at once when resumed (a stale writer), or a long job still running (a
+holder whose heartbeat must find the lease lost and stop it). Each fault records
+the worker processes it stopped, killed or cut off from the database, and when,
+for the checker to tell a lease lost to a fault from one lost while its holder
+ran undisturbed.
 """
 
 from __future__ import annotations
@@ -20,14 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.checker import Fault
-from tests.chaos.load import Load
+from tests.chaos.checker import LONG_TYPE, Fault
+from tests.chaos.load import LONG_SECONDS, LONG_TIMEOUT, Load
 from tests.chaos.system import LEASE_SECONDS, Service, System, wait_until
 
 RECOVERY_LIMIT = 90.0
 # A graceful stop takes SHUTDOWN_TIMEOUT, a release write, and a margin for a loaded machine.
 STOP_LIMIT = 40.0
 PROBE_SECONDS = 1.5
+# The paused probe blocks its event loop this long (tests.chaos.handlers).
+STALE_PROBE_SECONDS = 1.0
 
 KINDS = (
     "kill_child",
@@ -41,6 +50,7 @@ KINDS = (
     "proxy_blackhole",
     "proxy_refuse",
     "pause",
+    "pause_long",
     "block_loop",
     "hang_threads",
     "lock_rows",
@@ -67,6 +77,7 @@ class Tail:
         self.directory = directory
         self._offsets: dict[Path, int] = {}
         self.running: dict[tuple[str, int], int] = {}  # (job_id, lease_token) -> pid
+        self.ended: dict[tuple[str, int], dict[str, Any]] = {}  # the end records seen
 
     def poll(self) -> list[dict[str, Any]]:
         records = []
@@ -84,6 +95,7 @@ class Tail:
                 self.running[key] = r["pid"]
             else:
                 self.running.pop(key, None)
+                self.ended[key] = r
         return records
 
     def busy(self, pids: list[int]) -> list[int]:
@@ -113,6 +125,8 @@ class Injected:
     killed_pids: tuple[int, ...] = ()
     paused_pids: tuple[int, ...] = ()
     note: str = ""
+    stopped_at: float | None = None  # when killed_pids or paused_pids were signalled
+    partitioned_pids: tuple[int, ...] = ()  # worker processes cut off from the database
 
 
 # --- injectors ----------------------------------------------------------------------
@@ -139,15 +153,18 @@ def kill_child(c: Chaos) -> Injected:
     children = {pid: w for w in c.system.workers for pid in w.current.children()}
     pid = _busy_pid(c) or c.rng.choice(list(children))
     os.kill(pid, signal.SIGKILL)
-    return Injected(children[pid].name, killed_pids=(pid,), note=f"pid {pid}")
+    return Injected(
+        children[pid].name, killed_pids=(pid,), note=f"pid {pid}", stopped_at=time.time()
+    )
 
 
 def kill_worker(c: Chaos) -> Injected:
     service = _owner_of(c, _busy_pid(c))
     pids = (service.current.pid, *service.current.children())
+    killed_at = time.time()
     service.current.kill_group()
     c.system.launch(service)
-    return Injected(service.name, time.time(), killed_pids=pids)
+    return Injected(service.name, time.time(), killed_pids=pids, stopped_at=killed_at)
 
 
 def term_worker(c: Chaos) -> Injected:
@@ -193,10 +210,11 @@ def _with_proxy(
 ) -> Callable[[Chaos], Injected]:
     def inject(c: Chaos) -> Injected:
         service = c.rng.choice(c.system.services)
+        pids = (service.current.pid, *service.current.children()) if service.is_worker else ()
         note = apply(service, c.rng)
         time.sleep(hold)  # the fault's duration, not a wait for a condition
         service.proxy.pass_through()
-        return Injected(service.name, time.time(), note=note)
+        return Injected(service.name, time.time(), note=note, partitioned_pids=pids)
 
     return inject
 
@@ -220,9 +238,27 @@ def _refuse(service: Service, rng: random.Random) -> str:
 
 def pause(c: Chaos) -> Injected:
     """SIGSTOP the worker process running a probe job until another worker has re-claimed it,
-    then SIGCONT it: the resumed process is a stale writer whose outcome must be rejected."""
+    then SIGCONT it: the probe returns at once and the resumed process is a stale writer
+    whose outcome must be rejected."""
+    probe = {"type": "chaos-probe", "payload": {"seconds": STALE_PROBE_SECONDS}}
+    return _pause(c, "pause", probe)
+
+
+def pause_long(c: Chaos) -> Injected:
+    """SIGSTOP the worker process running a long job until another worker has re-claimed it,
+    then SIGCONT it: the handler still runs, and the resumed holder's heartbeat must find
+    its lease lost and stop it, writing nothing."""
+    job = {
+        "type": "chaos-long",
+        "payload": {"seconds": LONG_SECONDS[1], "later_seconds": PROBE_SECONDS},
+        "timeout": LONG_TIMEOUT,
+    }
+    return _pause(c, "pause_long", job)
+
+
+def _pause(c: Chaos, kind: str, body: dict[str, Any]) -> Injected:
     for _ in range(3):
-        job_id = c.load.submit({"type": "chaos-probe", "payload": {"seconds": PROBE_SECONDS}})
+        job_id = c.load.submit(body)
         if job_id is None:
             continue
         started = _wait_start(c, job_id, 60)
@@ -230,9 +266,10 @@ def pause(c: Chaos) -> Injected:
             continue
         pid, token = started
         os.kill(pid, signal.SIGSTOP)
+        paused_at = time.time()
         wait_until(lambda pid=pid: _stopped(pid), 5, 0.01)
-        if any(r["job_id"] == job_id and r["event"] == "end" for r in c.tail.poll()):
-            os.kill(pid, signal.SIGCONT)  # too late: the probe finished before the pause
+        if _ended(c, job_id, token) is not None:
+            os.kill(pid, signal.SIGCONT)  # too late: the job finished before the pause
             continue
         reclaimed = wait_until(
             lambda job_id=job_id, token=token: _token_after(c, job_id, token),
@@ -240,13 +277,31 @@ def pause(c: Chaos) -> Injected:
             0.02,
         )
         os.kill(pid, signal.SIGCONT)
+        resumed_at = time.time()
         note = f"pid {pid}, job {job_id} lease {token}"
         if reclaimed is None:
             note += ": never re-claimed"
-            c.problems.append(f"pause: job {job_id} was not re-claimed after its lease expired")
-        return Injected(_owner_of(c, pid).name, time.time(), paused_pids=(pid,), note=note)
-    c.problems.append("pause: no probe job could be paused mid-run")
-    return Injected("none", time.time(), note="probe missed")
+            c.problems.append(f"{kind}: job {job_id} was not re-claimed after its lease expired")
+        # The checker judges how soon the resumed holder stopped; the note tells.
+        wait_until(
+            lambda job_id=job_id, token=token: _ended(c, job_id, token) is not None,
+            LEASE_SECONDS + 10,
+            0.02,
+        )
+        end = _ended(c, job_id, token)
+        if end is not None:
+            note += f", ended {end['outcome']} {end['t'] - resumed_at:+.2f}s after resume"
+        return Injected(
+            _owner_of(c, pid).name, resumed_at, paused_pids=(pid,), note=note, stopped_at=paused_at
+        )
+    c.problems.append(f"{kind}: no job could be paused mid-run")
+    return Injected("none", time.time(), note="missed")
+
+
+def _ended(c: Chaos, job_id: str, token: int) -> dict[str, Any] | None:
+    """The end record of the execution of `job_id` under lease `token`, once there is one."""
+    c.tail.poll()
+    return c.tail.ended.get((job_id, token))
 
 
 def block_loop(c: Chaos) -> Injected:
@@ -368,6 +423,7 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
     "proxy_blackhole": _with_proxy(6.0, _blackhole),
     "proxy_refuse": _with_proxy(3.0, _refuse),
     "pause": pause,
+    "pause_long": pause_long,
     "block_loop": block_loop,
     "hang_threads": hang_threads,
     "lock_rows": lock_rows,
@@ -379,7 +435,8 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
 
 def not_recovered(system: System, since: float) -> str | None:
     """None once every service is ready and a job reached a resting state since `since`
-    (or none is waiting); else what is still missing."""
+    (or none is waiting); else what is still missing. A long job running is not waiting:
+    it may take many seconds to finish on a system that works."""
     down = [s.name for s in system.services if not system.ready(s)]
     if down:
         return "not ready: " + ", ".join(down)
@@ -388,8 +445,8 @@ def not_recovered(system: System, since: float) -> str | None:
             "SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead_letter')"
             "  AND updated_at >= to_timestamp(%s)),"
             " count(*) FILTER (WHERE (status = 'pending' AND run_at <= now())"
-            "  OR status = 'processing') FROM jobs",
-            (since,),
+            "  OR (status = 'processing' AND type <> %s)) FROM jobs",
+            (since, LONG_TYPE),
         )
     except Exception as exc:
         return f"observer query failed: {type(exc).__name__}"
@@ -419,6 +476,8 @@ def inject(c: Chaos, kind: str) -> Fault:
         done.killed_pids,
         done.paused_pids,
         done.note if recovered_at is not None else f"{done.note} ({missing[0]})",
+        done.stopped_at,
+        done.partitioned_pids,
     )
     c.faults.append(fault)
     took = "never" if recovered_at is None else f"{recovered_at - since:.2f}s"

@@ -11,8 +11,14 @@ reads these files together with the database and the services' logs.
                      for some jobs); honours cancellation
     chaos-flaky      raises on its first payload["fail_times"] attempts, then succeeds
     chaos-permanent  raises PermanentError
-    chaos-probe      sleeps payload["seconds"]; the run pauses the process running it
-                     (SIGSTOP) past the lease to create a stale writer
+    chaos-long       sleeps payload["seconds"], several times the lease: its heartbeats
+                     must keep the job its holder's until it returns. Attempts after the
+                     first sleep payload["later_seconds"] if given (a paused one's re-run
+                     need not keep the run waiting)
+    chaos-probe      blocks its event loop for payload["seconds"]; the run pauses the
+                     process running it (SIGSTOP) past the lease to create a stale writer.
+                     Blocking, so that once resumed the handler returns and its outcome
+                     write goes out before a heartbeat can find the lease lost and stop it
     chaos-block-loop a broken `async def`: time.sleep(payload["seconds"]) blocks its
                      process's event loop until the supervisor kills the process
     chaos-hang       a plain `def` that sleeps payload["seconds"] in its thread, past
@@ -140,9 +146,15 @@ async def permanent(payload: Any, ctx: JobContext) -> None:
     raise PermanentError("permanent: this job can never succeed")
 
 
+@_recorded("chaos-long")
+async def long_job(payload: Any, ctx: JobContext) -> None:
+    seconds = payload["seconds"] if ctx.attempt == 1 else payload.get("later_seconds")
+    await asyncio.sleep(float(seconds if seconds is not None else payload["seconds"]))
+
+
 @_recorded("chaos-probe")
 async def probe(payload: Any, ctx: JobContext) -> None:
-    await asyncio.sleep(float(payload["seconds"]))
+    time.sleep(float(payload["seconds"]))  # noqa: ASYNC251 - the stale writer, see above
 
 
 @_recorded("chaos-block-loop")

@@ -30,15 +30,23 @@ from typing import Any
 import httpx
 
 from tests.chaos.checker import Ack, log_time
+from tests.chaos.system import LEASE_SECONDS
 
-# (job type, weight, payload maker, max_attempts)
+# (kind of job, weight); `job_body` makes each kind's request.
 MIX: list[tuple[str, int]] = [
     ("fast", 70),
     ("slow", 10),
     ("slow-past-lease", 3),
     ("flaky", 12),
     ("permanent", 5),
+    ("long", 3),
 ]
+# Long jobs run 2-3 leases, under a timeout of their own (JOB_TIMEOUT is much shorter).
+LONG_SECONDS = (2 * LEASE_SECONDS, 3 * LEASE_SECONDS)
+LONG_TIMEOUT = 6 * LEASE_SECONDS
+# Long jobs are drawn only for this first share of the submissions: one sent last would keep
+# the run waiting for it after the faults.
+LONG_UNTIL = 0.6
 
 
 # Every queue here must be in the chaos workers' QUEUES (tests.chaos.system), or its jobs
@@ -92,6 +100,9 @@ def job_body(kind: str, rng: random.Random) -> dict[str, Any]:
     if kind == "slow-past-lease":
         # Sleeps past the lease; JOB_TIMEOUT cuts each attempt short, then it is dead-lettered.
         return {"type": "chaos-slow", "payload": {"seconds": 10}, "max_attempts": 2}
+    if kind == "long":
+        seconds = round(rng.uniform(*LONG_SECONDS), 2)
+        return {"type": "chaos-long", "payload": {"seconds": seconds}, "timeout": LONG_TIMEOUT}
     if kind == "flaky":
         return {"type": "chaos-flaky", "payload": {"fail_times": rng.randint(1, 2)}}
     if kind == "permanent":
@@ -170,10 +181,11 @@ class Load:
         try:
             kinds = [k for k, _ in MIX]
             weights = [w for _, w in MIX]
-            bodies = [
-                route(job_body(k, self.rng), self.rng)
-                for k in self.rng.choices(kinds, weights, k=self.jobs)
-            ]
+            short_weights = [0 if k == "long" else w for k, w in MIX]
+            bodies = []
+            for i in range(self.jobs):
+                mix = weights if i < self.jobs * LONG_UNTIL else short_weights
+                bodies.append(route(job_body(self.rng.choices(kinds, mix)[0], self.rng), self.rng))
             queue: asyncio.Queue[tuple[int, tuple[dict[str, Any], Schedule]]] = asyncio.Queue()
             for item in enumerate(bodies):
                 queue.put_nowait(item)

@@ -212,6 +212,10 @@ def table(report: Report) -> str:
         f"| stale writes rejected (while a newer claim held the job) | "
         f"{s['stale_writes_rejected']} ({s['stale_writes_rejected_by_token']}) |",
         f"| stale writes applied | {s['stale_writes_applied']} |",
+        f"| leases lost on renewal (paused holders stopped by it) | "
+        f"{s['leases_lost_on_renewal']} ({s['paused_holders_stopped_by_renewal']}) |",
+        f"| long jobs (2–3 leases): completed / run once / longest execution | "
+        f"{_long(s['long_jobs'])} |",
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
     ]
@@ -224,6 +228,13 @@ def table(report: Report) -> str:
         f"| run time | {s['duration_seconds']}s |",
     ]
     return "\n".join(lines)
+
+
+def _long(jobs: dict[str, float]) -> str:
+    return (
+        f"{jobs['jobs']:g}: {jobs['completed']:g} / {jobs['run_once']:g} / "
+        f"{jobs['longest_execution_seconds']:g}s"
+    )
 
 
 def _late(spread: dict[str, float]) -> str:

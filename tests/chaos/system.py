@@ -30,10 +30,13 @@ from tests.procs import BIN, free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-# Short timings so leases expire, recovery runs and retries happen within a short run.
+# Short timings so leases expire, recovery runs and retries happen within a short run. The
+# lease is short too (its heartbeats renew it every third of it), so a paused or cut-off
+# worker loses its jobs quickly, and long jobs (tests.chaos.load) outlive it several times
+# within a short run; they carry a timeout of their own, past JOB_TIMEOUT.
 TIMINGS = {
     "JOB_TIMEOUT": "2s",
-    "LEASE_DURATION": "8s",
+    "LEASE_DURATION": "4s",
     "RECOVERY_INTERVAL": "1s",
     "POLL_INTERVAL": "200ms",
     # Shorter than JOB_TIMEOUT, so a SIGTERM can interrupt a job and release it.
@@ -42,7 +45,7 @@ TIMINGS = {
     "BACKOFF_MAX": "1s",
     "MAX_ATTEMPTS": "5",
 }
-LEASE_SECONDS = 8.0
+LEASE_SECONDS = 4.0
 WORKER_PROCESSES = 2
 # Every queue of the load's mix (tests.chaos.load.QUEUE_MIX), one with fewer slots.
 QUEUES = "default,bulk,urgent:4"

@@ -2,7 +2,8 @@
 
 `make chaos` runs the long version with every fault kind; this one injects
 one fault of each kind below while ~400 jobs (the routed mix: several queues,
-priorities, some due seconds later) are submitted, then checks.
+priorities, some due seconds later, a few long jobs of 2-3 leases) are submitted,
+then checks.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import pytest
 
 from tests.chaos.load import QUEUE_MIX
 from tests.chaos.run import run_chaos, table
+from tests.chaos.system import LEASE_SECONDS
 
 pytestmark = pytest.mark.chaos
 
 SHORT_KINDS = [
     "pause",
+    "pause_long",
     "kill_worker",
     "pg_restart_immediate",
     "terminate_backends",
@@ -45,3 +48,8 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     # The paused worker really was a stale writer: a newer claim held the job when its
     # write arrived, and only the lease-token condition stood in the way.
     assert summary["stale_writes_rejected_by_token"] >= 1, context
+    # Long jobs ran, several leases each; the holder paused in the middle of one was stopped
+    # by its own heartbeat once resumed.
+    assert summary["long_jobs"]["jobs"] >= 1, context
+    assert summary["long_jobs"]["longest_execution_seconds"] >= 2 * LEASE_SECONDS, context
+    assert summary["paused_holders_stopped_by_renewal"] >= 1, context

@@ -53,6 +53,11 @@ def lost(job_id: str, token: int, at: float) -> dict[str, Any]:
     return {"msg": "lease lost", "job_id": job_id, "lease_token": token, "time": stamp(at)}
 
 
+def renew_lost(job_id: str, token: int, at: float) -> dict[str, Any]:
+    """The heartbeat's line: the renewal (or the holder's own clock) found the lease lost."""
+    return {**lost(job_id, token, at), "operation": "renew"}
+
+
 def acks(*ids: str) -> list[Ack]:
     return [Ack(f"key-{i}", i, 201) for i in ids]
 
@@ -146,15 +151,18 @@ def test_two_executions_holding_valid_leases_at_once_are_a_violation() -> None:
     assert any("lease 2 started 3.00s before lease 1 ended" in v for v in report.violations)
 
 
-def test_an_execution_past_its_lease_does_not_overlap_a_later_claim() -> None:
+def test_an_execution_paused_past_its_lease_does_not_overlap_a_later_claim() -> None:
+    # Paused at 0 (its last renewal came then at the latest), re-claimed at 9, resumed at 10:
+    # its heartbeat found the lease lost and stopped it.
     report = checked(
         [row("a", "completed", attempts=2, token=2)],
-        [*run("a", 1, 0, 20.0, "ok", pid=7), *run("a", 2, 9.0, 9.5, "ok", pid=8)],
-        [finished("a", 2, 9.6, "completed"), lost("a", 1, 20.1),
-         finished("a", 1, 20.1, "completed")],
+        [*run("a", 1, 0, 10.1, "cancelled", pid=7), *run("a", 2, 9.0, 9.5, "ok", pid=8)],
+        [finished("a", 2, 9.6, "completed"), renew_lost("a", 1, 10.05)],
         [paused(7)],
     )  # fmt: skip
     assert report.violations == []
+    assert report.summary["paused_holders_stopped_by_renewal"] == 1
+    assert report.summary["leases_lost_on_renewal"] == 1
 
 
 def test_a_rerun_without_crash_pause_or_lost_lease_is_unexplained() -> None:
@@ -308,3 +316,114 @@ def test_jobs_are_counted_by_queue() -> None:
 
 def checked_with(rows: list[JobRow], acks_: list[Ack], records: list[Any]) -> Any:
     return check(rows, acks_, records, [], [], lease_duration=LEASE)
+
+
+# --- heartbeats: a running holder keeps its lease for as long as its attempt runs ----------
+
+
+def long_run(
+    job_id: str, token: int, start: float, end: float | None, outcome: str | None, pid: int
+) -> list[dict[str, Any]]:
+    return [{**r, "type": "chaos-long"} for r in run(job_id, token, start, end, outcome, pid)]
+
+
+def long_row(status: str = "completed", attempts: int = 1, token: int = 1) -> JobRow:
+    return row("long", status, attempts=attempts, token=token, type="chaos-long")
+
+
+def test_a_long_job_run_once_by_an_undisturbed_holder_is_clean() -> None:
+    report = checked(
+        [long_row()], long_run("long", 1, 0, 20.0, "ok", pid=7),
+        [finished("long", 1, 20.1, "completed")],
+    )  # fmt: skip
+    assert report.violations == []
+    assert report.summary["long_jobs"] == {
+        "jobs": 1,
+        "completed": 1,
+        "run_once": 1,
+        "longest_execution_seconds": 20.0,
+    }
+
+
+def test_a_second_execution_while_an_undisturbed_holder_still_runs_is_a_violation() -> None:
+    # Lease 1 ran on well past LEASE (8 s) under its heartbeats; at 10 s lease 2 claimed the
+    # job anyway: the lease was lost while its holder was alive, running and renewing.
+    report = checked(
+        [long_row(attempts=2, token=2)],
+        [*long_run("long", 1, 0, 12.6, "cancelled", pid=7),
+         *long_run("long", 2, 10.0, 25.0, "ok", pid=8)],
+        [renew_lost("long", 1, 12.5), finished("long", 2, 25.1, "completed")],
+    )  # fmt: skip
+    assert "job long: lease 2 started 2.60s before lease 1 ended or expired" in report.violations
+    assert (
+        "job long: lease 1 was lost while its holder (pid 7) ran undisturbed, "
+        "and lease 2 re-ran it" in report.violations
+    )
+
+
+def test_a_lease_lost_without_a_fault_on_its_holder_is_a_violation_even_without_overlap() -> None:
+    rows = [long_row(attempts=2, token=2)]
+    records = [*long_run("long", 1, 0, 9.0, "cancelled", pid=7),
+               *long_run("long", 2, 10.0, 22.0, "ok", pid=8)]  # fmt: skip
+    logs = [renew_lost("long", 1, 8.95), finished("long", 2, 22.1, "completed")]
+    undisturbed = checked(rows, records, logs)
+    assert undisturbed.violations == [
+        "job long: lease 1 was lost while its holder (pid 7) ran undisturbed, and lease 2 re-ran it"
+    ]
+    # A fault on another process explains nothing.
+    elsewhere = Fault(
+        "proxy_blackhole", "worker-1", T0 + 2, T0 + 8, T0 + 9, partitioned_pids=(9, 10)
+    )
+    assert checked(rows, records, logs, [elsewhere]).violations == undisturbed.violations
+    # Cut off from the database, or the database itself down: the loss is explained.
+    for fault in (
+        Fault("proxy_blackhole", "worker-0", T0 + 2, T0 + 8, T0 + 9, partitioned_pids=(6, 7)),
+        Fault("pg_restart_immediate", "postgres", T0 + 3, T0 + 6, T0 + 7),
+    ):
+        report = checked(rows, records, logs, [fault])
+        assert report.violations == [], fault.kind
+        assert report.summary["duplicate_causes"] == {"lease lost in a fault": 1}
+
+
+def test_a_killed_holder_keeps_its_lease_until_the_kill_plus_the_lease_less_a_renewal() -> None:
+    # Killed at 5 s: its last renewal came at 5 - 8/3 s at the earliest, so its lease held
+    # until 10.33 s at least. A claim at 8 s came too early; one at 11 s did not.
+    def killed_at_5(second_start: float) -> Any:
+        return checked(
+            [row("a", "completed", attempts=2, token=2)],
+            [*run("a", 1, 0, None, None, pid=7), *run("a", 2, second_start, 12.0, "ok", pid=8)],
+            [finished("a", 2, 12.1, "completed")],
+            [Fault("kill_child", "worker-0", T0 + 4, None, T0 + 6, killed_pids=(7,),
+                   stopped_at=T0 + 5)],
+        )  # fmt: skip
+
+    assert killed_at_5(8.0).violations == [
+        "job a: lease 2 started 2.33s before lease 1 ended or expired"
+    ]
+    assert killed_at_5(11.0).violations == []
+
+
+def test_a_paused_holder_that_runs_on_after_its_resume_is_a_violation() -> None:
+    # Resumed at 10 s after lease 2 had claimed the job, lease 1's handler ran on to 20 s:
+    # no renewal stopped it (its write was rejected, but the handler's side effects were not).
+    report = checked(
+        [long_row(attempts=2, token=2)],
+        [*long_run("long", 1, 0, 20.0, "ok", pid=7),
+         *long_run("long", 2, 9.0, 21.0, "ok", pid=8)],
+        [lost("long", 1, 20.1), finished("long", 1, 20.1, "completed"),
+         finished("long", 2, 21.1, "completed")],
+        [paused(7)],
+    )  # fmt: skip
+    assert report.violations == [
+        "job long: lease 1's holder (pid 7) ran on 10.0s after it was resumed past its lease"
+    ]
+    assert report.summary["paused_holders_stopped_by_renewal"] == 0
+
+
+def test_a_paused_holder_whose_job_nobody_claimed_meanwhile_may_run_on() -> None:
+    # Claimed just before the pause, its lease outlived the pause; resumed, it renewed it.
+    report = checked(
+        [long_row()], long_run("long", 1, -0.5, 20.0, "ok", pid=7),
+        [finished("long", 1, 20.1, "completed")], [paused(7)],
+    )  # fmt: skip
+    assert report.violations == []

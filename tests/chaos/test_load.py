@@ -9,9 +9,9 @@ from collections import Counter
 
 from jobqueue_api.validation import new_job
 from tests.chaos import load
-from tests.chaos.system import QUEUES
+from tests.chaos.system import LEASE_SECONDS, QUEUES
 
-TYPES = ["chaos-fast", "chaos-slow", "chaos-flaky", "chaos-permanent"]
+TYPES = ["chaos-fast", "chaos-slow", "chaos-flaky", "chaos-permanent", "chaos-long"]
 
 
 def test_the_mix_spans_every_queue_priorities_and_both_ways_of_scheduling() -> None:
@@ -52,3 +52,13 @@ def test_scheduled_bodies_are_valid_and_due_no_earlier_than_the_client_assumes()
                 assert abs(now + job.delay - earliest) < 1e-6
             checked[schedule[0] if schedule else None] += 1
     assert checked["run_at"] and checked["delay"] and checked[None]
+
+
+def test_long_jobs_outlive_the_lease_two_to_three_times_under_a_timeout_of_their_own() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        body = load.job_body("long", rng)
+        job = new_job(body, known_types=TYPES, default_max_attempts=5)
+        seconds = body["payload"]["seconds"]
+        assert 2 * LEASE_SECONDS <= seconds <= 3 * LEASE_SECONDS
+        assert job.timeout is not None and job.timeout >= seconds + LEASE_SECONDS
