@@ -691,14 +691,19 @@ class TypeLimits:
 CLAIM_UNLIMITED = _claim(_due_jobs(" AND type <> ALL(CAST(:limited AS text[]))"))
 COMPLETE_AND_CLAIM_UNLIMITED = _complete_and_claim(CLAIM_UNLIMITED)
 
+# The same round trip sets, for the transaction only, what CLAIM_LIMITED's plan needs: its
+# window functions sort (a worker session turns sorts off, and their penalty in the cost
+# would bring in JIT compilation, 100s of ms per claim).
 LOCK_TYPES = sa.text(
     """
-SELECT count(pg_advisory_xact_lock(k)) AS locked FROM (
+SELECT set_config('enable_sort', 'on', true) AS sort, set_config('jit', 'off', true) AS jit,
+       count(pg_advisory_xact_lock(k)) AS locked
+FROM (
     SELECT DISTINCT hashtextextended('jobqueue.type:' || t, 0) AS k
     FROM unnest(CAST(:types AS text[])) AS t
     ORDER BY k
 ) AS keys"""
-).columns(sa.column("locked", sa.BigInteger))
+).columns(sa.column("sort", sa.Text), sa.column("jit", sa.Text), sa.column("locked", sa.BigInteger))
 
 _PROCESSING = f"'{Status.PROCESSING.value}'"
 # Per type, the jobs it may still start: its concurrency limit less its processing jobs

@@ -173,3 +173,102 @@ async def test_submit_with_a_key_uses_the_idempotency_index(engine):
         True,
     )
     assert "jobs_idempotency_key_idx" in _index_scans(plan), plan
+
+
+# --- per-type limits (TYPE_CONCURRENCY, TYPE_RATE) ---------------------------------------
+
+
+def _scanned_tables(plan: str) -> set[str]:
+    """Relations read by a sequential scan."""
+    found = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("Node Type") == "Seq Scan":
+                found.add(node.get("Relation Name"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(plan))
+    return found
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, generic):
+    await _fill(engine)
+    params = {
+        "queues": ["default", "other"],
+        "slots": [10, 5],
+        "lease_seconds": 60.0,
+        "claim": new_id(),
+        "limited": ["webhook"],
+    }
+    for statement in (store.CLAIM_UNLIMITED, store.COMPLETE_AND_CLAIM_UNLIMITED):
+        values = {**params, "ids": [new_id()], "tokens": [1]}
+        plan = await _plan(engine, statement, values, generic)
+        assert "jobs_claim_queue_idx" in _index_scans(plan), plan
+        assert "jobs" not in _scanned_tables(plan), plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine, generic):
+    await _fill(engine)
+    plan = await _plan(
+        engine,
+        store.CLAIM_LIMITED,
+        {
+            "queues": ["default", "other"],
+            "slots": [10, 5],
+            "types": ["sleep", "mail"],
+            "concurrency": [3, None],
+            "rates": [None, 50],
+            "periods": [None, 1.0],
+            "lease_seconds": 60.0,
+            "claim": new_id(),
+        },
+        generic,
+    )
+    assert {"jobs_claim_type_idx", "jobs_lease_idx"} <= _index_scans(plan), plan
+    assert "jobs" not in _scanned_tables(plan), plan
+
+
+async def test_a_limited_claim_does_not_read_other_types_pending_jobs(engine):
+    """20,000 pending jobs of an unlimited type ahead in the claim order cost a limited
+    type's claim nothing: it reads its own type's jobs only."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                " SELECT gen_random_uuid(), 'bulk', '{}', 3, 50,"
+                " now() - interval '1 minute' FROM generate_series(1, 20000)"
+            )
+        )
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts, run_at) SELECT"
+                " gen_random_uuid(), 'mail', '{}', 3, now() - interval '1 second'"
+                " FROM generate_series(1, 100)"
+            )
+        )
+        await conn.execute(sa.text("ANALYZE jobs"))
+    params = {
+        "queues": ["default"],
+        "slots": [10],
+        "types": ["mail"],
+        "concurrency": [5],
+        "rates": [None],
+        "periods": [None],
+        "lease_seconds": 60.0,
+        "claim": new_id(),
+    }
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        sql = Compiled(store.CLAIM_LIMITED)
+        rows = await raw.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.sql}", *sql.args(params))
+        await conn.rollback()
+    plan = rows[0][0]
+    root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    assert _rows_read(root) < 1000, json.dumps(root, indent=1)

@@ -117,3 +117,20 @@ def snooze_once(payload: Any, ctx: JobContext) -> None:
     if not Path(payload["marker"]).exists():
         Path(payload["marker"]).touch()
         raise Snooze(payload["seconds"])
+
+
+@handler("test.span")
+async def span(payload: Any, ctx: JobContext) -> None:
+    """Sleep payload["seconds"] (default 0), then append `<job_id> <attempt> <start> <end>`
+    (time.time()) to $WORKER_TEST_LOG.spans: when the handler ran, for overlap checks."""
+    started = time.time()
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+    ended = time.time()
+    path = os.environ.get("WORKER_TEST_LOG")
+    if not path:
+        return
+    fd = os.open(path + ".spans", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{ctx.job_id} {ctx.attempt} {started:.6f} {ended:.6f}\n".encode())
+    finally:
+        os.close(fd)

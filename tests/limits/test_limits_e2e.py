@@ -1,0 +1,109 @@
+"""TYPE_CONCURRENCY and TYPE_RATE across real worker services, each with several processes:
+the database is the only thing they share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.worker.support import (
+    all_in,
+    eventually,
+    read_times,
+    start_worker,
+    submit,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _spans(exec_log: Path) -> list[tuple[float, float]]:
+    path = Path(str(exec_log) + ".spans")
+    if not path.exists():
+        return []
+    return [
+        (float(start), float(end))
+        for _, _, start, end in (line.split() for line in path.read_text().splitlines())
+    ]
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = running = 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        running += change
+        most = max(most, running)
+    return most
+
+
+async def test_three_worker_services_never_run_more_jobs_of_a_type_than_its_concurrency(
+    database_url, engine, tmp_path
+):
+    limited = await submit(engine, "test.span", {"seconds": 0.5}, count=36)
+    others = await submit(engine, "test.record", count=24)
+    workers = [
+        start_worker(
+            database_url,
+            tmp_path,
+            WORKER_PROCESSES="2",
+            WORKERS="4",
+            POLL_INTERVAL="1s",
+            TYPE_CONCURRENCY="test.span:2",
+        )
+        for _ in range(3)
+    ]
+    try:
+        # Other types are never held back behind the limited one: they finish long before it.
+        await eventually(lambda: all_in(engine, others, "completed"), 30, "the other jobs")
+        assert not await all_in(engine, limited, "completed")
+        await eventually(lambda: all_in(engine, limited, "completed"), 90, "the limited jobs")
+    finally:
+        for worker in workers:
+            assert worker.stop() == 0
+    spans = _spans(workers[0].exec_log)
+    assert len(spans) == 36
+    assert _most_at_once(spans) == 2
+    # 36 half-second jobs two at a time take 9 s at best; a unit of concurrency freed in one
+    # process is taken again at once (by that process), not at the next poll.
+    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
+    assert elapsed < 9 * 1.5, elapsed
+
+
+async def test_a_rate_limited_type_starts_no_more_than_its_rate_over_ten_seconds(
+    database_url, engine, tmp_path
+):
+    await submit(engine, "test.stamp", count=200)
+    workers = [
+        start_worker(
+            database_url,
+            tmp_path,
+            WORKER_PROCESSES="2",
+            WORKERS="8",
+            # Far longer than a window: the workers must wake when the next window opens.
+            POLL_INTERVAL="5s",
+            TYPE_RATE="test.stamp:10/s",
+        )
+        for _ in range(2)
+    ]
+    exec_log = workers[0].exec_log
+    try:
+
+        async def enough() -> bool:
+            times = sorted(at for _, _, at in read_times(exec_log))
+            return bool(times) and times[-1] - times[0] >= 10.5
+
+        await eventually(enough, 60, "starts over more than 10 s")
+    finally:
+        for worker in workers:
+            assert worker.stop() == 0
+    times = sorted(at for _, _, at in read_times(exec_log))
+    first = times[0]
+    in_ten = [at for at in times if at < first + 10.0]
+    # At most 10 per fixed one-second window: 10 s cover at most 11 windows.
+    assert len(in_ten) <= 10 * 10 + 10, len(in_ten)
+    # And the limit is used: a window opening is noticed within milliseconds, not at the poll.
+    assert len(in_ten) >= 90, len(in_ten)
+    for i, at in enumerate(times):
+        within_a_second = sum(1 for other in times[i:] if other < at + 1.0)
+        assert within_a_second <= 20  # the most two adjacent windows allow
