@@ -288,7 +288,13 @@ def check(
         "stale_writes_rejected": stale["rejected"],
         "stale_writes_rejected_by_token": stale["by_token"],
         "stale_writes_applied": stale["applied"],
-        "leases_lost_on_renewal": sum(w.renew_lost_at is not None for w in logged.values()),
+        # A renewal that raced the attempt's own outcome write finds the row finished: no loss.
+        "leases_lost_on_renewal": sum(
+            w.renew_lost_at is not None and not w.applied for w in logged.values()
+        ),
+        "renewals_lost_to_their_own_outcome_write": sum(
+            w.renew_lost_at is not None and w.applied for w in logged.values()
+        ),
         "paused_holders_stopped_by_renewal": stopped,
         "long_jobs": _long_jobs(rows, per_job, logged),
         "claims_without_execution_record": _token_gaps(rows, per_job),

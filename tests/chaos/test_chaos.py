@@ -32,7 +32,7 @@ SHORT_KINDS = [
 @pytest.mark.timeout(480)
 def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> None:
     seed = random.randrange(1 << 31)
-    report = run_chaos(jobs=400, duration=25, seed=seed, kinds=SHORT_KINDS, gap=(0.5, 1.5))
+    report = run_chaos(jobs=400, duration=20, seed=seed, kinds=SHORT_KINDS, gap=(0.3, 0.8))
     print(table(report))
     context = f"seed {seed}; reproduce with python -m tests.chaos.run --seed {seed}"
     assert report.violations == [], context

@@ -427,3 +427,14 @@ def test_a_paused_holder_whose_job_nobody_claimed_meanwhile_may_run_on() -> None
         [finished("long", 1, 20.1, "completed")], [paused(7)],
     )  # fmt: skip
     assert report.violations == []
+
+
+def test_a_renewal_that_raced_its_own_outcome_write_is_no_lost_lease() -> None:
+    # The heartbeat took the lease, the completion committed, the renewal then matched no row.
+    report = checked(
+        [row("a", "completed")], run("a", 1, 0, 0.4, "ok"),
+        [finished("a", 1, 0.45, "completed"), renew_lost("a", 1, 0.46)],
+    )  # fmt: skip
+    assert report.violations == []
+    assert report.summary["leases_lost_on_renewal"] == 0
+    assert report.summary["renewals_lost_to_their_own_outcome_write"] == 1
