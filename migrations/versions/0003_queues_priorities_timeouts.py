@@ -13,7 +13,6 @@ Create Date: 2026-11-30
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003"
@@ -29,12 +28,16 @@ _CHECKS = {
 
 
 def upgrade() -> None:
-    op.add_column("jobs", sa.Column("queue", sa.Text, nullable=False, server_default="default"))
-    op.add_column(
-        "jobs", sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0")
-    )
-    op.add_column("jobs", sa.Column("timeout", sa.Float, nullable=True))
+    # A brief ACCESS EXCLUSIVE lock for the new columns: give up rather than queue behind a
+    # long transaction (every later query on the table would queue behind this); run again.
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    # Safe to run again after an interruption: the index build below commits this part
+    # before the revision is recorded.
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS queue text NOT NULL DEFAULT 'default'")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS timeout double precision")
     for name, condition in _CHECKS.items():
+        op.execute(f"ALTER TABLE jobs DROP CONSTRAINT IF EXISTS {name}")
         op.execute(f"ALTER TABLE jobs ADD CONSTRAINT {name} CHECK ({condition}) NOT VALID")
     with op.get_context().autocommit_block():
         for name in _CHECKS:

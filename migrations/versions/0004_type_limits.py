@@ -20,11 +20,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    # Safe to run again after an interruption: the index build below commits this part
+    # before the revision is recorded.
     op.create_table(
         "job_rate_windows",
         sa.Column("type", sa.Text, primary_key=True),
         sa.Column("window_start", sa.DateTime(timezone=True), nullable=False),
         sa.Column("used", sa.Integer, nullable=False),
+        if_not_exists=True,
     )
     with op.get_context().autocommit_block():
         op.execute("DROP INDEX CONCURRENTLY IF EXISTS jobs_claim_type_idx")  # a failed build

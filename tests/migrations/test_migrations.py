@@ -118,3 +118,30 @@ def test_upgrading_a_populated_table_rewrites_nothing_and_downgrades_cleanly(emp
             assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 100000
     finally:
         engine.dispose()
+
+
+def test_an_upgrade_interrupted_after_its_first_commit_can_be_run_again(empty_database_url):
+    """0003 and 0004 commit their first part before building an index CONCURRENTLY; a run
+    killed during the build leaves that part behind, and the next run must still pass."""
+    config = pg.alembic_config(empty_database_url)
+    command.upgrade(config, "0002")
+    engine = _sync_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN queue text NOT NULL DEFAULT 'x'"))
+            conn.execute(
+                sa.text(
+                    "ALTER TABLE jobs ADD CONSTRAINT jobs_priority_check CHECK (true) NOT VALID"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "CREATE TABLE job_rate_windows (type text PRIMARY KEY,"
+                    " window_start timestamptz NOT NULL, used integer NOT NULL)"
+                )
+            )
+    finally:
+        engine.dispose()
+    command.upgrade(config, "0003")
+    command.upgrade(config, "head")
+    assert _state(empty_database_url) == (SCHEMA_REVISION, True)

@@ -20,9 +20,8 @@ async def _claimed(store: FakeStore, n: int, max_attempts: int = 3) -> list[Leas
 
 
 def _outcome(kind: str, lease: Lease, deadline: float | None = None, **kw: object) -> Outcome:
-    return Outcome(
-        kind, lease, "default", time.monotonic() + 60 if deadline is None else deadline, **kw
-    )  # type: ignore[arg-type]
+    until = time.monotonic() + 60 if deadline is None else deadline
+    return Outcome(kind, lease, "default", lambda: until, **kw)  # type: ignore[arg-type]
 
 
 async def test_outcomes_waiting_together_are_written_in_one_statement_per_kind():
@@ -137,3 +136,59 @@ async def test_without_linger_a_lone_outcome_is_written_at_once_and_a_burst_toge
     assert store.writes == [("complete", 1), ("complete", 10)]
     completer.close()
     await writer
+
+
+async def test_a_write_whose_lease_a_heartbeat_extended_is_retried_until_the_new_deadline():
+    """The lease an outcome waits under is the one the heartbeat keeps renewing, not the
+    one it had when the attempt ended: the write is not given up while the lease holds."""
+    store = FakeStore()
+    (lease,) = await _claimed(store, 1)
+    deadline = [time.monotonic() + 0.2]
+    completer = Completer(store)
+    runner = asyncio.create_task(completer.run())
+    store.down = True
+    applied: list[bool] = []
+    completer.add(Outcome("complete", lease, "default", lambda: deadline[0]), applied.append)  # type: ignore[arg-type]
+    deadline[0] = time.monotonic() + 30  # renewed meanwhile
+    await asyncio.sleep(0.6)  # past the first deadline: still being retried
+    assert applied == []
+    store.down = False
+    await until(lambda: applied, 10, "the outcome written")
+    assert applied == [True]
+    completer.close()
+    await runner
+
+
+async def test_a_completion_whose_claim_keeps_failing_is_written_without_the_claim():
+    store = FakeStore()
+    (lease,) = await _claimed(store, 1)
+    store.add("unit.completer")  # a job the combined write would claim
+
+    async def failing_claim(*args: object) -> object:
+        raise ConnectionError("the claim part fails")
+
+    store.complete_and_claim = failing_claim  # type: ignore[method-assign]
+
+    class Claimer:
+        lease_seconds = 60.0
+
+        def claimable(self, freeing):
+            return dict(freeing)
+
+        def hand_out(self, jobs, asked, claimed_at):
+            pass
+
+        def finishing(self, job_ids, limited):
+            list(job_ids)
+
+        def wake(self):
+            pass
+
+    completer = Completer(store, claimer=Claimer())  # type: ignore[arg-type]
+    runner = asyncio.create_task(completer.run())
+    applied: list[bool] = []
+    completer.add(_outcome("complete", lease), applied.append)
+    await until(lambda: applied, 10, "the completion written")
+    assert applied == [True] and store.writes == [("complete", 1)]
+    completer.close()
+    await runner

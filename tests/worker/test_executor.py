@@ -313,3 +313,14 @@ async def test_an_async_handler_ignoring_cancellation_counts_as_abandoned_until_
             await until(lambda: stack.executor.abandoned == 0, 5, "the deaf handler returned")
     finally:
         _let_go.set()
+
+
+def test_an_error_text_the_database_could_not_store_is_made_storable():
+    """A message built from undecodable bytes holds lone surrogates, which the driver
+    refuses: the batch holding it would never be written."""
+    from jobqueue_worker.executor import _error_text
+
+    text = _error_text(OSError(b"no such file: \xff\xfe".decode("utf-8", "surrogateescape")))
+    text.encode("utf-8")  # storable
+    assert "no such file" in text and "\\udcff" in text
+    assert "\x00" not in _error_text(ValueError("a\x00b"))

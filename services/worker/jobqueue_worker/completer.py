@@ -45,9 +45,9 @@ class Outcome(NamedTuple):
     kind: Operation  # one of ATTEMPT_OUTCOMES
     lease: Lease
     queue: str  # whose slot the attempt holds
-    # Monotonic time at which the lease runs out (measured from just before the claim):
+    # When the lease runs out (monotonic; heartbeats push it back while the outcome waits):
     # a write that keeps failing is retried until then, never after.
-    deadline: float
+    deadline: Callable[[], float]
     error: str | None = None
     delay: float = 0.0  # retry_later and snooze: seconds until the job is due again
 
@@ -176,8 +176,10 @@ class Completer:
                 # Before `claimable`: a slot a job of a limited type frees is left to the
                 # dispatcher, which claims limited types.
                 self.claimer.finishing((o.lease.job_id for o in outcomes), False)
-            # Every slot of the batch is free once it is written: claim for them meanwhile.
-            claimer = self.claimer if kind is Operation.COMPLETE else None
+            # Every slot of the batch is free once it is written: claim for them meanwhile,
+            # but only on the first try: a claim that failed must not hold completions back.
+            first_try = retry.failures == 0
+            claimer = self.claimer if kind is Operation.COMPLETE and first_try else None
             wanted = claimer.claimable(_per_queue(items)) if claimer is not None else {}
             claimed_at = self._clock()
             try:
@@ -224,7 +226,7 @@ class Completer:
         now = self._clock()
         keep = []
         for outcome, recorded in items:
-            if outcome.deadline > now + margin:
+            if outcome.deadline() > now + margin:
                 keep.append((outcome, recorded))
                 continue
             log.warning(

@@ -17,6 +17,7 @@ Statements are planned at every run, for the table as it is, and bounded by the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -54,7 +55,9 @@ _NEVER_SENT_TRIES = 3
 # claim not handed back is recovered, attempt counted, once its lease runs out).
 _MAX_LOST_CLAIMS = 1000
 _SESSION = (
-    "SET plan_cache_mode = force_custom_plan; SET enable_sort = off; "
+    # JIT compiles a statement for tens of ms: never worth it for these short ones (and
+    # enable_sort = off makes the planner think some of them costly enough to try).
+    "SET plan_cache_mode = force_custom_plan; SET enable_sort = off; SET jit = off; "
     f"SET statement_timeout = {int(STATEMENT_TIMEOUT * 1000)}; "
     f"SET lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
     f"SET client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"
@@ -140,6 +143,11 @@ class PgJobStore:
         self._lost_claims: list[UUID] = []
 
     async def _run(self, operation: str, statement: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._lost_claims and operation != Operation.RELEASE_CLAIM:
+            # A call of its own, under its own time limit; if it fails, the claims wait for
+            # the next call and this one goes ahead.
+            with contextlib.suppress(Exception):
+                await self._run(Operation.RELEASE_CLAIM, self._release_lost_claims)
         started = self.availability.now()
         held = None
         try:
@@ -147,8 +155,6 @@ class PgJobStore:
                 for tried in range(1, _NEVER_SENT_TRIES + 1):
                     held = await (self._connection() if tried == 1 else self._checkout())
                     try:
-                        if self._lost_claims:
-                            await self._release_lost_claims(held[1])
                         result = await statement(held[1], *args)
                         break
                     except Exception as exc:

@@ -87,6 +87,10 @@ class _Attempt:
         "timer",
     )
 
+    def deadline(self) -> float:
+        """When the lease runs out (monotonic), as the heartbeat last extended it."""
+        return self.lease_deadline
+
     def __init__(self, job: Claimed, lease_deadline: float) -> None:
         self.job = job
         self.lease_deadline = lease_deadline
@@ -182,8 +186,9 @@ class Executor:
             if attempt.job.lease in leases:
                 attempt.lease_deadline = max(attempt.lease_deadline, deadline)
 
-    def lease_lost(self, lease: Lease) -> None:
-        """Another claim may own the job now: stop the attempt, and write nothing for it."""
+    def lease_lost(self, lease: Lease) -> bool:
+        """Another claim may own the job now: stop the attempt, and write nothing for it.
+        False if no attempt under this lease was still running."""
         for attempt in list(self._running):
             if attempt.job.lease != lease or attempt.settled:
                 continue
@@ -191,6 +196,8 @@ class Executor:
                 self._interrupt(attempt, _LEASE_LOST)
             else:
                 attempt.interrupted = _LEASE_LOST  # seen before the handler starts
+            return True
+        return False
 
     def start(self, job: Claimed, lease_deadline: float) -> None:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
@@ -408,7 +415,7 @@ class Executor:
         attempt.settled = True
         attempt.kind, attempt.error, attempt.delay = kind, error, delay
         job = attempt.job
-        outcome = Outcome(kind, job.lease, job.queue, attempt.lease_deadline, error, delay)
+        outcome = Outcome(kind, job.lease, job.queue, attempt.deadline, error, delay)
         self._record(outcome, functools.partial(self._recorded, attempt))
 
     def _drop(self, attempt: _Attempt) -> None:
@@ -449,5 +456,8 @@ def _is_async(handler: Handler) -> bool:
 
 
 def _error_text(exc: BaseException) -> str:
+    # last_error is TEXT in UTF-8: no NUL, and no lone surrogates (a message built from
+    # undecodable bytes), which the driver refuses before sending anything.
     text = describe(exc).replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= _MAX_ERROR else text[: _MAX_ERROR - 3] + "..."

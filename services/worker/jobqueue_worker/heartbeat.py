@@ -11,6 +11,7 @@ frozen or partitioned worker loses its jobs after about LEASE_DURATION.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -34,7 +35,7 @@ class Holder(Protocol):
 
     def renewed(self, leases: Collection[Lease], deadline: float) -> None: ...
 
-    def lease_lost(self, lease: Lease) -> None: ...
+    def lease_lost(self, lease: Lease) -> bool: ...
 
 
 class Heartbeat(Loop):
@@ -67,7 +68,11 @@ class Heartbeat(Loop):
         if not live:
             return 0
         started = self._clock()
-        lost = set(await self._store.renew(live, self._lease_seconds))
+        # Not past the first of these leases to run out: by then it is lost whatever the
+        # database answers, and the next round stops its attempt.
+        left = min(deadline for _, deadline in held if deadline > now) - started
+        async with asyncio.timeout(max(left, 0.0)):
+            lost = set(await self._store.renew(live, self._lease_seconds))
         renewed = [lease for lease in live if lease not in lost]
         # The new lease runs from the database's now() during the statement: measuring from
         # before the round trip errs on the safe side.
@@ -77,6 +82,8 @@ class Heartbeat(Loop):
         return len(renewed)
 
     def _lost(self, lease: Lease, why: str) -> None:
+        if not self._holder.lease_lost(lease):
+            return  # the attempt had ended: its outcome write, racing the renewal, decides
         log.warning(
             "lease lost",
             extra={
@@ -86,4 +93,3 @@ class Heartbeat(Loop):
                 "error": why,
             },
         )
-        self._holder.lease_lost(lease)
