@@ -26,18 +26,21 @@ _P, _R = Status.PENDING, Status.PROCESSING
 
 
 class Operation(StrEnum):
-    """A store operation: its name, the status it may start from, where it may lead, and,
-    for the writes that end an attempt, the outcome they record (in logs and metrics)."""
+    """A store operation: its name, the statuses it may start from (its guard), where it may
+    lead, and, for the writes that end an attempt, the outcome they record (in logs and
+    metrics)."""
 
-    source: Status
+    sources: frozenset[Status]
     targets: frozenset[Status]
     outcome: str
 
-    def __new__(cls, name: str, outcome: str, source: Status, *targets: Status) -> Operation:
+    def __new__(
+        cls, name: str, outcome: str, sources: Status | tuple[Status, ...], *targets: Status
+    ) -> Operation:
         op = str.__new__(cls, name)
         op._value_ = name
         op.outcome = outcome
-        op.source = source
+        op.sources = frozenset(sources if isinstance(sources, tuple) else (sources,))
         op.targets = frozenset(targets)
         return op
 
@@ -57,7 +60,8 @@ class Operation(StrEnum):
     RECOVER_EXPIRED = "recover_expired", "", _R, _P, Status.DEAD_LETTER
     # The lease of a running attempt extended (a heartbeat): no change of status.
     RENEW = "renew", "", _R, _R
-    MANUAL_RETRY = "manual_retry", "", Status.DEAD_LETTER, _P
+    # An operator's retry of a job that ended without success: a fresh attempt budget.
+    MANUAL_RETRY = "manual_retry", "", (Status.DEAD_LETTER, Status.FAILED), _P
 
 
 # The operations that record how an attempt ended, in write order.
@@ -65,7 +69,11 @@ ATTEMPT_OUTCOMES: tuple[Operation, ...] = tuple(op for op in Operation if op.out
 
 # The edges of the state machine, derived from the operations above.
 TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
-    (op.source, target) for op in Operation for target in op.targets if target is not op.source
+    (source, target)
+    for op in Operation
+    for source in op.sources
+    for target in op.targets
+    if target is not source
 )
 
 

@@ -40,6 +40,14 @@ def _lit(status: Status) -> Any:
     return sa.literal_column(f"'{status.value}'", sa.Text)
 
 
+def _guard(operation: Operation) -> Any:
+    """`status = '<from>'` (or `IN (...)`) for the statuses `operation` may start from."""
+    sources = sorted(operation.sources)
+    if len(sources) == 1:
+        return c.status == _lit(sources[0])
+    return c.status.in_([_lit(status) for status in sources])
+
+
 class Lease(NamedTuple):
     """What a worker holds after a claim: the right to write this job's outcome."""
 
@@ -455,7 +463,8 @@ async def existing_keys(conn: AsyncConnection, keys: set[str]) -> set[str]:
 # the due jobs in run_at order (a range read that stops at the first job not yet due),
 # until it has as many as that queue's free slots. Guards are literals from the
 # declaration, as everywhere (the planner must see them to use the partial index).
-_PENDING = f"'{Operation.CLAIM.source.value}'"
+(_CLAIMABLE,) = Operation.CLAIM.sources
+_PENDING = f"'{_CLAIMABLE.value}'"
 _PRIORITIES = f"""
     WITH RECURSIVE priorities(p) AS (
         (SELECT priority FROM jobs WHERE status = {_PENDING} AND queue = w.queue
@@ -566,7 +575,7 @@ def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
     (target,) = operation.targets
     return (
         sa.update(jobs)
-        .where(c.id == o.c.id, c.status == _lit(operation.source), c.lease_token == o.c.token)
+        .where(c.id == o.c.id, _guard(operation), c.lease_token == o.c.token)
         .values(status=_lit(target), locked_until=sa.null(), updated_at=sa.func.now(), **values)
         .returning(c.id, c.lease_token)
     )
@@ -607,7 +616,7 @@ RENEW = (
     sa.update(jobs)
     .where(
         c.id == _o.c.id,
-        c.status == _lit(Operation.RENEW.source),
+        _guard(Operation.RENEW),
         c.lease_token == _o.c.token,
     )
     .values(
@@ -623,7 +632,7 @@ RENEW = (
 RELEASE_CLAIM = (
     sa.update(jobs)
     .where(
-        c.status == _lit(Operation.RELEASE_CLAIM.source),
+        _guard(Operation.RELEASE_CLAIM),
         c.claim_id == sa.any_(sa.bindparam("claim_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))),
     )
     .values(
@@ -808,7 +817,7 @@ FROM room LEFT JOIN started ON started.type = room.type"""
 RECOVER_BATCH = 1000
 _expired = (
     sa.select(c.id)
-    .where(c.status == _lit(Operation.RECOVER_EXPIRED.source), c.locked_until < sa.func.now())
+    .where(_guard(Operation.RECOVER_EXPIRED), c.locked_until < sa.func.now())
     .order_by(c.locked_until)
     .limit(RECOVER_BATCH)
     .with_for_update(skip_locked=True)
@@ -850,7 +859,7 @@ WORKER_STATEMENTS: dict[str, Any] = {
 
 MANUAL_RETRY = (
     sa.update(jobs)
-    .where(c.id == sa.bindparam("job_id"), c.status == _lit(Operation.MANUAL_RETRY.source))
+    .where(c.id == sa.bindparam("job_id"), _guard(Operation.MANUAL_RETRY))
     .values(
         status=_lit(Status.PENDING),
         attempts=0,

@@ -116,6 +116,20 @@ async def test_retry_requeues_a_dead_lettered_job_with_attempts_reset(
     assert "pending" in again.json()["error"]
 
 
+async def test_retry_requeues_a_failed_job_with_attempts_reset(
+    api: httpx.AsyncClient, engine: AsyncEngine
+):
+    async with engine.begin() as conn:
+        job, _ = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 3))
+        raw = await driver(conn)
+        (claimed,) = await compiled.claim(raw, {"default": 1}, 60)
+        lost = await compiled.record(raw, Operation.FAIL, [claimed.lease], ["bad input"])
+        assert lost == []
+    r = await api.post(f"/jobs/{job.id}/retry")
+    assert r.status_code == 200
+    assert (r.json()["status"], r.json()["attempts"]) == ("pending", 0)
+
+
 async def test_retry_of_a_job_not_in_dead_letter_is_409_and_changes_nothing(
     api: httpx.AsyncClient,
 ):

@@ -22,17 +22,18 @@ P, R, C, F, D = (
 )
 
 # The documented lifecycle, written out independently of jobcore.
-DOCUMENTED_TRANSITIONS = {(P, R), (R, C), (R, P), (R, F), (R, D), (D, P)}
+DOCUMENTED_TRANSITIONS = {(P, R), (R, C), (R, P), (R, F), (R, D), (D, P), (F, P)}
 
 
 def test_transition_table_is_the_documented_one():
     assert TRANSITIONS == DOCUMENTED_TRANSITIONS
 
 
-def test_every_operation_starts_from_one_status_and_terminal_states_have_no_exit():
-    sources = {op.source for op in Operation}
-    assert C not in sources and F not in sources
-    assert all(op.targets for op in Operation)
+def test_completed_is_final_and_only_an_operator_brings_failed_jobs_back():
+    sources = {source for op in Operation for source in op.sources}
+    assert C not in sources
+    assert [op for op in Operation if F in op.sources] == [Operation.MANUAL_RETRY]
+    assert all(op.sources and op.targets for op in Operation)
 
 
 def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outcome():
@@ -45,7 +46,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         "release",
     ]
     for op in ATTEMPT_OUTCOMES:
-        assert op.source is R and len(op.targets) == 1 and op.outcome
+        assert op.sources == {R} and len(op.targets) == 1 and op.outcome
     assert {op.outcome for op in ATTEMPT_OUTCOMES} == {
         "completed",
         "failed",

@@ -27,6 +27,7 @@ EXPECTED = {
     ("recover_expired", R): P,  # attempts left
     ("recover_expired_last", R): D,  # the lost attempt was the last
     ("manual_retry", D): P,
+    ("manual_retry", F): P,
 }
 TOKEN = 7
 CLAIM_ID = new_id()  # the claim that took every job made here

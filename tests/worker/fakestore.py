@@ -140,7 +140,7 @@ class FakeStore:
             job = self.jobs.get(lease.job_id)
             if (
                 job is None
-                or job.status is not operation.source
+                or job.status not in operation.sources
                 or job.lease_token != lease.lease_token
             ):
                 lost.append(lease)

@@ -21,6 +21,7 @@ from jobcore.errors import IdempotencyConflict
 from jobcore.ids import parse_id
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
+from jobcore.states import Operation
 from jobqueue_api import metrics, validation
 from jobqueue_api.admission import REFRESH, Admission
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
@@ -244,6 +245,7 @@ async def retry_job(request: Request) -> Response:
         return JSONResponse(job_json(job))
     if current is None:
         return _not_found(request)
+    retryable = " or ".join(sorted(Operation.MANUAL_RETRY.sources))
     return error_response(
-        409, f"job {current.id} is {current.status.value}; only dead_letter jobs can be retried"
+        409, f"job {current.id} is {current.status.value}; only {retryable} jobs can be retried"
     )

@@ -335,12 +335,12 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
         "/jobs/{id}/retry": {
             "post": {
                 "operationId": "retryJob",
-                "summary": "Requeue a dead-lettered job with attempts reset to 0",
+                "summary": "Requeue a dead-lettered or failed job with attempts reset to 0",
                 **locked,
                 "parameters": [_JOB_ID],
                 "responses": {
                     "200": _response("The job, pending again.", "Job"),
-                    "409": _error("The job is not in dead_letter."),
+                    "409": _error("The job is not in dead_letter or failed."),
                     **job_read,
                 },
             }
