@@ -168,6 +168,9 @@ class Completer:
                 await self._write_kind(kind, items)
 
     async def _write_kind(self, kind: Operation, items: list[_Waiting]) -> None:
+        # In job id order, as the heartbeat renews: two writes of one process lock their
+        # rows in the same order, so they cannot deadlock each other.
+        items = sorted(items, key=lambda item: item[0].lease)
         retry = Retry(_RETRY_FIRST, _RETRY_LIMIT)
         delay = _RETRY_FIRST
         while items:
