@@ -8,8 +8,9 @@ and warmed up, then the measurements (see `bench.measure`); then everything is
 stopped and the database dropped. Figures are medians over the repeats. Ours
 also gets a WORKERS sweep, the API submit measurements (`bench.submit`) and
 the backlog check (`bench.backlog`), webhook jobs/s of one worker process
-against a local sink (`bench.webhooks`), and the scheduling and routing figures
-(`bench.scheduling`: lateness of scheduled jobs, a drain over two queues). A
+against a local sink (`bench.webhooks`), the scheduling and routing figures
+(`bench.scheduling`: lateness of scheduled jobs, a drain over two queues) and
+what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains). A
 progress bar goes to stderr, the table to stdout, everything measured to
 bench-results/<timestamp>.json.
 """
@@ -34,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, measure, pg, procs, profile, scheduling, submit, webhooks
+from bench import backlog, costs, measure, pg, procs, profile, scheduling, submit, webhooks
 from bench.adapters.base import Adapter, Unsupported, to_the_end
 from bench.adapters.ours import Ours
 from bench.beacon import Receiver
@@ -43,6 +44,8 @@ from bench.progress import Progress
 from bench.report import render, summarize
 
 PEERS = ("procrastinate", "pgqueuer")
+# bench.costs: the result kind and its two runs, with the feature and without.
+COST_PAIRS = (("heartbeats", ("renewing", "idle")), ("type_limits", ("limited", "unlimited")))
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Config:
     schedule_samples: int = 400
     schedule_polls: list[str] = field(default_factory=lambda: ["1s", "5s"])
     two_queues: bool = True
+    costs: bool = True
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -238,6 +242,22 @@ class Run:
         )
         self.results.append({"kind": "two_queues", "repeat": rep, **figures})
 
+    async def cost_session(self, rep: int, kind: str, variant: str) -> None:
+        c = self.config
+        assert self.rx is not None
+        session = costs.heartbeat_session if kind == "heartbeats" else costs.limits_session
+        figures = await session(
+            c.server,
+            self.workdir,
+            self.rx,
+            c.workers,
+            max(c.processes),
+            c.jobs,
+            _timeout(c.jobs),
+            variant,
+        )
+        self.results.append({"kind": kind, "repeat": rep, **figures})
+
     async def backlog_sessions(self) -> None:
         """One big table kept for every repeat; a fresh empty one per repeat."""
         c = self.config
@@ -325,6 +345,13 @@ class Run:
                         f"{max(c.processes)} process(es)",
                         lambda r=rep: self.two_queue_session(r),
                     )
+                for kind, pair in COST_PAIRS if c.costs else ():
+                    # The two runs of a pair back to back, the first alternating by repeat.
+                    for variant in pair if rep % 2 == 0 else pair[::-1]:
+                        await self.step(
+                            f"{rep + 1}/{c.repeat} jobqueue cost of {kind}: {variant}",
+                            lambda r=rep, k=kind, v=variant: self.cost_session(r, k, v),
+                        )
                 for poll in c.schedule_polls if c.schedule_samples else []:
                     await self.step(
                         f"{rep + 1}/{c.repeat} jobqueue scheduled-job lateness: "
@@ -377,6 +404,7 @@ def total_steps(c: Config) -> int:
     sweep = len([w for w in c.sweep if w != c.workers])
     per_repeat = (systems + sweep) * len(c.processes) + 1 + (1 if c.webhook_jobs else 0)
     per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
+    per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
     return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0)
 
 
@@ -433,6 +461,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--no-two-queues", action="store_true", help="skip the drain over two queues"
     )
     parser.add_argument(
+        "--no-costs",
+        action="store_true",
+        help="skip the drains that measure what heartbeats and per-type limits cost",
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -476,6 +509,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         config.schedule_polls = [v.strip() for v in args.schedule_polls.split(",") if v.strip()]
     if args.no_two_queues:
         config.two_queues = False
+    if args.no_costs:
+        config.costs = False
     config.keep_logs = args.keep_logs
     config.profile = args.profile
     if config.profile and not profile.available():

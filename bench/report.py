@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import scheduling, webhooks
+from bench import costs, scheduling, webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -115,6 +115,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     routed = scheduling.summarize(results, summary["systems"].get(OURS, {}))
     if routed:
         summary["scheduling"] = routed
+    priced = costs.summarize(results)
+    if priced:
+        summary["costs"] = priced
     summary["targets"] = _targets(summary)
     return summary
 
@@ -208,6 +211,7 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     out += scheduling.targets(summary.get("scheduling", {}))
+    out += costs.targets(summary.get("costs", {}))
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
         out.append(
@@ -357,6 +361,7 @@ def render(document: dict[str, Any]) -> str:
             _table(["", "empty table", "backlog", "difference"], rows_),
         ]
     out += scheduling.lines(summary.get("scheduling", {}))
+    out += costs.lines(summary.get("costs", {}))
     hooks = summary.get("webhooks")
     if hooks:
         out += [

@@ -134,6 +134,10 @@ class Ours:
 
     async def completed_total(self) -> float:
         """jobs_completed_total from the worker's /metrics (cheap: no database query)."""
+        return await self.metric("jobs_completed_total")
+
+    async def metric(self, name: str) -> float:
+        """An unlabelled counter or gauge from the worker's /metrics (0 if not exposed)."""
         reader, writer = await asyncio.open_connection("127.0.0.1", self.metrics_port)
         conn = Connection(reader, writer)
         try:
@@ -141,7 +145,7 @@ class Ours:
         finally:
             conn.close()
         for line in body.decode().splitlines():
-            if line.startswith("jobs_completed_total "):
+            if line.startswith(f"{name} "):
                 return float(line.split()[1])
         return 0.0
 
