@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from bench.queues import parse_args, total_steps
 from bench.report import render, summarize
 from bench.stats import percentile
 
@@ -178,3 +179,91 @@ def test_two_queue_drain_is_set_against_the_single_queue_drain_of_the_same_run()
     assert (
         verdicts(slower)["drain over two queues, mixed priorities, vs one queue (ratio)"] is False
     )
+
+
+def heartbeat_row(variant: str, drain: float, lost: int = 0) -> dict[str, Any]:
+    return {
+        "kind": "heartbeats",
+        "variant": variant,
+        "lease_duration": "3s" if variant == "renewing" else "48h",
+        "processes": 2,
+        "workers": 50,
+        "drain_jobs_per_s": drain,
+        "leases_lost": lost,
+    }
+
+
+def limits_row(variant: str, drain: float) -> dict[str, Any]:
+    return {
+        "kind": "type_limits",
+        "variant": variant,
+        "processes": 2,
+        "workers": 50,
+        "drain_jobs_per_s": drain,
+        "limited_finished_s": 1.5,
+        "others_finished_s": 1.25,
+    }
+
+
+HEARTBEATS = (
+    "drain with heartbeats renewing (LEASE_DURATION=3s) vs none due (48h), no lease lost (ratio)"
+)
+LIMITS = "drain with 10% of the jobs of a type under TYPE_CONCURRENCY vs no limits (ratio)"
+
+
+def test_heartbeat_cost_is_renewing_over_idle_medians_and_a_lost_lease_misses_the_target() -> None:
+    doc = document(
+        [
+            heartbeat_row("renewing", 1_900),
+            heartbeat_row("idle", 2_000),
+            heartbeat_row("renewing", 1_000),
+            heartbeat_row("idle", 1_950),
+            heartbeat_row("renewing", 1_960),
+            heartbeat_row("idle", 3_000),
+        ]
+    )
+    beats = doc["summary"]["costs"]["heartbeats"]
+    assert (beats["jobs_per_s"], beats["without_jobs_per_s"]) == (1_900, 2_000)
+    assert beats["ratio"] == pytest.approx(0.95)
+    assert beats["leases_lost"] == 0
+    assert verdicts(doc)[HEARTBEATS] is True
+    text = render(doc)
+    assert "Cost of heartbeats and per-type limits (2 process(es), WORKERS=50" in text
+    assert (
+        "heartbeats, jobs of 50 ms: LEASE_DURATION=3s 1,900 jobs/s vs 48h 2,000 jobs/s: 0.95x"
+        " (0 lease(s) lost)"
+    ) in text
+    assert f"[met] {HEARTBEATS} >= 0.95: 0.95" in text
+
+    slower = document([heartbeat_row("renewing", 1_880), heartbeat_row("idle", 2_000)])
+    assert verdicts(slower)[HEARTBEATS] is False
+    lost = document([heartbeat_row("renewing", 2_000, lost=1), heartbeat_row("idle", 2_000)])
+    assert verdicts(lost)[HEARTBEATS] is False
+    assert "(1 lease(s) lost)" in render(lost)
+
+
+def test_type_limit_cost_is_the_limited_drain_over_the_unlimited_one_of_the_same_run() -> None:
+    doc = document([limits_row("limited", 8_100), limits_row("unlimited", 10_000)])
+    limits = doc["summary"]["costs"]["type_limits"]
+    assert limits["ratio"] == pytest.approx(0.81)
+    assert limits["type_concurrency"] == "bench-limited:20"
+    assert verdicts(doc)[LIMITS] is True
+    assert (
+        "10% of the jobs limited, TYPE_CONCURRENCY=bench-limited:20: 8,100 jobs/s vs no limits"
+        " 10,000 jobs/s: 0.81x (limited type done after 1.50 s, the others after 1.25 s)"
+    ) in render(doc)
+
+    slower = document([limits_row("limited", 7_900), limits_row("unlimited", 10_000)])
+    assert verdicts(slower)[LIMITS] is False
+    assert f"[MISSED] {LIMITS} >= 0.80: 0.79" in render(slower)
+    # Half a pair has nothing to be set against: no figure, no target.
+    alone = document([limits_row("limited", 7_900)])
+    assert "costs" not in alone["summary"]
+    assert LIMITS not in verdicts(alone)
+
+
+def test_no_costs_flag_skips_the_four_cost_drains_of_each_repeat() -> None:
+    config = parse_args(["--quick", "--server", "postgresql://unused"])
+    skipped = parse_args(["--quick", "--no-costs", "--server", "postgresql://unused"])
+    assert (config.costs, skipped.costs) == (True, False)
+    assert total_steps(config) - total_steps(skipped) == 4 * config.repeat
