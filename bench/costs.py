@@ -22,12 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import measure
+from bench import measure, profile
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE, LIMITED_TYPE, SLEEP_SECONDS, SLEEP_TYPE
 from bench.beacon import Receiver
 from bench.stats import median
+from bench.webhooks import cpu_seconds
 from jobcore import store
 from jobcore.ids import new_id
 
@@ -61,7 +62,11 @@ async def _drain(
     async def enqueue(n: int) -> None:
         await ours.insert(jobs)
 
-    return await measure.drain(ours, len(jobs), limit, enqueue)
+    pids = profile.worker_children(ours.worker_procs[0].pid)
+    cpu = cpu_seconds(pids)
+    figures = await measure.drain(ours, len(jobs), limit, enqueue)
+    used = cpu_seconds(pids) - cpu
+    return {**figures, "worker_cpu_us_per_job": used / len(jobs) * 1e6}
 
 
 async def heartbeat_session(
@@ -150,6 +155,10 @@ def _pair(rows: list[dict[str, Any]], with_: str, without: str) -> dict[str, Any
         "jobs_per_s": rate,
         "without_jobs_per_s": base,
         "ratio": rate / base,
+        # The worker processes' own CPU (user + system) over the drain, per job: it moves
+        # far less with the machine's load than the rate does.
+        "worker_cpu_us_per_job": median([r["worker_cpu_us_per_job"] for r in mine]),
+        "without_worker_cpu_us_per_job": median([r["worker_cpu_us_per_job"] for r in theirs]),
         "repeats": {
             with_: [r["drain_jobs_per_s"] for r in mine],
             without: [r["drain_jobs_per_s"] for r in theirs],
@@ -224,18 +233,27 @@ def lines(section: dict[str, Any]) -> list[str]:
         f"WORKERS={first['workers']}; each ratio: with / without)",
     ]
     if beats:
-        out.append(
+        out += [
             f"  heartbeats, jobs of {beats['job_seconds'] * 1000:.0f} ms: "
             f"LEASE_DURATION={beats['lease_duration']} {beats['jobs_per_s']:,.0f} jobs/s vs "
             f"{beats['without_lease_duration']} {beats['without_jobs_per_s']:,.0f} jobs/s: "
-            f"{beats['ratio']:.2f}x ({beats['leases_lost']} lease(s) lost)"
-        )
+            f"{beats['ratio']:.2f}x ({beats['leases_lost']} lease(s) lost)",
+            _cpu(beats),
+        ]
     if limits:
-        out.append(
+        out += [
             f"  {limits['limited_share']:.0%} of the jobs limited, TYPE_CONCURRENCY="
             f"{limits['type_concurrency']}: {limits['jobs_per_s']:,.0f} jobs/s vs no limits "
             f"{limits['without_jobs_per_s']:,.0f} jobs/s: {limits['ratio']:.2f}x (limited type "
             f"done after {limits['limited_finished_s']:.2f} s, the others after "
-            f"{limits['others_finished_s']:.2f} s)"
-        )
+            f"{limits['others_finished_s']:.2f} s)",
+            _cpu(limits),
+        ]
     return out
+
+
+def _cpu(pair: dict[str, Any]) -> str:
+    return (
+        f"    worker CPU per job {pair['worker_cpu_us_per_job']:.0f} µs vs "
+        f"{pair['without_worker_cpu_us_per_job']:.0f} µs"
+    )

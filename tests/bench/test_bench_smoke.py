@@ -116,6 +116,17 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert "Scheduled jobs: lateness after run_at" in run.stdout
     assert "Two queues (QUEUES=a,b" in run.stdout
 
+    priced = summary["costs"]
+    beats, limits = priced["heartbeats"], priced["type_limits"]
+    for pair in (beats, limits):
+        assert pair["jobs_per_s"] > 0 and pair["without_jobs_per_s"] > 0 and pair["ratio"] > 0
+        assert pair["worker_cpu_us_per_job"] > 0 and pair["without_worker_cpu_us_per_job"] > 0
+    assert beats["leases_lost"] == 0
+    assert limits["limited_finished_s"] > 0 and limits["others_finished_s"] > 0
+    assert "Cost of heartbeats and per-type limits" in run.stdout
+    assert "heartbeats, jobs of 50 ms: LEASE_DURATION=3s" in run.stdout
+    assert "of the jobs limited, TYPE_CONCURRENCY=bench-limited:20" in run.stdout
+
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20
     # The submission's NOTIFY is delivered at its commit, so a worker may start the job

@@ -190,6 +190,7 @@ def heartbeat_row(variant: str, drain: float, lost: int = 0) -> dict[str, Any]:
         "workers": 50,
         "drain_jobs_per_s": drain,
         "leases_lost": lost,
+        "worker_cpu_us_per_job": 52.0 if variant == "renewing" else 50.0,
     }
 
 
@@ -201,6 +202,7 @@ def limits_row(variant: str, drain: float) -> dict[str, Any]:
         "workers": 50,
         "drain_jobs_per_s": drain,
         "limited_finished_s": 1.5,
+        "worker_cpu_us_per_job": 60.0 if variant == "limited" else 50.0,
         "others_finished_s": 1.25,
     }
 
@@ -233,6 +235,7 @@ def test_heartbeat_cost_is_renewing_over_idle_medians_and_a_lost_lease_misses_th
         "heartbeats, jobs of 50 ms: LEASE_DURATION=3s 1,900 jobs/s vs 48h 2,000 jobs/s: 0.95x"
         " (0 lease(s) lost)"
     ) in text
+    assert "    worker CPU per job 52 µs vs 50 µs" in text
     assert f"[met] {HEARTBEATS} >= 0.95: 0.95" in text
 
     slower = document([heartbeat_row("renewing", 1_880), heartbeat_row("idle", 2_000)])
@@ -252,6 +255,7 @@ def test_type_limit_cost_is_the_limited_drain_over_the_unlimited_one_of_the_same
         "10% of the jobs limited, TYPE_CONCURRENCY=bench-limited:20: 8,100 jobs/s vs no limits"
         " 10,000 jobs/s: 0.81x (limited type done after 1.50 s, the others after 1.25 s)"
     ) in render(doc)
+    assert "    worker CPU per job 60 µs vs 50 µs" in render(doc)
 
     slower = document([limits_row("limited", 7_900), limits_row("unlimited", 10_000)])
     assert verdicts(slower)[LIMITS] is False
