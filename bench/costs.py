@@ -3,7 +3,7 @@
 Each drain is `bench.measure.drain` (jobs inserted in one transaction, rate from its
 commit to the last completion) on a fresh database and its own `jobqueue-worker`;
 the two runs of a pair differ in one setting only, and which runs first alternates
-with the repeat.
+with the repeat. Each run also reports the worker processes' CPU per job (from /proc).
 
 Heartbeats: jobs of `SLEEP_SECONDS` each, so every worker process always holds
 leases; LEASE_DURATION=3s (each process renews its leases every second) against
