@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -52,3 +53,23 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
         yield engine
     finally:
         await engine.dispose()
+
+
+@pytest.fixture
+def start_api(database_url: str) -> Iterator[Any]:
+    """Start real `jobqueue-api` processes (`start_api(**env)`, ready when it returns);
+    any still running at the end of the test is killed."""
+    from tests.e2e.test_api_process import Api
+
+    started: list[Api] = []
+
+    def start(**env: str) -> Api:
+        api = Api(database_url, **env)
+        started.append(api)
+        api.wait_ready()
+        return api
+
+    yield start
+    for api in started:
+        if api.service.proc.poll() is None:
+            api.service.kill()

@@ -8,12 +8,10 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
-from tests.e2e.test_api_process import Api
 from tests.procs import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -56,24 +54,8 @@ class Trickler:
         self._thread.join(5)
 
 
-@pytest.fixture
-def api(database_url: str) -> Iterator[Callable[..., Api]]:
-    started: list[Api] = []
-
-    def start(**env: str) -> Api:
-        api = Api(database_url, **env)
-        started.append(api)
-        api.wait_ready()
-        return api
-
-    yield start
-    for api in started:
-        if api.service.proc.poll() is None:
-            api.service.kill()
-
-
-def test_a_body_trickled_a_byte_every_2s_gets_408_at_the_body_timeout_others_are_served(api):
-    server = api(REQUEST_BODY_TIMEOUT="5s")
+def test_a_body_trickled_a_byte_every_2s_gets_408_at_the_body_timeout_others_are_served(start_api):
+    server = start_api(REQUEST_BODY_TIMEOUT="5s")
     slow = Trickler(server.port, HEAD + b'{"type":', every=2)
     try:
         # Served meanwhile, on other connections.
@@ -93,8 +75,8 @@ def test_a_body_trickled_a_byte_every_2s_gets_408_at_the_body_timeout_others_are
     wait_for(logged, 10, "the access log line of the 408")
 
 
-def test_a_request_head_trickled_slowly_is_closed_at_the_idle_timeout(api):
-    server = api()
+def test_a_request_head_trickled_slowly_is_closed_at_the_idle_timeout(start_api):
+    server = start_api()
     slow = Trickler(server.port, b"POST /jobs HTTP/1.1\r\nHost: api\r\n", every=1, filler=b"X")
     try:
         assert server.get("/healthz").status_code == 200
@@ -105,8 +87,8 @@ def test_a_request_head_trickled_slowly_is_closed_at_the_idle_timeout(api):
     assert not received.startswith(b"HTTP/1.1 2"), received[:200]
 
 
-def test_many_slow_connections_do_not_stop_a_normal_request(api):
-    server = api()
+def test_many_slow_connections_do_not_stop_a_normal_request(start_api):
+    server = start_api()
     slow = [Trickler(server.port, HEAD + b"{", every=2) for _ in range(100)]
     try:
         started = time.monotonic()
@@ -119,8 +101,8 @@ def test_many_slow_connections_do_not_stop_a_normal_request(api):
             conn.close()
 
 
-def test_connections_beyond_max_connections_get_503_and_service_resumes_when_they_close(api):
-    server = api(MAX_CONNECTIONS="5", REQUEST_BODY_TIMEOUT="5m")
+def test_connections_beyond_max_connections_get_503_and_service_resumes_when_they_close(start_api):
+    server = start_api(MAX_CONNECTIONS="5", REQUEST_BODY_TIMEOUT="5m")
     slow = [Trickler(server.port, HEAD + b"{", every=2) for _ in range(5)]
     try:
         time.sleep(0.5)  # every one of them accepted (the 503 below must not be racing them)
@@ -143,10 +125,10 @@ def test_connections_beyond_max_connections_get_503_and_service_resumes_when_the
     assert any("connection limit reached" in line["msg"] for line in warnings)
 
 
-def test_connections_a_client_closed_stop_counting_at_once(api):
+def test_connections_a_client_closed_stop_counting_at_once(start_api):
     """A client that opens a connection per request and closes it after the answer: the
     closed connections must not be counted until their idle timer runs out (5 s)."""
-    server = api(MAX_CONNECTIONS="10")
+    server = start_api(MAX_CONNECTIONS="10")
     statuses = []
     for _ in range(60):  # six times the limit, within well under the idle timeout
         with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=5) as client:

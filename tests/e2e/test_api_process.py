@@ -6,7 +6,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import psycopg
@@ -47,22 +47,6 @@ class Api:
             return self.status_of("/readyz") == 200
 
         wait_for(ready, STARTUP, "jobqueue-api to become ready")
-
-
-@pytest.fixture
-def start_api(database_url: str) -> Iterator[Callable[..., Api]]:
-    started: list[Api] = []
-
-    def start(**env: str) -> Api:
-        api = Api(database_url, **env)
-        started.append(api)
-        api.wait_ready()
-        return api
-
-    yield start
-    for api in started:
-        if api.service.proc.poll() is None:
-            api.service.kill()
 
 
 def test_serves_jobs_logs_json_and_exits_0_on_sigterm(start_api: Callable[..., Api]):

@@ -8,6 +8,7 @@ the whole table; these tests catch that.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -56,21 +57,20 @@ async def _plan(engine, statement, params: dict, generic: bool) -> str:
     return plan if isinstance(plan, str) else json.dumps(plan)
 
 
-def _index_scans(plan: str) -> set[str]:
-    found = set()
-
-    def walk(node):
+def _nodes(plan: str) -> Iterator[dict]:
+    """Every node of a JSON plan, depth first."""
+    stack: list = [json.loads(plan)]
+    while stack:
+        node = stack.pop()
         if isinstance(node, dict):
-            if "Index Name" in node:
-                found.add(node["Index Name"])
-            for value in node.values():
-                walk(value)
+            yield node
+            stack.extend(node.values())
         elif isinstance(node, list):
-            for value in node:
-                walk(value)
+            stack.extend(node)
 
-    walk(json.loads(plan))
-    return found
+
+def _index_scans(plan: str) -> set[str]:
+    return {node["Index Name"] for node in _nodes(plan) if "Index Name" in node}
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
@@ -179,21 +179,8 @@ async def test_submit_with_a_key_uses_the_idempotency_index(engine):
 
 
 def _scanned_tables(plan: str) -> set[str]:
-    """Relations read by a sequential scan."""
-    found = set()
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("Node Type") == "Seq Scan":
-                found.add(node.get("Relation Name"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(json.loads(plan))
-    return found
+    """Tables read by a sequential scan."""
+    return {n.get("Relation Name") for n in _nodes(plan) if n.get("Node Type") == "Seq Scan"}
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])

@@ -18,15 +18,21 @@ from typing import Any
 from jobcore import JobContext, PermanentError, Snooze, handler
 
 
-def note(event: str, ctx: JobContext) -> None:
+def append(suffix: str, line: str) -> None:
+    """Append `line` to $WORKER_TEST_LOG + `suffix` with one O_APPEND write, so lines
+    from many processes never interleave."""
     path = os.environ.get("WORKER_TEST_LOG")
     if not path:
         return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path + suffix, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{event} {ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode())
+        os.write(fd, f"{line}\n".encode())
     finally:
         os.close(fd)
+
+
+def note(event: str, ctx: JobContext) -> None:
+    append("", f"{event} {ctx.job_id} {ctx.attempt} {os.getpid()}")
 
 
 @handler("test.record")
@@ -91,14 +97,7 @@ async def block_loop(payload: Any, ctx: JobContext) -> None:
 def stamp(ctx: JobContext) -> None:
     """Append `<job_id> <attempt> <time.time()>` to $WORKER_TEST_LOG.times: when each
     attempt's handler started, on the machine's clock (the database's too, here)."""
-    path = os.environ.get("WORKER_TEST_LOG")
-    if not path:
-        return
-    fd = os.open(path + ".times", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{ctx.job_id} {ctx.attempt} {time.time():.6f}\n".encode())
-    finally:
-        os.close(fd)
+    append(".times", f"{ctx.job_id} {ctx.attempt} {time.time():.6f}")
 
 
 @handler("test.stamp")
@@ -125,12 +124,4 @@ async def span(payload: Any, ctx: JobContext) -> None:
     (time.time()) to $WORKER_TEST_LOG.spans: when the handler ran, for overlap checks."""
     started = time.time()
     await asyncio.sleep(float(payload.get("seconds", 0)))
-    ended = time.time()
-    path = os.environ.get("WORKER_TEST_LOG")
-    if not path:
-        return
-    fd = os.open(path + ".spans", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{ctx.job_id} {ctx.attempt} {started:.6f} {ended:.6f}\n".encode())
-    finally:
-        os.close(fd)
+    append(".spans", f"{ctx.job_id} {ctx.attempt} {started:.6f} {time.time():.6f}")

@@ -10,6 +10,7 @@ loop; the first success after failures is logged too.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -20,7 +21,7 @@ from jobcore.errors import describe
 log = logging.getLogger("jobqueue.worker")
 
 
-class Loop:
+class Loop(abc.ABC):
     """A background loop; subclasses implement `run_once()`."""
 
     name = "loop"
@@ -31,9 +32,9 @@ class Loop:
         self.interval = interval
         self.retry = retry
 
+    @abc.abstractmethod
     async def run_once(self) -> object:
         """One round of the loop's work; what it returns is for tests and callers."""
-        raise NotImplementedError
 
     def failed(self, exc: Exception) -> None:
         """Called with the error of the first round of a run of failures."""
