@@ -102,7 +102,7 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
         assert set(backlog[table]) == {"claim_p50_ms", "claim_p99_ms", "drain_jobs_per_s"}
 
     hooks = summary["webhooks"]
-    assert hooks["jobs_per_s"] > 0 and hooks["worker_cpu_us_per_job"] > 0
+    assert hooks["jobs_per_s"] > 0 and hooks["worker_cpu_us_per_job"] >= 0
     assert hooks["retries"] == 0 and hooks["not_completed"] == 0
     assert "Webhooks:" in run.stdout
 
@@ -120,7 +120,8 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     beats, limits = priced["heartbeats"], priced["type_limits"]
     for pair in (beats, limits):
         assert pair["jobs_per_s"] > 0 and pair["without_jobs_per_s"] > 0 and pair["ratio"] > 0
-        assert pair["worker_cpu_us_per_job"] > 0 and pair["without_worker_cpu_us_per_job"] > 0
+        # CPU comes from /proc in 10 ms ticks: a tiny run may honestly measure 0.
+        assert pair["worker_cpu_us_per_job"] >= 0 and pair["without_worker_cpu_us_per_job"] >= 0
     assert beats["leases_lost"] == 0
     assert limits["limited_finished_s"] > 0 and limits["others_finished_s"] > 0
     assert "Cost of heartbeats and per-type limits" in run.stdout
