@@ -22,7 +22,8 @@ from uuid import UUID, uuid4
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
-from jobcore import store
+from jobcore import maintenance, search, store
+from jobcore.search import QueueDepth
 from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
 from jobcore.store import Claimed, Lease, TypeLimits
 
@@ -65,7 +66,14 @@ class Compiled:
 
 
 STATEMENTS: dict[str, Compiled] = {
-    name: Compiled(statement) for name, statement in store.WORKER_STATEMENTS.items()
+    name: Compiled(statement)
+    for name, statement in {
+        **store.WORKER_STATEMENTS,
+        "queue_depths": search.QUEUE_DEPTHS,
+        "take_lead": maintenance.TAKE_LEAD,
+        "resign": maintenance.RESIGN,
+        **{f"prune_{status}": statement for status, statement in maintenance.PRUNE.items()},
+    }.items()
 }
 _CLAIM = STATEMENTS[Operation.CLAIM]
 _COMPLETE_AND_CLAIM = STATEMENTS["complete_and_claim"]
@@ -76,6 +84,7 @@ _LOCK_TYPES = STATEMENTS["lock_types"]
 _CLAIM_LIMITED = STATEMENTS["claim_limited"]
 _NEEDS_ERRORS = {op for op in ATTEMPT_OUTCOMES if "errors" in STATEMENTS[op].parameters}
 _NEEDS_DELAYS = {op for op in ATTEMPT_OUTCOMES if "delays" in STATEMENTS[op].parameters}
+_NEEDS_RESULTS = {op for op in ATTEMPT_OUTCOMES if "results" in STATEMENTS[op].parameters}
 
 # Claimed is built from the row by position: RETURNING must list its fields in order.
 _CLAIMED_FIELDS = list(Claimed.__dataclass_fields__)
@@ -169,10 +178,12 @@ async def record(
     leases: Sequence[Lease],
     errors: Sequence[str] = (),
     delays: Sequence[float] = (),
+    results: Sequence[str | None] = (),
 ) -> list[Lease]:
     """Record how the attempts held under `leases` ended, with one fenced statement:
-    `operation` is one of `ATTEMPT_OUTCOMES`; `errors` (fail, dead_letter, retry_later)
-    and `delays` (retry_later: seconds until due again) go with the leases, in order.
+    `operation` is one of `ATTEMPT_OUTCOMES`; `errors` (fail, dead_letter, retry_later),
+    `delays` (retry_later, snooze: seconds until due again) and `results` (complete: JSON
+    text, None for no result; empty: none for any) go with the leases, in order.
     Returns the leases that were lost (not applied)."""
     if not leases:
         return []
@@ -185,6 +196,8 @@ async def record(
         values["errors"] = list(errors)
     if operation in _NEEDS_DELAYS:
         values["delays"] = list(delays)
+    if operation in _NEEDS_RESULTS:
+        values["results"] = list(results) if results else [None] * len(leases)
     rows = await conn.fetch(statement.sql, *statement.args(values))
     if len(rows) == len(leases):
         return []
@@ -200,12 +213,14 @@ async def complete_and_claim(
     lease_seconds: float,
     claim_id: UUID | None = None,
     limited: Sequence[str] = (),
+    results: Sequence[str | None] = (),
 ) -> tuple[list[Lease], list[Claimed]]:
-    """`record(COMPLETE, leases)` and `claim(slots, lease_seconds, claim_id, limited)` in
-    one statement. Returns (the lost leases, the claimed jobs)."""
+    """`record(COMPLETE, leases, results=results)` and `claim(slots, lease_seconds,
+    claim_id, limited)` in one statement. Returns (the lost leases, the claimed jobs)."""
     values = {
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
+        "results": list(results) if results else [None] * len(leases),
         **_slots(slots),
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
@@ -227,11 +242,15 @@ async def complete_and_claim(
     return [lease for lease in leases if lease not in applied], claimed
 
 
-async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
-    """Extend the leases of running attempts to `lease_seconds` from now; returns the ones
-    that were lost."""
+class Renewed(NamedTuple):
+    lost: list[Lease]  # not renewed: the attempt must stop, its outcome unwritten
+    cancel: list[Lease]  # renewed, and a cancel of the job was requested
+
+
+async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> Renewed:
+    """Extend the leases of running attempts to `lease_seconds` from now."""
     if not leases:
-        return []
+        return Renewed([], [])
     statement = STATEMENTS[Operation.RENEW]
     values = {
         "ids": [lease.job_id for lease in leases],
@@ -239,10 +258,11 @@ async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> 
         "lease_seconds": lease_seconds,
     }
     rows = await conn.fetch(statement.sql, *statement.args(values))
+    cancel = [Lease(row[0], row[1]) for row in rows if row[2]]
     if len(rows) == len(leases):
-        return []
+        return Renewed([], cancel)
     applied = {Lease(row[0], row[1]) for row in rows}
-    return [lease for lease in leases if lease not in applied]
+    return Renewed([lease for lease in leases if lease not in applied], cancel)
 
 
 async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:
@@ -259,3 +279,31 @@ async def recover_expired(conn: Driver) -> list[tuple[UUID, Status]]:
     statement = STATEMENTS[Operation.RECOVER_EXPIRED]
     rows = await conn.fetch(statement.sql, *statement.args({}))
     return [(row[0], Status(row[1])) for row in rows]
+
+
+async def queue_depths(conn: Driver) -> list[QueueDepth]:
+    """Every queue that holds jobs, with its depths (`jobcore.search.QUEUE_DEPTHS`)."""
+    statement = STATEMENTS["queue_depths"]
+    return [QueueDepth(*row) for row in await conn.fetch(statement.sql)]
+
+
+async def take_lead(conn: Driver, task: str, holder: UUID, lease_seconds: float) -> bool:
+    """Lead `task` for `lease_seconds` from now if nobody else does (or keep leading it);
+    whether `holder` leads it now."""
+    statement = STATEMENTS["take_lead"]
+    values = {"task": task, "holder": holder, "lease_seconds": lease_seconds}
+    return bool(await conn.fetch(statement.sql, *statement.args(values)))
+
+
+async def resign(conn: Driver, task: str, holder: UUID) -> None:
+    """Stop leading `task`, so another worker may take it at once."""
+    statement = STATEMENTS["resign"]
+    await conn.fetch(statement.sql, *statement.args({"task": task, "holder": holder}))
+
+
+async def prune(conn: Driver, status: Status, age_seconds: float) -> int:
+    """Delete at most `maintenance.PRUNE_BATCH` jobs of the finished `status` that finished
+    more than `age_seconds` ago; how many it deleted (fewer than the batch: none are left)."""
+    statement = STATEMENTS[f"prune_{status}"]
+    rows = await conn.fetch(statement.sql, *statement.args({"age": age_seconds}))
+    return int(rows[0][0])

@@ -9,12 +9,15 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MIN_TIMEOUT, MAX_TIMEOUT = 1.0, 86400.0
+
+# The list indexes: name -> the columns before `id`.
+LIST_INDEXES = {"status": ("status",), "type": ("type", "status"), "queue": ("queue", "status")}
 
 metadata = sa.MetaData()
 
@@ -42,6 +45,16 @@ jobs = sa.Table(
     # This job's per-attempt limit in seconds; NULL: the worker's JOB_TIMEOUT.
     sa.Column("timeout", sa.Float, nullable=True),
     sa.Column("idempotency_key", sa.Text, nullable=True),
+    # What the handler returned (JSON; NULL for None), set by `complete`.
+    sa.Column("result", pg.JSONB(none_as_null=True), nullable=True),
+    # When an operator asked to stop the running attempt; the holder ends it `cancelled`.
+    sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True),
+    # When the job reached a finished status (completed, failed, dead_letter, cancelled);
+    # retention counts age from it.
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    # Someone waits for the job to finish (`GET /jobs/{id}?wait=`): the write that finishes
+    # it notifies. False for almost every job, so finishing costs no notification.
+    sa.Column("awaited", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     ),
@@ -89,6 +102,18 @@ jobs = sa.Table(
         "locked_until",
         postgresql_where=sa.text("status = 'processing'"),
     ),
+    # Listing and searching (`GET /jobs`, newest first): per status, per type and status, per
+    # queue and status, in id order. Running jobs are left out (they are few, and the lease
+    # index holds them): a claim then writes no entry in these.
+    *(
+        sa.Index(
+            f"jobs_{name}_idx",
+            *columns,
+            "id",
+            postgresql_where=sa.text("status <> 'processing'"),
+        )
+        for name, columns in LIST_INDEXES.items()
+    ),
     sa.Index(
         "jobs_idempotency_key_idx",
         "idempotency_key",
@@ -105,4 +130,14 @@ job_rate_windows = sa.Table(
     sa.Column("type", sa.Text, primary_key=True),
     sa.Column("window_start", sa.DateTime(timezone=True), nullable=False),
     sa.Column("used", sa.Integer, nullable=False),
+)
+
+# Maintenance that one worker at a time does (queue gauges, retention): who leads each task,
+# until when. A worker takes the lead when it is free or expired, and keeps it by renewing.
+maintenance_leases = sa.Table(
+    "maintenance_leases",
+    metadata,
+    sa.Column("task", sa.Text, primary_key=True),
+    sa.Column("holder", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )

@@ -20,9 +20,15 @@ class Status(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     DEAD_LETTER = "dead_letter"
+    CANCELLED = "cancelled"
 
 
-_P, _R = Status.PENDING, Status.PROCESSING
+_P, _R, _X = Status.PENDING, Status.PROCESSING, Status.CANCELLED
+
+# Where a job ends up unless an operator acts: a waiter is answered, retention may prune it.
+FINISHED: frozenset[Status] = frozenset(
+    {Status.COMPLETED, Status.FAILED, Status.DEAD_LETTER, Status.CANCELLED}
+)
 
 
 class Operation(StrEnum):
@@ -44,24 +50,32 @@ class Operation(StrEnum):
         op.targets = frozenset(targets)
         return op
 
-    # The writes that end an attempt, in the order a batch of outcomes is written.
+    # The writes that end an attempt, in the order a batch of outcomes is written. Those that
+    # would make the job due again end it `cancelled` instead when a cancel was requested.
     COMPLETE = "complete", "completed", _R, Status.COMPLETED
     FAIL = "fail", "failed", _R, Status.FAILED
     DEAD_LETTER = "dead_letter", "dead_letter", _R, Status.DEAD_LETTER
-    RETRY_LATER = "retry_later", "retried", _R, _P
+    # The holder stopped the attempt because a cancel was requested.
+    CANCEL_ATTEMPT = "cancel_attempt", "cancelled", _R, _X
+    RETRY_LATER = "retry_later", "retried", _R, _P, _X
     # The handler asked to run later (`Snooze`): the attempt is given back.
-    SNOOZE = "snooze", "snoozed", _R, _P
+    SNOOZE = "snooze", "snoozed", _R, _P, _X
     # Shutdown interrupted the attempt through no fault of the job: the attempt is given back.
-    RELEASE = "release", "released", _R, _P
+    RELEASE = "release", "released", _R, _P, _X
     # Everything else.
     CLAIM = "claim", "", _P, _R
     # The jobs of a claim whose answer never reached its worker: the attempt is given back.
-    RELEASE_CLAIM = "release_claim", "", _R, _P
-    RECOVER_EXPIRED = "recover_expired", "", _R, _P, Status.DEAD_LETTER
+    RELEASE_CLAIM = "release_claim", "", _R, _P, _X
+    RECOVER_EXPIRED = "recover_expired", "", _R, _P, Status.DEAD_LETTER, _X
     # The lease of a running attempt extended (a heartbeat): no change of status.
     RENEW = "renew", "", _R, _R
     # An operator's retry of a job that ended without success: a fresh attempt budget.
-    MANUAL_RETRY = "manual_retry", "", (Status.DEAD_LETTER, Status.FAILED), _P
+    MANUAL_RETRY = "manual_retry", "", (Status.DEAD_LETTER, Status.FAILED, _X), _P
+    # An operator's cancel of a job no worker holds: at once.
+    CANCEL = "cancel", "", (_P, Status.DEAD_LETTER), _X
+    # An operator's cancel of a running job: recorded on the job (no change of status) and
+    # announced; the holder stops the attempt and writes `cancel_attempt`.
+    REQUEST_CANCEL = "request_cancel", "", _R, _R
 
 
 # The operations that record how an attempt ended, in write order.

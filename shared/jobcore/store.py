@@ -24,28 +24,36 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.errors import IdempotencyConflict
 from jobcore.schema import jobs
-from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status, out_of_attempts
+from jobcore.states import ATTEMPT_OUTCOMES, FINISHED, Operation, Status, out_of_attempts
 
 c = jobs.c
 
 # Workers LISTEN on this channel; a notification is only a hint that jobs are
 # due, so polling stays correct when one is lost.
 NOTIFY_CHANNEL = "jobqueue_jobs"
+# The API's waiters LISTEN on this one: a write that finishes a job someone waits for
+# (`awaited`) sends its id.
+FINISHED_CHANNEL = "jobqueue_finished"
 _ONE_SECOND: Any = sa.literal_column("interval '1 second'")
 
 
-def _lit(status: Status) -> Any:
+def status_literal(status: Status) -> Any:
     """A status as an SQL literal, never a parameter: the planner must see
     `status = 'pending'` to use the partial indexes, also in generic plans."""
     return sa.literal_column(f"'{status.value}'", sa.Text)
 
 
-def _guard(operation: Operation) -> Any:
+def status_in(statuses: Any) -> Any:
+    """`status IN (...)` with literals, in a stable order."""
+    return c.status.in_([status_literal(status) for status in sorted(statuses)])
+
+
+def guard(operation: Operation) -> Any:
     """`status = '<from>'` (or `IN (...)`) for the statuses `operation` may start from."""
     sources = sorted(operation.sources)
     if len(sources) == 1:
-        return c.status == _lit(sources[0])
-    return c.status.in_([_lit(status) for status in sources])
+        return c.status == status_literal(sources[0])
+    return c.status.in_([status_literal(status) for status in sources])
 
 
 class Lease(NamedTuple):
@@ -106,12 +114,15 @@ class Job:
     queue: str
     priority: int
     timeout: float | None
+    result: Any
+    cancel_requested_at: datetime | None
+    finished_at: datetime | None
 
 
-_JOB_COLUMNS = [jobs.c[name] for name in Job.__dataclass_fields__]
+JOB_COLUMNS = [jobs.c[name] for name in Job.__dataclass_fields__]
 
 
-def _job(row: Any) -> Job:
+def job_from_row(row: Any) -> Job:
     values = {name: row[name] for name in Job.__dataclass_fields__}
     values["status"] = Status(values["status"])
     return Job(**values)
@@ -166,12 +177,12 @@ _insert_one = pg.insert(jobs).values(
         sa.bindparam("delay", type_=sa.Float),
     ),
 )
-SUBMIT = _conflict_target(_insert_one).returning(*_JOB_COLUMNS, _CREATED)
+SUBMIT = _conflict_target(_insert_one).returning(*JOB_COLUMNS, _CREATED)
 
 # The same, plus a NOTIFY when a job was created: it is delivered when the insert
 # commits, so an idle worker can start the job (or learn when the next one is due)
 # before the submitter hears back.
-_submitted = _conflict_target(_insert_one).returning(*_JOB_COLUMNS, _CREATED).cte("submitted")
+_submitted = _conflict_target(_insert_one).returning(*JOB_COLUMNS, _CREATED).cte("submitted")
 SUBMIT_AND_NOTIFY = sa.select(
     _submitted,
     sa.case(
@@ -210,7 +221,7 @@ async def submit(conn: AsyncConnection, new: NewJob, *, notify: bool = False) ->
     if row is None:
         assert new.idempotency_key is not None
         raise IdempotencyConflict(new.idempotency_key)
-    return _job(row), bool(row["created"])
+    return job_from_row(row), bool(row["created"])
 
 
 # One array parameter per column of the batch: column -> (parameter, type).
@@ -387,12 +398,12 @@ async def _by_keys(conn: AsyncConnection, keys: set[str]) -> dict[str, NewJob]:
 
 # --- reads ----------------------------------------------------------------
 
-GET = sa.select(*_JOB_COLUMNS).where(c.id == sa.bindparam("id"))
+GET = sa.select(*JOB_COLUMNS).where(c.id == sa.bindparam("id"))
 
 
 async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
     row = (await conn.execute(GET, {"id": job_id})).mappings().first()
-    return _job(row) if row is not None else None
+    return job_from_row(row) if row is not None else None
 
 
 # --- admission (the API's MAX_PENDING) ----------------------------------------
@@ -405,11 +416,11 @@ async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
 PENDING_DEPTHS = sa.text(
     f"""
 WITH RECURSIVE present(queue) AS (
-    (SELECT queue FROM jobs WHERE status = {_lit(Status.PENDING)}
+    (SELECT queue FROM jobs WHERE status = {status_literal(Status.PENDING)}
        AND CAST(:others AS bigint) IS NOT NULL
      ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT queue FROM jobs WHERE status = {_lit(Status.PENDING)}
+    SELECT (SELECT queue FROM jobs WHERE status = {status_literal(Status.PENDING)}
               AND queue > present.queue ORDER BY queue LIMIT 1)
     FROM present WHERE present.queue IS NOT NULL
 ), capped(queue, cap) AS (
@@ -421,7 +432,7 @@ WITH RECURSIVE present(queue) AS (
 SELECT capped.queue, (
     SELECT count(*) FROM (
         SELECT 1 FROM jobs
-        WHERE status = {_lit(Status.PENDING)} AND jobs.queue = capped.queue
+        WHERE status = {status_literal(Status.PENDING)} AND jobs.queue = capped.queue
         LIMIT capped.cap
     ) AS p
 ) AS pending
@@ -510,7 +521,7 @@ def _claim(due: Any) -> Any:
         sa.update(jobs)
         .where(c.id == sa.any_(sa.func.array(sa.select(due.c.id).scalar_subquery())))
         .values(
-            status=_lit(Status.PROCESSING),
+            status=status_literal(Status.PROCESSING),
             attempts=c.attempts + 1,
             lease_token=c.lease_token + 1,
             locked_until=sa.func.now()
@@ -567,31 +578,75 @@ def _unnest(**arrays: tuple[str, Any]) -> Any:
 _LEASES = {"id": ("ids", pg.UUID(as_uuid=True)), "token": ("tokens", sa.BigInteger)}
 _ERRORS = {"error": ("errors", sa.Text)}
 _DELAYS = {"delay": ("delays", sa.Float)}
+_RESULTS = {"result": ("results", sa.Text)}
+
+
+def _finish_time(status: Any) -> Any:
+    """finished_at for a row whose new status is `status` (a column or an expression)."""
+    return sa.case((status.in_([status_literal(s) for s in sorted(FINISHED)]), sa.func.now()))
+
+
+# Evaluated per row a write returns, with the row's new values: the id of a job that just
+# finished, for the API's waiters, only when someone waits for it (`awaited`); no
+# notification otherwise, so finishing costs nothing when nobody waits.
+WOKE: Any = sa.case(
+    (
+        sa.and_(c.awaited, status_in(FINISHED)),
+        sa.func.pg_notify(
+            sa.literal_column(f"'{FINISHED_CHANNEL}'"), sa.cast(c.id, sa.Text)
+        ),
+    )
+).label("woke")
+
+
+def _unless_cancelled(target: Status) -> Any:
+    """`target`, or `cancelled` when a cancel was requested: a job whose holder lets it go
+    (to run again later) must not run again after an operator cancelled it."""
+    return sa.case((c.cancel_requested_at.is_not(None), status_literal(Status.CANCELLED)), else_=status_literal(target))
 
 
 def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
     """Apply `operation` to each (id, token) whose lease is still the current one; returns
     the (id, token) of each row it applied to."""
-    (target,) = operation.targets
+    targets = operation.targets
+    if len(targets) == 1:
+        (target,) = targets
+        status = status_literal(target)
+        finished = sa.func.now() if target in FINISHED else sa.null()
+    else:
+        (target,) = targets - {Status.CANCELLED}
+        status = _unless_cancelled(target)
+        finished = sa.case((c.cancel_requested_at.is_not(None), sa.func.now()))
     return (
         sa.update(jobs)
-        .where(c.id == o.c.id, _guard(operation), c.lease_token == o.c.token)
-        .values(status=_lit(target), locked_until=sa.null(), updated_at=sa.func.now(), **values)
-        .returning(c.id, c.lease_token)
+        .where(c.id == o.c.id, guard(operation), c.lease_token == o.c.token)
+        .values(
+            status=status,
+            locked_until=sa.null(),
+            finished_at=finished,
+            updated_at=sa.func.now(),
+            **values,
+        )
+        .returning(c.id, c.lease_token, WOKE)
     )
 
 
 _o = _unnest(**_LEASES)
+_or = _unnest(**_LEASES, **_RESULTS)
 _oe = _unnest(**_LEASES, **_ERRORS)
 _od = _unnest(**_LEASES, **_DELAYS)
 _oed = _unnest(**_LEASES, **_ERRORS, **_DELAYS)
 
-# Outcome writes, batched and fenced; parameters `ids` and `tokens`, and `errors` and
-# `delays` (seconds until the job is due again) where the statement uses them.
+# Outcome writes, batched and fenced; parameters `ids` and `tokens`, and `results` (JSON
+# text, NULL for None), `errors` and `delays` (seconds until the job is due again) where
+# the statement uses them.
 OUTCOME_WRITES: dict[Operation, Any] = {
-    Operation.COMPLETE: _fenced(Operation.COMPLETE, _o, last_error=sa.null()),
+    Operation.COMPLETE: _fenced(
+        Operation.COMPLETE, _or, last_error=sa.null(), result=sa.cast(_or.c.result, pg.JSONB)
+    ),
     Operation.FAIL: _fenced(Operation.FAIL, _oe, last_error=_oe.c.error),
     Operation.DEAD_LETTER: _fenced(Operation.DEAD_LETTER, _oe, last_error=_oe.c.error),
+    Operation.CANCEL_ATTEMPT: _fenced(Operation.CANCEL_ATTEMPT, _o),
     Operation.RETRY_LATER: _fenced(
         Operation.RETRY_LATER,
         _oed,
@@ -611,18 +666,19 @@ if set(OUTCOME_WRITES) != set(ATTEMPT_OUTCOMES):
 
 # Heartbeats: the leases of running attempts extended by `lease_seconds` from now(), fenced
 # like an outcome write; a lease it does not return was lost (expired and recovered, or
-# re-claimed), and its attempt must stop.
+# re-claimed), and its attempt must stop. It also says whether a cancel was requested (in
+# case the announcement never reached the holder).
 RENEW = (
     sa.update(jobs)
     .where(
         c.id == _o.c.id,
-        _guard(Operation.RENEW),
+        guard(Operation.RENEW),
         c.lease_token == _o.c.token,
     )
     .values(
         locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND
     )
-    .returning(c.id, c.lease_token)
+    .returning(c.id, c.lease_token, c.cancel_requested_at.is_not(None).label("cancel"))
 )
 
 # A claim whose answer never reached its worker (the call timed out or its connection
@@ -632,16 +688,17 @@ RENEW = (
 RELEASE_CLAIM = (
     sa.update(jobs)
     .where(
-        _guard(Operation.RELEASE_CLAIM),
+        guard(Operation.RELEASE_CLAIM),
         c.claim_id == sa.any_(sa.bindparam("claim_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))),
     )
     .values(
-        status=_lit(Status.PENDING),
+        status=_unless_cancelled(Status.PENDING),
         attempts=c.attempts - 1,
         locked_until=sa.null(),
+        finished_at=sa.case((c.cancel_requested_at.is_not(None), sa.func.now())),
         updated_at=sa.func.now(),
     )
-    .returning(c.id)
+    .returning(c.id, WOKE)
 )
 
 # COMPLETE and CLAIM in one statement, so a worker refills the slots its completed jobs
@@ -817,26 +874,30 @@ FROM room LEFT JOIN started ON started.type = room.type"""
 RECOVER_BATCH = 1000
 _expired = (
     sa.select(c.id)
-    .where(_guard(Operation.RECOVER_EXPIRED), c.locked_until < sa.func.now())
+    .where(guard(Operation.RECOVER_EXPIRED), c.locked_until < sa.func.now())
     .order_by(c.locked_until)
     .limit(RECOVER_BATCH)
     .with_for_update(skip_locked=True)
     .cte("expired")
     .prefix_with("MATERIALIZED")
 )
+# A job whose cancel was requested ends cancelled; else it runs again if it has attempts left.
+_RECOVERED = sa.case(
+    (c.cancel_requested_at.is_not(None), status_literal(Status.CANCELLED)),
+    (out_of_attempts(c.attempts, c.max_attempts), status_literal(Status.DEAD_LETTER)),
+    else_=status_literal(Status.PENDING),
+)
 RECOVER_EXPIRED = (
     sa.update(jobs)
     .where(c.id == sa.any_(sa.func.array(sa.select(_expired.c.id).scalar_subquery())))
     .values(
-        status=sa.case(
-            (out_of_attempts(c.attempts, c.max_attempts), _lit(Status.DEAD_LETTER)),
-            else_=_lit(Status.PENDING),
-        ),
+        status=_RECOVERED,
         locked_until=sa.null(),
         last_error=sa.func.concat("lease expired during attempt ", c.attempts),
+        finished_at=_finish_time(_RECOVERED),
         updated_at=sa.func.now(),
     )
-    .returning(c.id, c.status)
+    .returning(c.id, c.status, WOKE)
 )
 
 # Every statement the worker runs, by name.
@@ -853,27 +914,6 @@ WORKER_STATEMENTS: dict[str, Any] = {
     "lock_types": LOCK_TYPES,
     "claim_limited": CLAIM_LIMITED,
 }
-
-
-# --- operator actions -----------------------------------------------------------
-
-MANUAL_RETRY = (
-    sa.update(jobs)
-    .where(c.id == sa.bindparam("job_id"), _guard(Operation.MANUAL_RETRY))
-    .values(
-        status=_lit(Status.PENDING),
-        attempts=0,
-        run_at=sa.func.now(),
-        updated_at=sa.func.now(),
-    )
-    .returning(*_JOB_COLUMNS)
-)
-
-
-async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:
-    """dead_letter -> pending with a fresh attempt budget; None if the job is not dead-lettered."""
-    row = (await conn.execute(MANUAL_RETRY, {"job_id": job_id})).mappings().first()
-    return _job(row) if row is not None else None
 
 
 # --- wake-ups -----------------------------------------------------------------

@@ -5,24 +5,36 @@ from __future__ import annotations
 
 from sqlalchemy.dialects import postgresql
 
-from jobcore import compiled, store
+from jobcore import compiled, maintenance, search, store
 from jobcore.states import ATTEMPT_OUTCOMES, Operation
 
 
 def test_every_statement_the_worker_runs_is_its_jobcore_construct_compiled():
     dialect = postgresql.asyncpg.dialect()
-    assert set(compiled.STATEMENTS) == set(store.WORKER_STATEMENTS)
-    for name, construct in store.WORKER_STATEMENTS.items():
+    constructs = {
+        **store.WORKER_STATEMENTS,
+        "queue_depths": search.QUEUE_DEPTHS,
+        "take_lead": maintenance.TAKE_LEAD,
+        "resign": maintenance.RESIGN,
+        **{f"prune_{status}": statement for status, statement in maintenance.PRUNE.items()},
+    }
+    assert set(compiled.STATEMENTS) == set(constructs)
+    for name, construct in constructs.items():
         assert compiled.STATEMENTS[name].sql == construct.compile(dialect=dialect).string, name
 
 
 def test_every_operation_but_the_apis_has_a_worker_statement():
-    assert set(Operation) - set(compiled.STATEMENTS) == {Operation.MANUAL_RETRY}
+    assert set(Operation) - set(compiled.STATEMENTS) == {
+        Operation.MANUAL_RETRY,
+        Operation.CANCEL,
+        Operation.REQUEST_CANCEL,
+    }
 
 
 def test_outcome_writes_take_leases_and_only_the_arrays_they_use():
     expected = {
-        Operation.COMPLETE: {"ids", "tokens"},
+        Operation.COMPLETE: {"ids", "tokens", "results"},
+        Operation.CANCEL_ATTEMPT: {"ids", "tokens"},
         Operation.RELEASE: {"ids", "tokens"},
         Operation.FAIL: {"ids", "tokens", "errors"},
         Operation.DEAD_LETTER: {"ids", "tokens", "errors"},

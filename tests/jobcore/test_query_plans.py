@@ -194,7 +194,7 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "limited": ["webhook"],
     }
     for statement in (store.CLAIM_UNLIMITED, store.COMPLETE_AND_CLAIM_UNLIMITED):
-        values = {**params, "ids": [new_id()], "tokens": [1]}
+        values = {**params, "ids": [new_id()], "tokens": [1], "results": [None]}
         plan = await _plan(engine, statement, values, generic)
         assert "jobs_claim_queue_idx" in _index_scans(plan), plan
         assert "jobs" not in _scanned_tables(plan), plan

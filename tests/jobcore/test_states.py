@@ -6,6 +6,7 @@ import pytest
 from jobcore.errors import PermanentError, Snooze
 from jobcore.states import (
     ATTEMPT_OUTCOMES,
+    FINISHED,
     TRANSITIONS,
     Operation,
     Status,
@@ -13,16 +14,29 @@ from jobcore.states import (
     out_of_attempts,
 )
 
-P, R, C, F, D = (
+P, R, C, F, D, X = (
     Status.PENDING,
     Status.PROCESSING,
     Status.COMPLETED,
     Status.FAILED,
     Status.DEAD_LETTER,
+    Status.CANCELLED,
 )
 
 # The documented lifecycle, written out independently of jobcore.
-DOCUMENTED_TRANSITIONS = {(P, R), (R, C), (R, P), (R, F), (R, D), (D, P), (F, P)}
+DOCUMENTED_TRANSITIONS = {
+    (P, R),
+    (R, C),
+    (R, P),
+    (R, F),
+    (R, D),
+    (D, P),
+    (F, P),
+    (X, P),
+    (P, X),
+    (D, X),
+    (R, X),
+}
 
 
 def test_transition_table_is_the_documented_one():
@@ -41,20 +55,43 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         "complete",
         "fail",
         "dead_letter",
+        "cancel_attempt",
         "retry_later",
         "snooze",
         "release",
     ]
     for op in ATTEMPT_OUTCOMES:
-        assert op.sources == {R} and len(op.targets) == 1 and op.outcome
+        assert op.sources == {R} and op.outcome
+        # Those that let the job run again end it cancelled when a cancel was requested.
+        assert R not in op.targets and len(op.targets - {X}) <= 1 and op.targets
+    assert {op for op in ATTEMPT_OUTCOMES if X in op.targets and len(op.targets) == 2} == {
+        Operation.RETRY_LATER,
+        Operation.SNOOZE,
+        Operation.RELEASE,
+    }
     assert {op.outcome for op in ATTEMPT_OUTCOMES} == {
         "completed",
         "failed",
         "dead_letter",
+        "cancelled",
         "retried",
         "snoozed",
         "released",
     }
+
+
+def test_only_an_operator_or_the_holder_cancels_and_only_an_operator_revives_a_cancelled_job():
+    assert {op for op in Operation if X in op.targets} == {
+        Operation.CANCEL,
+        Operation.CANCEL_ATTEMPT,
+        Operation.RETRY_LATER,
+        Operation.SNOOZE,
+        Operation.RELEASE,
+        Operation.RELEASE_CLAIM,
+        Operation.RECOVER_EXPIRED,
+    }
+    assert [op for op in Operation if X in op.sources] == [Operation.MANUAL_RETRY]
+    assert FINISHED == {C, F, D, X}
 
 
 @pytest.mark.parametrize(

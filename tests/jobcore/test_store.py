@@ -8,7 +8,7 @@ import random
 import pytest
 import sqlalchemy as sa
 
-from jobcore import compiled, store
+from jobcore import compiled, control, store
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import new_id
 from jobcore.schema import jobs
@@ -120,7 +120,7 @@ async def test_stale_worker_cannot_overwrite_newer_claim_after_manual_retry(engi
     async with engine.begin() as conn:
         raw = await driver(conn)
         assert await compiled.recover_expired(raw) == [(job_id, Status.DEAD_LETTER)]
-        assert (await store.manual_retry(conn, job_id)).attempts == 0
+        assert (await control.manual_retry(conn, job_id)).attempts == 0
         (new,) = await compiled.claim(raw, {"default": 1}, 60)
     # The attempt number repeats after a manual retry; the lease token does not.
     assert new.attempts == old.attempts == 1

@@ -1,0 +1,126 @@
+"""An operator's actions on one job, and waiting for a job to finish: retry, cancel, watch.
+
+One statement per operation, guarded by its declaration in `jobcore.states`, run by
+the API on a SQLAlchemy connection (docs/api.md). A cancel of a running job only
+records the request and announces it on `CANCEL_CHANNEL`; the worker holding the
+job stops the attempt and writes `cancel_attempt` through the fence (`jobcore.store`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from jobcore.schema import jobs
+from jobcore.states import FINISHED, Operation, Status
+from jobcore.store import JOB_COLUMNS, WOKE, Job, get, guard, job_from_row, status_in, status_literal
+
+c = jobs.c
+
+# Workers LISTEN on this channel: the id of a running job whose cancel was requested.
+CANCEL_CHANNEL = "jobqueue_cancel"
+
+MANUAL_RETRY = (
+    sa.update(jobs)
+    .where(c.id == sa.bindparam("job_id"), guard(Operation.MANUAL_RETRY))
+    .values(
+        status=status_literal(Status.PENDING),
+        attempts=0,
+        run_at=sa.func.now(),
+        result=sa.null(),
+        cancel_requested_at=sa.null(),
+        finished_at=sa.null(),
+        awaited=sa.false(),
+        updated_at=sa.func.now(),
+    )
+    .returning(*JOB_COLUMNS)
+)
+
+CANCEL = (
+    sa.update(jobs)
+    .where(c.id == sa.bindparam("job_id"), guard(Operation.CANCEL))
+    .values(
+        status=status_literal(Status.CANCELLED),
+        finished_at=sa.func.now(),
+        updated_at=sa.func.now(),
+    )
+    .returning(*JOB_COLUMNS, WOKE)
+)
+
+# The first request's time stands; every request announces it again (a holder that missed
+# the first announcement hears the next).
+REQUEST_CANCEL = (
+    sa.update(jobs)
+    .where(c.id == sa.bindparam("job_id"), guard(Operation.REQUEST_CANCEL))
+    .values(
+        cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, sa.func.now()),
+        updated_at=sa.func.now(),
+    )
+    .returning(
+        *JOB_COLUMNS,
+        sa.func.pg_notify(sa.literal_column(f"'{CANCEL_CHANNEL}'"), sa.cast(c.id, sa.Text)).label(
+            "announced"
+        ),
+    )
+)
+
+# A waiter marks the job it waits for, unless it has finished already: the write that
+# finishes it then notifies (`store.FINISHED_CHANNEL`). No row: finished (or unknown).
+WATCH = (
+    sa.update(jobs)
+    .where(c.id == sa.bindparam("job_id"), sa.not_(status_in(FINISHED)))
+    .values(awaited=sa.true())
+    .returning(c.id)
+)
+
+
+class Cancelled(StrEnum):
+    """What `cancel` did."""
+
+    CANCELLED = "cancelled"  # pending or dead_letter: cancelled at once
+    REQUESTED = "requested"  # processing: the holder was asked to stop the attempt
+    REFUSED = "refused"  # finished already: completed, failed or cancelled
+
+
+# A job may move between the statements' snapshots (e.g. processing -> pending when its
+# attempt is retried): try again, a few times at most.
+_CANCEL_TRIES = 5
+
+
+async def cancel(conn: AsyncConnection, job_id: UUID) -> tuple[Job, Cancelled] | None:
+    """Cancel the job: at once if no worker holds it, else by asking its holder (the job is
+    returned with `cancel_requested_at` set). None if there is no such job."""
+    for _ in range(_CANCEL_TRIES):
+        row = await _first(conn, CANCEL, job_id)
+        if row is not None:
+            return job_from_row(row), Cancelled.CANCELLED
+        row = await _first(conn, REQUEST_CANCEL, job_id)
+        if row is not None:
+            return job_from_row(row), Cancelled.REQUESTED
+        job = await get(conn, job_id)
+        if job is None:
+            return None
+        if job.status not in Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources:
+            return job, Cancelled.REFUSED
+    return job, Cancelled.REFUSED
+
+
+async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:
+    """dead_letter, failed or cancelled -> pending with a fresh attempt budget; None if the
+    job is in no such status."""
+    row = await _first(conn, MANUAL_RETRY, job_id)
+    return job_from_row(row) if row is not None else None
+
+
+async def watch(conn: AsyncConnection, job_id: UUID) -> bool:
+    """Ask to be notified when the job finishes; False if it has finished (or is unknown),
+    so there is nothing to wait for. Listen on `FINISHED_CHANNEL` before calling this."""
+    return await _first(conn, WATCH, job_id) is not None
+
+
+async def _first(conn: AsyncConnection, statement: Any, job_id: UUID) -> Any:
+    return (await conn.execute(statement, {"job_id": job_id})).mappings().first()

@@ -1,0 +1,76 @@
+"""What one worker at a time does for the whole database: who leads a maintenance task
+(`take_lead`), and retention (`prune`). Constructs only; the worker runs them through
+`jobcore.compiled` (docs/worker.md, "Maintenance").
+
+Leadership is a row per task in `maintenance_leases`: a worker takes it when it is free
+or its lease has run out, and keeps it by renewing before then. No coordinator, no
+session that must stay open: a leader that dies is replaced once its lease runs out.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from jobcore.schema import maintenance_leases
+from jobcore.states import FINISHED, Status
+
+# The tasks that have a leader.
+GAUGES = "queue_gauges"
+RETENTION = "retention"
+
+_m = maintenance_leases.c
+_take = pg.insert(maintenance_leases).values(
+    task=sa.bindparam("task", type_=sa.Text),
+    holder=sa.bindparam("holder", type_=pg.UUID(as_uuid=True)),
+    expires_at=sa.func.now()
+    + sa.bindparam("lease_seconds", type_=sa.Float) * sa.literal_column("interval '1 second'"),
+)
+# A row back: the caller leads `task` until the lease it asked for runs out.
+TAKE_LEAD = _take.on_conflict_do_update(
+    index_elements=[_m.task],
+    set_={"holder": _take.excluded.holder, "expires_at": _take.excluded.expires_at},
+    where=sa.or_(_m.holder == _take.excluded.holder, _m.expires_at < sa.func.now()),
+).returning(_m.holder)
+
+# Let another worker lead at once (at shutdown).
+RESIGN = sa.delete(maintenance_leases).where(
+    _m.task == sa.bindparam("task", type_=sa.Text),
+    _m.holder == sa.bindparam("holder", type_=pg.UUID(as_uuid=True)),
+)
+
+# Rows a prune deletes at most: each delete is short, and holds few locks.
+PRUNE_BATCH = 5000
+
+# The smallest time-ordered id (UUID version 7, `jobcore.ids`) of the millisecond `now() -
+# age`: every job created before then has a lower id. Bounding the read by it keeps a prune
+# from reading the young finished jobs (most of them, with retention on) again every time.
+_CREATED_BEFORE = """CAST(regexp_replace(
+    lpad(to_hex(floor(extract(epoch FROM now() - CAST(:age AS float8) * interval '1 second')
+                      * 1000)::bigint), 12, '0') || '00000000000000000000',
+    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\\1-\\2-\\3-\\4-\\5') AS uuid)"""
+
+
+def _prune(status: Status) -> sa.TextClause:
+    # A job finishes after it is created: one that finished `age` ago was created before,
+    # so the id bound keeps every job old enough (and, rarely, reads one created long
+    # before it finished).
+    return sa.text(
+        f"""
+WITH gone AS (
+    DELETE FROM jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs
+        WHERE status = '{status.value}' AND id < {_CREATED_BEFORE}
+          AND finished_at < now() - CAST(:age AS float8) * interval '1 second'
+        ORDER BY id LIMIT {PRUNE_BATCH}
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM gone"""
+    ).columns(sa.column("pruned", sa.BigInteger))
+
+
+# Per finished status: delete at most PRUNE_BATCH of its jobs that finished more than `age`
+# seconds ago; returns how many.
+PRUNE: dict[Status, sa.TextClause] = {status: _prune(status) for status in sorted(FINISHED)}

@@ -1,0 +1,150 @@
+"""Reading many jobs: the list (`GET /jobs`) and the depth of each queue (`GET /queues`, the
+worker's queue gauges).
+
+The list is newest first (`id` descending; ids are time-ordered) and pages by keyset:
+a page asks for ids below the last one it saw, never an OFFSET, so jobs inserted
+meanwhile are neither skipped nor repeated, and no page counts the table. Each
+status is read on its own, in id order, through the index that leads with the
+filters given (`jobs_status_idx`, `jobs_type_idx`, `jobs_queue_idx`; running jobs
+through `jobs_lease_idx`), and the branches are merged: a page reads at most
+`limit` entries per status it asks for, however large the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from jobcore.schema import jobs
+from jobcore.states import Status
+from jobcore.store import JOB_COLUMNS, Job, job_from_row, status_literal
+
+c = jobs.c
+
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 50
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What a list asks for; None: any."""
+
+    statuses: Collection[Status] | None = None
+    type: str | None = None
+    queue: str | None = None
+
+
+def list_statement(filters: Filters, *, after: bool) -> Any:
+    """The page query for `filters`: parameters `limit`, and `before` (the last id of the
+    previous page) when `after` is true."""
+    statuses = filters.statuses
+    if statuses is None and filters.type is None and filters.queue is None:
+        # Nothing to narrow by: the primary key, backwards.
+        return _branch(None, filters, after)
+    branches = [_branch(status, filters, after) for status in sorted(statuses or Status)]
+    if len(branches) == 1:
+        return branches[0]
+    merged = sa.union_all(*branches).subquery("page")
+    return sa.select(merged).order_by(merged.c.id.desc()).limit(sa.bindparam("limit"))
+
+
+def _branch(status: Status | None, filters: Filters, after: bool) -> Any:
+    query = sa.select(*JOB_COLUMNS)
+    if status is not None:
+        # A literal: the planner must see it to use the partial indexes.
+        query = query.where(c.status == status_literal(status))
+    if filters.type is not None:
+        query = query.where(c.type == sa.bindparam("type"))
+    if filters.queue is not None:
+        query = query.where(c.queue == sa.bindparam("queue"))
+    if after:
+        query = query.where(c.id < sa.bindparam("before"))
+    return query.order_by(c.id.desc()).limit(sa.bindparam("limit"))
+
+
+async def list_jobs(
+    conn: AsyncConnection, filters: Filters, limit: int, before: UUID | None
+) -> tuple[list[Job], UUID | None]:
+    """Up to `limit` jobs matching `filters`, newest first, below `before` if given; and the
+    id to continue from (None on the last page)."""
+    statement = list_statement(filters, after=before is not None)
+    values: dict[str, Any] = {"limit": limit + 1, "type": filters.type, "queue": filters.queue}
+    if before is not None:
+        values["before"] = before
+    rows = (await conn.execute(statement, values)).mappings().all()
+    found = [job_from_row(row) for row in rows[:limit]]
+    more = len(rows) > limit
+    return found, (found[-1].id if more else None)
+
+
+# --- queue depths ---------------------------------------------------------------
+#
+# Per queue: due and scheduled pending jobs and their oldest due time (an index-only read
+# of the pending rows in `jobs_claim_queue_idx`), processing jobs (the leased rows in
+# `jobs_lease_idx`) and dead letters (a range of `jobs_queue_idx`). The queues are found as
+# a loose index scan of `jobs_queue_idx` (one probe per queue, whatever it holds) and among
+# the leased rows: no finished row is read to count anything.
+_PENDING = f"'{Status.PENDING.value}'"
+_PROCESSING = f"'{Status.PROCESSING.value}'"
+_DEAD_LETTER = f"'{Status.DEAD_LETTER.value}'"
+QUEUE_DEPTHS = sa.text(
+    f"""
+WITH RECURSIVE known(queue) AS (
+    (SELECT queue FROM jobs WHERE status <> {_PROCESSING} ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT queue FROM jobs WHERE status <> {_PROCESSING} AND queue > known.queue
+            ORDER BY queue LIMIT 1)
+    FROM known WHERE known.queue IS NOT NULL
+), running AS (
+    SELECT queue, count(*) AS n FROM jobs WHERE status = {_PROCESSING} GROUP BY queue
+), queues AS (
+    SELECT queue FROM known WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM running
+)
+SELECT q.queue, p.pending, p.scheduled, coalesce(r.n, 0) AS processing,
+       (SELECT count(*) FROM jobs
+        WHERE status = {_DEAD_LETTER} AND queue = q.queue) AS dead_letter,
+       coalesce(extract(epoch FROM now() - p.oldest_due), 0)::float8
+           AS oldest_pending_age_seconds
+FROM queues AS q
+LEFT JOIN running AS r ON r.queue = q.queue
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
+           count(*) FILTER (WHERE run_at > now()) AS scheduled,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
+    FROM jobs WHERE status = {_PENDING} AND queue = q.queue
+) AS p
+ORDER BY q.queue"""
+).columns(
+    sa.column("queue", sa.Text),
+    sa.column("pending", sa.BigInteger),
+    sa.column("scheduled", sa.BigInteger),
+    sa.column("processing", sa.BigInteger),
+    sa.column("dead_letter", sa.BigInteger),
+    sa.column("oldest_pending_age_seconds", sa.Float),
+)
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    queue: str
+    pending: int  # due
+    scheduled: int  # pending, not due yet
+    processing: int
+    dead_letter: int
+    oldest_pending_age_seconds: float  # of the oldest due job, since it became due; 0: none
+
+
+DEPTH_STATUSES: Sequence[str] = ("pending", "scheduled", "processing", "dead_letter")
+
+
+async def queue_depths(conn: AsyncConnection) -> list[QueueDepth]:
+    """Every queue that holds jobs, by name."""
+    rows = await conn.execute(QUEUE_DEPTHS)
+    return [QueueDepth(*row) for row in rows]
