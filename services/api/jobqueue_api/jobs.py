@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from jobcore import store
+from jobcore import control, store
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import parse_id
 from jobcore.registry import registered_types
@@ -237,7 +237,7 @@ async def retry_job(request: Request) -> Response:
         return _not_found(request)
     engine = _engine(request)
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
-        job = await store.manual_retry(conn, job_id)
+        job = await control.manual_retry(conn, job_id)
         current = None if job is not None else await store.get(conn, job_id)
     if job is not None:
         _notifier(request).jobs_due()
