@@ -43,6 +43,10 @@ DURATION_LIMITS = {
     "shutdown_timeout": _HOUR,
     "drain_delay": _HOUR,
     "request_body_timeout": 5 * _MINUTE,
+    # Ten years: finished jobs kept longer than that are better kept forever (0).
+    "retention_completed": 3650 * _DAY,
+    "retention_failed": 3650 * _DAY,
+    "retention_dead_letter": 3650 * _DAY,
 }
 
 
@@ -188,6 +192,10 @@ class Settings(BaseSettings):
     # Worker: global limits per job type, `type:n,...` and `type:n/s` or `type:n/m,...`.
     type_concurrency: str = ""
     type_rate: str = ""
+    # Worker: finished jobs are deleted this long after they finished; 0 keeps them forever.
+    retention_completed: Duration = _DAY
+    retention_failed: Duration = 7 * _DAY  # failed and cancelled
+    retention_dead_letter: Duration = 0.0
 
     @field_validator("queues")
     @classmethod

@@ -38,6 +38,7 @@ from jobqueue_worker.executor import Executor
 from jobqueue_worker.heartbeat import Heartbeat
 from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
+from jobqueue_worker.maintenance import QueueGauges, Retention, TakingTurns, retention_ages
 from jobqueue_worker.periodic import Scheduler
 from jobqueue_worker.recovery import Recovery
 
@@ -129,6 +130,10 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     recovery = Recovery(store, settings.recovery_interval)
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
     listener = Listener(settings.database_url, dispatcher.wake)
+    # Led by one worker process of the database at a time; here, one connection for both.
+    turns = TakingTurns(store)
+    queue_gauges = QueueGauges(turns)
+    retention = Retention(turns, retention_ages(settings))
     declared = schedules()
     scheduler = (
         Scheduler(engine, declared, max_attempts=settings.max_attempts) if declared else None
@@ -165,6 +170,8 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
         asyncio.create_task(heartbeat.run(heartbeat_stop), name=heartbeat.name),
         asyncio.create_task(listener.run(maintenance_stop), name=listener.name),
+        asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),
+        asyncio.create_task(retention.run(maintenance_stop), name=retention.name),
     }
     if scheduler is not None:
         loops.add(asyncio.create_task(scheduler.run(maintenance_stop), name=scheduler.name))

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled
 from jobcore.errors import describe
+from jobcore.search import QueueDepth
 from jobcore.states import Operation, Status
 from jobcore.store import Claimed, Lease, TypeLimits
 
@@ -47,8 +48,9 @@ LOCK_TIMEOUT = 2.0
 CONNECTION_CHECK = 1.0
 CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
 # Connections per child: one each for the dispatcher, the completer, recovery and the heartbeat,
-# plus one for the periodic scheduler (at its ticks only).
-POOL_SIZE = 5
+# plus one for the periodic scheduler (at its ticks only), plus one the maintenance loops (queue
+# gauges, retention) take turns on.
+POOL_SIZE = 6
 # Tries of a call on fresh connections when asyncpg refused to start it on a broken one.
 _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
@@ -280,6 +282,18 @@ class PgJobStore:
 
     async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
         return await self._run(Operation.RENEW, compiled.renew, leases, lease_seconds)
+
+    async def take_lead(self, task: str, holder: UUID, lease_seconds: float) -> bool:
+        return await self._run("take_lead", compiled.take_lead, task, holder, lease_seconds)
+
+    async def resign(self, task: str, holder: UUID) -> None:
+        await self._run("resign", compiled.resign, task, holder)
+
+    async def queue_depths(self) -> list[QueueDepth]:
+        return await self._run("queue_depths", compiled.queue_depths)
+
+    async def prune(self, status: Status, age_seconds: float) -> int:
+        return await self._run("prune", compiled.prune, status, age_seconds)
 
 
 def _never_sent(exc: Exception) -> bool:

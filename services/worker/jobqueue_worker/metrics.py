@@ -17,9 +17,10 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
+from jobcore.search import DEPTH_STATUSES, QueueDepth
+from jobcore.states import ATTEMPT_OUTCOMES, FINISHED, Operation, Status
 
 JOBS_COMPLETED = Counter("jobs_completed_total", "Jobs completed (outcome recorded).")
 JOBS_FAILED = Counter(
@@ -45,6 +46,26 @@ JOB_DURATION = Histogram(
     ["outcome"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
+JOBS_PRUNED = Counter(
+    "jobs_pruned_total", "Finished jobs deleted by retention, by their status.", ["status"]
+)
+# The queue gauges: set only by the worker process leading them (jobqueue_worker.maintenance).
+# "livemostrecent": the supervisor's /metrics shows, per series, the value its children set
+# last, and forgets a child's values when the child exits.
+JOBS_QUEUED = Gauge(
+    "jobs_queued",
+    "Jobs of a queue by status (pending: due; scheduled: pending, not due yet), exported by"
+    " the one worker process that leads the queue gauges.",
+    ["queue", "status"],
+    multiprocess_mode="livemostrecent",
+)
+JOBS_OLDEST_PENDING_AGE = Gauge(
+    "jobs_oldest_pending_age_seconds",
+    "Seconds since the oldest due pending job of a queue became due (0: none), exported by"
+    " the one worker process that leads the queue gauges.",
+    ["queue"],
+    multiprocess_mode="livemostrecent",
+)
 
 
 # The counter each applied outcome adds to; a release counts nowhere (the attempt was given
@@ -65,6 +86,8 @@ def initialise() -> None:
     )
     for op in ATTEMPT_OUTCOMES:
         JOB_DURATION.labels(outcome=op.outcome)
+    for status in sorted(FINISHED):
+        JOBS_PRUNED.labels(status=status)
 
 
 # Attempts finished in this turn of the event loop: (kind, applied, duration).
@@ -133,3 +156,50 @@ def jobs_recovered(dead_lettered: int, total: int) -> None:
 def lease_lost(n: int) -> None:
     """Count leases a heartbeat found lost (their attempts were stopped)."""
     JOBS_LEASE_LOST.inc(n)
+
+
+def jobs_pruned(status: Status, n: int) -> None:
+    JOBS_PRUNED.labels(status=status).inc(n)
+
+
+# Queues whose gauges this process exports now.
+_shown_queues: set[str] = set()
+
+
+def show_queue_depths(depths: Sequence[QueueDepth]) -> None:
+    """Export `depths` as the queue gauges; a queue shown before and absent now is hidden."""
+    queues = set()
+    for depth in depths:
+        queues.add(depth.queue)
+        for status in DEPTH_STATUSES:
+            JOBS_QUEUED.labels(queue=depth.queue, status=status).set(getattr(depth, status))
+        JOBS_OLDEST_PENDING_AGE.labels(queue=depth.queue).set(depth.oldest_pending_age_seconds)
+    for queue in _shown_queues - queues:
+        _hide_queue(queue)
+    _shown_queues.clear()
+    _shown_queues.update(queues)
+
+
+def hide_queue_depths() -> None:
+    """Stop exporting queue gauges from this process (it does not lead them)."""
+    for queue in _shown_queues:
+        _hide_queue(queue)
+    _shown_queues.clear()
+
+
+def _hide_queue(queue: str) -> None:
+    for status in DEPTH_STATUSES:
+        _hide(JOBS_QUEUED, queue, status)
+    _hide(JOBS_OLDEST_PENDING_AGE, queue)
+
+
+def _hide(gauge: Gauge, *labels: str) -> None:
+    value: Any = gauge.labels(*labels)._value
+    if getattr(value, "_multiprocess", False):
+        # A series cannot be removed from a metric file. The supervisor's merge shows, per
+        # series, the value with the latest timestamp among its children, and a timestamp
+        # of 0 is never the latest: the series is left out unless another child sets it
+        # (tests/worker/test_maintenance_metrics.py holds prometheus-client to this).
+        value.set(0.0, timestamp=0.0)
+    else:
+        gauge.remove(*labels)
