@@ -224,3 +224,36 @@ def test_any_database_url_either_translates_or_is_refused_naming_the_parameter(p
     assert args["dsn"].startswith("postgresql://u:s3cret@db.example:5432/jobs")
     assert isinstance(args["timeout"], float) and 0 < args["timeout"] <= 3600
     assert set(args["server_settings"]) <= {"application_name", "options"}
+
+
+# --- retention ------------------------------------------------------------------------
+
+
+def test_retention_defaults_keep_completed_a_day_failed_a_week_and_dead_letters_forever():
+    s = load_settings({})
+    assert (s.retention_completed, s.retention_failed, s.retention_dead_letter) == (
+        86_400,
+        604_800,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [("0", 0), ("0s", 0), ("1s", 1), ("90m", 5400), ("720h", 2_592_000)]
+)
+@pytest.mark.parametrize(
+    "variable", ["RETENTION_COMPLETED", "RETENTION_FAILED", "RETENTION_DEAD_LETTER"]
+)
+def test_a_retention_is_a_duration_and_zero_means_forever(variable, value, seconds):
+    assert getattr(load_settings({variable: value}), variable.lower()) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-1h", "1d", "87601h", "1e12"])
+@pytest.mark.parametrize(
+    "variable", ["RETENTION_COMPLETED", "RETENTION_FAILED", "RETENTION_DEAD_LETTER"]
+)
+def test_a_bad_retention_names_its_variable(variable, value):
+    with pytest.raises(ConfigError) as caught:
+        load_settings({variable: value})
+    assert caught.value.variable == variable
+    assert "\n" not in str(caught.value)
