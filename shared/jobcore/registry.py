@@ -7,9 +7,10 @@ types, the worker to run them. Importing a module registers its handlers.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from uuid import UUID
 
 from jobcore.errors import ConfigError
@@ -31,8 +32,43 @@ class JobContext:
     # Settings a built-in handler may need; kept here so handlers stay pure functions.
     webhook_allow_private: bool = False
 
+    # Made on first use, not with the context: most handlers never look, and an Event costs
+    # twice what the rest of the context does on the worker's hot path.
+    _event: ClassVar[threading.Event | None] = None
+    _stopped: ClassVar[bool] = False
 
-Handler = Callable[[Any, JobContext], Awaitable[None] | None]
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the attempt is being stopped: its cancel was requested, it timed out,
+        the worker is shutting down, or its lease was lost. A plain `def` handler, which
+        cannot be interrupted, should poll it (`ctx.cancelled.is_set()`, or wait on it
+        instead of sleeping) and return soon after; an `async def` one is also cancelled."""
+        event = self._event
+        if event is None:
+            with _lazy:
+                event = self._event
+                if event is None:
+                    event = threading.Event()
+                    if self._stopped:
+                        event.set()
+                    object.__setattr__(self, "_event", event)
+        return event
+
+    def stop(self) -> None:
+        """Set `cancelled` (the executor calls this when it stops the attempt)."""
+        with _lazy:
+            object.__setattr__(self, "_stopped", True)
+            event = self._event
+        if event is not None:
+            event.set()
+
+
+# Guards the first use of `JobContext.cancelled` against `stop()` from another thread.
+_lazy = threading.Lock()
+
+# Returns (or, `async def`, returns from its coroutine) the job's result: JSON-serialisable,
+# None for none.
+Handler = Callable[[Any, JobContext], Any]
 H = TypeVar("H", bound=Handler)
 
 _registry: dict[str, Handler] = {}

@@ -81,6 +81,11 @@ def parse_queues(value: str, *, workers: int) -> dict[str, int]:
     return queues
 
 
+# The largest MAX_RESULT_BYTES: results are written in batches, a whole batch in one statement,
+# and read back with every job record; anything bigger belongs in a store of its own.
+MAX_RESULT_BYTES_LIMIT = 16 * 1024 * 1024
+
+
 # The largest MAX_PENDING cap: far above any table a queue should hold, well inside bigint.
 MAX_PENDING_CAP = 1_000_000_000
 
@@ -192,6 +197,8 @@ class Settings(BaseSettings):
     # Worker: global limits per job type, `type:n,...` and `type:n/s` or `type:n/m,...`.
     type_concurrency: str = ""
     type_rate: str = ""
+    # Worker: the largest result stored, in bytes of its JSON text; a larger one fails the attempt.
+    max_result_bytes: int = Field(default=65_536, ge=1, le=MAX_RESULT_BYTES_LIMIT)
     # Worker: finished jobs are deleted this long after they finished; 0 keeps them forever.
     retention_completed: Duration = _DAY
     retention_failed: Duration = 7 * _DAY  # failed and cancelled

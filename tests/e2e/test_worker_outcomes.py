@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from jobcore import store
+from jobcore import control
 from jobcore.schema import jobs
 from jobcore.states import Status
 from tests.worker.support import all_in, eventually, fetch, read_log, start_worker, submit
@@ -76,7 +76,7 @@ async def test_attempt_outcomes_follow_the_documented_rules(database_url, engine
         await eventually(lambda: all_in(engine, [flagged], "dead_letter"), 60, "dead_letter")
         flag.unlink()
         async with engine.begin() as conn:
-            assert (await store.manual_retry(conn, flagged)) is not None
+            assert (await control.manual_retry(conn, flagged)) is not None
         await eventually(lambda: all_in(engine, [flagged], "completed"), 60, "completed")
         assert await _attempts(engine, flagged) == 1
         assert [row[2] for row in read_log(worker.exec_log) if row[1] == str(flagged)] == [1, 1]

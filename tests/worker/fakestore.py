@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from jobcore.compiled import Renewed
 from jobcore.states import Operation, Status, out_of_attempts
 from jobcore.store import Claimed, Lease
 
@@ -37,6 +38,8 @@ class FakeJob:
     queue: str = "default"
     priority: int = 0
     timeout: float | None = None
+    result: str | None = None  # JSON text, as the handler's return value was encoded
+    cancel_requested: bool = False
 
 
 class DatabaseDown(ConnectionError):
@@ -66,6 +69,13 @@ class FakeStore:
 
     def status(self, job_id: UUID) -> Status:
         return self.jobs[job_id].status
+
+    def request_cancel(self, job_id: UUID) -> None:
+        """An operator asked to cancel the running job (`jobcore.control.cancel`): noted on
+        the job only, as the real store does; the holder hears of it when the test says so."""
+        job = self.jobs[job_id]
+        assert job.status is Status.PROCESSING, job
+        job.cancel_requested = True
 
     def _check(self) -> None:
         if self.down:
@@ -127,14 +137,16 @@ class FakeStore:
         leases: Sequence[Lease],
         errors: Sequence[str] = (),
         delays: Sequence[float] = (),
+        results: Sequence[str | None] = (),
     ) -> list[Lease]:
-        """Fenced like the real store; the target status comes from the operation's declaration."""
+        """Fenced like the real store; the target status comes from the operation's declaration
+        (of two, the one other than `cancelled`, which a requested cancel picks instead)."""
         if self.write_gate is not None:
             await self.write_gate.wait()
         await asyncio.sleep(0)
         self._check()
         self.writes.append((operation, len(leases)))
-        (target,) = operation.targets
+        (target,) = operation.targets - {Status.CANCELLED} or operation.targets
         lost = []
         for i, lease in enumerate(leases):
             job = self.jobs.get(lease.job_id)
@@ -146,7 +158,12 @@ class FakeStore:
                 lost.append(lease)
                 continue
             job.status, job.locked_until = target, None
-            job.last_error = errors[i] if i < len(errors) and errors[i] else None
+            if len(operation.targets) > 1 and job.cancel_requested:
+                job.status = Status.CANCELLED
+            if operation is Operation.COMPLETE:
+                job.result = results[i] if results else None
+            if operation is not Operation.CANCEL_ATTEMPT:
+                job.last_error = errors[i] if i < len(errors) and errors[i] else None
             if operation in (Operation.RETRY_LATER, Operation.SNOOZE):
                 job.delay = delays[i]
                 job.run_at = self.clock() + delays[i]
@@ -155,18 +172,23 @@ class FakeStore:
         return lost
 
     async def complete_and_claim(
-        self, leases: Sequence[Lease], slots: Mapping[str, int], lease_seconds: float
+        self,
+        leases: Sequence[Lease],
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        results: Sequence[str | None] = (),
     ) -> tuple[list[Lease], list[Claimed]]:
         """complete, then claim, with no other call in between (one statement in the real store)."""
         self.combined.append((len(leases), sum(slots.values())))
-        lost = await self.record(Operation.COMPLETE, leases)
+        lost = await self.record(Operation.COMPLETE, leases, results=results)
         return lost, self._claim_now(slots, lease_seconds)
 
-    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> Renewed:
         await asyncio.sleep(0)
         self._check()
         self.renewals.append(len(leases))
         lost = []
+        cancel = []
         for lease in leases:
             job = self.jobs.get(lease.job_id)
             if (
@@ -177,7 +199,9 @@ class FakeStore:
                 lost.append(lease)
             else:
                 job.locked_until = self.clock() + lease_seconds
-        return lost
+                if job.cancel_requested:
+                    cancel.append(lease)
+        return Renewed(lost, cancel)
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         await asyncio.sleep(0)
@@ -187,11 +211,12 @@ class FakeStore:
         for job in self.jobs.values():
             expired = job.locked_until is not None and job.locked_until < now
             if job.status is Status.PROCESSING and expired:
-                job.status = (
-                    Status.DEAD_LETTER
-                    if out_of_attempts(job.attempts, job.max_attempts)
-                    else Status.PENDING
-                )
+                if job.cancel_requested:
+                    job.status = Status.CANCELLED
+                elif out_of_attempts(job.attempts, job.max_attempts):
+                    job.status = Status.DEAD_LETTER
+                else:
+                    job.status = Status.PENDING
                 job.locked_until = None
                 recovered.append((job.id, job.status))
         return recovered

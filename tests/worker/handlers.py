@@ -125,3 +125,51 @@ async def span(payload: Any, ctx: JobContext) -> None:
     started = time.time()
     await asyncio.sleep(float(payload.get("seconds", 0)))
     append(".spans", f"{ctx.job_id} {ctx.attempt} {started:.6f} {time.time():.6f}")
+
+
+@handler("test.stoppable")
+def stoppable(payload: Any, ctx: JobContext) -> None:
+    """A plain def handler that polls `ctx.cancelled` for payload["seconds"] (default 60):
+    notes "stopped" and returns once it is set, else notes "done"."""
+    note("run", ctx)
+    if ctx.cancelled.wait(float(payload.get("seconds", 60))):
+        note("stopped", ctx)
+    else:
+        note("done", ctx)
+
+
+@handler("test.race")
+async def race(payload: Any, ctx: JobContext) -> dict[str, Any]:
+    """Stamp the start, sleep payload["seconds"], note "done" and return a result naming the
+    job; a cancellation during the sleep notes "stopped"."""
+    stamp(ctx)
+    try:
+        await asyncio.sleep(float(payload["seconds"]))
+    except asyncio.CancelledError:
+        note("stopped", ctx)
+        raise
+    note("done", ctx)
+    return {"job": str(ctx.job_id), "kind": "async"}
+
+
+@handler("test.race_sync")
+def race_sync(payload: Any, ctx: JobContext) -> dict[str, Any] | None:
+    """`test.race` as a plain def handler, stopped through `ctx.cancelled`."""
+    stamp(ctx)
+    if ctx.cancelled.wait(float(payload["seconds"])):
+        note("stopped", ctx)
+        return None
+    note("done", ctx)
+    return {"job": str(ctx.job_id), "kind": "sync"}
+
+
+@handler("test.returns")
+def returns(payload: Any, ctx: JobContext) -> Any:
+    """Returns payload["value"]; a set if payload["unserialisable"]; a string of
+    payload["chars"] characters if given."""
+    note("run", ctx)
+    if payload.get("unserialisable"):
+        return {1, 2, 3}
+    if "chars" in payload:
+        return "x" * int(payload["chars"])
+    return payload.get("value")

@@ -24,6 +24,7 @@ class Stack:
         backoff_base: float = 1.0,
         backoff_max: float = 60.0,
         cancel_grace: float = 0.2,
+        max_result_bytes: int = 65_536,
         **completer: Any,
     ) -> None:
         self.store = store
@@ -37,6 +38,7 @@ class Stack:
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             cancel_grace=cancel_grace,
+            max_result_bytes=max_result_bytes,
         )
         self.dispatcher = Dispatcher(
             store, self.executor, poll_interval=poll_interval, lease_seconds=lease_seconds

@@ -107,8 +107,8 @@ async def test_the_worker_store_reports_exactly_the_lost_leases(engine):
     pg = PgJobStore(engine)
     try:
         async with engine.begin() as conn:
-            good = await _job_in(conn, Status.PROCESSING, last_attempt=False)
-            other = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+            good = await _job_in(conn, Status.PROCESSING, "complete")
+            other = await _job_in(conn, Status.PROCESSING, "complete")
         stale = store.Lease(other.job_id, other.lease_token + 1)
         assert await pg.record(Operation.COMPLETE, [good, stale]) == [stale]
         assert await pg.record(Operation.COMPLETE, [good]) == [good]  # already completed
@@ -234,7 +234,8 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
         )
     sql = compiled.STATEMENTS[statement].sql
     claim_args = "1, 60, 1, NULL, '{default}', '{50}'"
-    args = claim_args if statement == "claim" else f"'{{}}'::uuid[], '{{}}'::bigint[], {claim_args}"
+    outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
+    args = claim_args if statement == "claim" else f"{outcomes}, {claim_args}"
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         mode = "force_generic_plan" if generic else "force_custom_plan"
@@ -263,7 +264,8 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
 
     def claim_args(n: int) -> str:
         args = f"1, 60, 1, NULL, '{{default}}', '{{{n}}}'"
-        return args if statement == "claim" else f"'{{}}'::uuid[], '{{}}'::bigint[], {args}"
+        outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
+        return args if statement == "claim" else f"{outcomes}, {args}"
 
     small, burst = claim_args(1), claim_args(50)
 
@@ -303,7 +305,7 @@ async def test_an_old_and_a_new_lease_of_one_job_in_one_batch_report_the_old_one
     engine, combined
 ):
     async with engine.begin() as conn:
-        current = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+        current = await _job_in(conn, Status.PROCESSING, "complete")
     old = store.Lease(current.job_id, current.lease_token - 1)
     pg = PgJobStore(engine)
     try:
@@ -329,7 +331,7 @@ async def test_a_write_stuck_behind_a_lock_is_stopped_by_the_server_before_the_w
     """A write the worker gives up on must not go on in the server and claim jobs that no
     slot will ever run: the server's lock_timeout / statement_timeout end it first."""
     async with engine.begin() as conn:
-        held = await _job_in(conn, Status.PROCESSING, last_attempt=False)
+        held = await _job_in(conn, Status.PROCESSING, "complete")
     pending = await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1, count=3)
     release, locked = asyncio.Event(), asyncio.Event()
     locker = asyncio.create_task(_hold_row_lock(engine, held.job_id, release, locked))

@@ -116,6 +116,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         webhook_allow_private=settings.webhook_allow_private,
         on_slot_freed=lambda queue: dispatcher.slot_freed(queue),
         on_abandoned=recycle.abandoned_changed,
+        max_result_bytes=settings.max_result_bytes,
     )
     dispatcher = Dispatcher(
         store,
@@ -129,7 +130,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     )
     recovery = Recovery(store, settings.recovery_interval)
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
-    listener = Listener(settings.database_url, dispatcher.wake)
+    listener = Listener(settings.database_url, dispatcher.wake, cancel=executor.cancel)
     # Led by one worker process of the database at a time; here, one connection for both.
     turns = TakingTurns(store)
     queue_gauges = QueueGauges(turns)
@@ -143,9 +144,11 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     # process: frozen, full collections stop walking it again and again under load.
     gc.collect()
     gc.freeze()
-    # Set when shutdown starts: ends the recovery loop, the wake-up listener and the scheduler.
+    # Set when shutdown starts: ends the recovery loop, the scheduler and the maintenance
+    # loops (which resign, so another worker takes over at once).
     maintenance_stop = asyncio.Event()
-    # Set once every slot is free: jobs finishing during shutdown keep their leases.
+    # Set once every slot is free: jobs finishing during shutdown keep their leases, and hear
+    # a cancel request (the listener).
     heartbeat_stop = asyncio.Event()
 
     watchdog = Watchdog(
@@ -169,7 +172,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         asyncio.create_task(completer.run(), name="completer"),
         asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
         asyncio.create_task(heartbeat.run(heartbeat_stop), name=heartbeat.name),
-        asyncio.create_task(listener.run(maintenance_stop), name=listener.name),
+        asyncio.create_task(listener.run(heartbeat_stop), name=listener.name),
         asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),
         asyncio.create_task(retention.run(maintenance_stop), name=retention.name),
     }

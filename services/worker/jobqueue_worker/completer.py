@@ -3,11 +3,12 @@
 Executors hand an `Outcome` to `Completer.add()` with a callback. The completer
 writes what has arrived as soon as it runs (outcomes that arrive while a write
 is in flight make the next batch; with `linger` it also waits that long for
-company, up to `batch_size`), each kind (complete, fail, dead_letter,
-retry_later, release) with one fenced statement. The callback gets True once
-the write committed, or False when the lease was found lost or ran out while
-the database was failing; only then may the executor free the job's slot, so a
-slot never runs a second job while the first one's outcome is still unwritten.
+company, up to `batch_size`), each kind (complete with its results, fail,
+dead_letter, cancel_attempt, retry_later, snooze, release) with one fenced
+statement. The callback gets True once the write committed, or False when the
+lease was found lost or ran out while the database was failing; only then may
+the executor free the job's slot, so a slot never runs a second job while the
+first one's outcome is still unwritten.
 
 With a `claimer` (the dispatcher), the statement that completes jobs also claims
 as many for the slots it frees: their next jobs arrive with the commit that
@@ -50,6 +51,7 @@ class Outcome(NamedTuple):
     deadline: Callable[[], float]
     error: str | None = None
     delay: float = 0.0  # retry_later and snooze: seconds until the job is due again
+    result: str | None = None  # complete: the handler's return value as JSON text, None for none
 
 
 Recorded = Callable[[bool], None]
@@ -188,8 +190,9 @@ class Completer:
             try:
                 if claimer is not None and any(wanted.values()):
                     leases = [o.lease for o in outcomes]
+                    results = [o.result for o in outcomes]
                     lost, claimed = await self._store.complete_and_claim(
-                        leases, wanted, claimer.lease_seconds
+                        leases, wanted, claimer.lease_seconds, results
                     )
                 else:
                     lost, claimed = await self._record(kind, outcomes), []
@@ -246,6 +249,8 @@ class Completer:
 
     async def _record(self, kind: Operation, outcomes: list[Outcome]) -> list[Lease]:
         leases = [o.lease for o in outcomes]
+        if kind is Operation.COMPLETE:
+            return await self._store.record(kind, leases, results=[o.result for o in outcomes])
         errors = [o.error or "" for o in outcomes]
         return await self._store.record(kind, leases, errors, [o.delay for o in outcomes])
 

@@ -84,15 +84,20 @@ class JobStore(Protocol):
         leases: Sequence[Lease],
         errors: Sequence[str] = (),
         delays: Sequence[float] = (),
+        results: Sequence[str | None] = (),
     ) -> list[Lease]: ...
 
     async def complete_and_claim(
-        self, leases: Sequence[Lease], slots: Mapping[str, int], lease_seconds: float
+        self,
+        leases: Sequence[Lease],
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        results: Sequence[str | None] = (),
     ) -> tuple[list[Lease], list[Claimed]]: ...
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]: ...
 
-    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]: ...
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> compiled.Renewed: ...
 
 
 class Availability:
@@ -259,11 +264,18 @@ class PgJobStore:
         leases: Sequence[Lease],
         errors: Sequence[str] = (),
         delays: Sequence[float] = (),
+        results: Sequence[str | None] = (),
     ) -> list[Lease]:
-        return await self._run(operation, compiled.record, operation, leases, errors, delays)
+        return await self._run(
+            operation, compiled.record, operation, leases, errors, delays, results
+        )
 
     async def complete_and_claim(
-        self, leases: Sequence[Lease], slots: Mapping[str, int], lease_seconds: float
+        self,
+        leases: Sequence[Lease],
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        results: Sequence[str | None] = (),
     ) -> tuple[list[Lease], list[Claimed]]:
         return await self._claiming(
             lambda claim_id: self._run(
@@ -274,13 +286,14 @@ class PgJobStore:
                 lease_seconds,
                 claim_id,
                 self._limited,
+                results,
             )
         )
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         return await self._run(Operation.RECOVER_EXPIRED, compiled.recover_expired)
 
-    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> compiled.Renewed:
         return await self._run(Operation.RENEW, compiled.renew, leases, lease_seconds)
 
     async def take_lead(self, task: str, holder: UUID, lease_seconds: float) -> bool:

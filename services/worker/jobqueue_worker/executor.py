@@ -6,20 +6,26 @@ are awaited in it, plain `def` handlers run in a thread of their own that starts
 at once (`jobqueue_worker.threads`), so the clock measures the handler alone. Whatever
 a handler does (raise, time out, swallow cancellation, raise SystemExit), the
 attempt ends in exactly one outcome, as `jobcore.states.next_operation` decides:
-complete, fail (PermanentError, unknown type), snooze (the handler raised
-Snooze), retry_later with backoff, or dead_letter on the last attempt; release
-when shutdown interrupts it. The outcome goes to the completer, and the slot is
-freed when the completer reports it written (or the lease lost), never before.
+complete (with the handler's return value as the job's result, `jobqueue_worker.results`;
+one that cannot be stored fails the attempt), fail (PermanentError, unknown type),
+snooze (the handler raised Snooze), retry_later with backoff, or dead_letter on the
+last attempt; release when shutdown interrupts it, cancel_attempt when a cancel of the
+job was requested (`cancel()`). The outcome goes to the completer, and the slot is
+freed when the completer reports it written (or the lease lost), never before. A
+cancel that arrives once the outcome is settled changes nothing: that outcome stands.
 
-Timeout and shutdown interrupt an attempt by cancelling its task. Attempts whose
+Timeout, shutdown, a lost lease and a cancel request interrupt an attempt: its
+`ctx.cancelled` is set and an async handler's task is cancelled. Attempts whose
 deadlines fall in the same tick (a thousandth of JOB_TIMEOUT, 10 ms at least)
 share one timer, so a timeout comes at most that much late, never early. A handler
 that swallows the cancellation keeps its task but not its slot: after
 `cancel_grace` the attempt is recorded as interrupted and the task is left to
 end on its own, its result ignored. A thread cannot be cancelled at all: its
-attempt is recorded at once and the thread runs on. Such abandoned handlers are
-counted (`abandoned`, reported through `on_abandoned`) until they return; they
-never hold a slot.
+handler has `cancel_grace` to see `ctx.cancelled` and return, then its attempt is
+recorded without it and the thread runs on. Such abandoned handlers are counted
+(`abandoned`, reported through `on_abandoned`) until they return; they never hold
+a slot. For a cancel the grace is at most CANCEL_GRACE, so a cancelled job is
+recorded within a second of its request even when its handler ignores it.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
+from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import backoff
@@ -43,6 +50,7 @@ from jobcore.states import Operation, next_operation
 from jobcore.store import Claimed, Lease
 from jobqueue_worker import metrics
 from jobqueue_worker.completer import Outcome, Recorded
+from jobqueue_worker.results import ResultError, encode_result
 from jobqueue_worker.threads import HandlerThreads
 
 log = logging.getLogger("jobqueue.worker")
@@ -56,6 +64,10 @@ _DELAYED = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
 _TIMEOUT = "timeout"
 _SHUTDOWN = "shutdown"
 _LEASE_LOST = "lease lost"
+_CANCELLED = "cancelled"
+# The longest a handler interrupted by a cancel request is waited for before its attempt is
+# recorded without it: the record lands within a second of the request.
+CANCEL_GRACE = 0.5
 # Attempts whose JOB_TIMEOUT runs out within the same tick share one timer, which fires at
 # the end of the tick. (A timer per attempt costs more than the rest of a short attempt's
 # bookkeeping.) The tick grows with JOB_TIMEOUT so that at most ~1000 are pending.
@@ -72,15 +84,18 @@ class _Attempt:
 
     __slots__ = (
         "abandoned",
+        "ctx",
         "delay",
         "duration",
         "error",
         "fields",
         "in_handler",
+        "in_thread",
         "interrupted",
         "job",
         "kind",
         "lease_deadline",
+        "result",
         "settled",
         "started",
         "task",
@@ -99,7 +114,9 @@ class _Attempt:
         )
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None  # for cancel_grace, once interrupted
+        self.ctx: JobContext | None = None  # once the handler starts
         self.in_handler = False
+        self.in_thread = False  # a plain def handler: interrupted through ctx.cancelled only
         self.interrupted: str | None = None
         # The outcome went to the completer (from the task, or on its behalf once abandoned).
         self.settled = False
@@ -107,6 +124,7 @@ class _Attempt:
         self.abandoned = False
         self.kind = Operation.COMPLETE  # set for real when the attempt settles
         self.error: str | None = None
+        self.result: str | None = None  # complete: the return value as JSON text
         self.delay = 0.0
         self.started = 0.0
         self.duration = 0.0
@@ -128,9 +146,11 @@ class Executor:
         on_slot_freed: Callable[[str], None] = lambda queue: None,
         on_abandoned: Callable[[int], None] = lambda n: None,
         cancel_grace: float = 1.0,
+        max_result_bytes: int = 65_536,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._record = record
+        self._max_result_bytes = max_result_bytes
         self.slots = dict(slots)
         self._busy = dict.fromkeys(self.slots, 0)
         self._job_timeout = job_timeout
@@ -199,6 +219,29 @@ class Executor:
             return True
         return False
 
+    def cancel(self, job_id: UUID, via: str = "notification") -> bool:
+        """A cancel of the job was requested (`via` a notification or a renewal): stop its
+        attempt if this process runs it and its outcome is not settled yet. False if there
+        is nothing to stop (not ours, settled already, or being stopped for this already)."""
+        for attempt in list(self._running):
+            if attempt.job.id != job_id or attempt.settled:
+                continue
+            if attempt.interrupted in (_CANCELLED, _LEASE_LOST):
+                return False  # stopping already; a lost lease writes nothing anyway
+            log.info(
+                "cancel requested, stopping the attempt",
+                extra={**attempt.fields.values, "via": via},
+            )
+            if not attempt.in_handler:
+                attempt.interrupted = _CANCELLED  # seen before the handler starts
+            elif attempt.interrupted is None:
+                self._interrupt(attempt, _CANCELLED)
+            else:
+                # A timeout or shutdown is stopping it already: record it as what was asked.
+                attempt.interrupted = _CANCELLED
+            return True
+        return False
+
     def start(self, job: Claimed, lease_deadline: float) -> None:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
         if self._busy.get(job.queue, 0) >= self.slots.get(job.queue, 0):
@@ -255,6 +298,9 @@ class Executor:
             unknown = PermanentError(f"no handler is registered for job type {job.type!r}")
             self._settle(attempt, Operation.FAIL, str(unknown))
             return
+        if attempt.interrupted == _CANCELLED:
+            self._settle(attempt, Operation.CANCEL_ATTEMPT)
+            return
         if self._shutting_down:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
             return
@@ -269,6 +315,7 @@ class Executor:
             lease_token=job.lease_token,
             webhook_allow_private=self._webhook_allow_private,
         )
+        attempt.ctx = ctx
         # Lines the handler logs carry the job's fields.
         logs.bind_task(**attempt.fields.values)
         loop = asyncio.get_running_loop()
@@ -283,11 +330,12 @@ class Executor:
         due.add(attempt)
         attempt.in_handler = True
         failure: BaseException | None = None
+        value: Any = None
         try:
             if _is_async(handler):
-                await cast(Awaitable[None], handler(job.payload, ctx))
+                value = await handler(job.payload, ctx)
             else:
-                await self._in_thread(attempt, handler, job.payload, ctx)
+                value = await self._in_thread(attempt, handler, job.payload, ctx)
         except asyncio.CancelledError as exc:
             # Ours if interrupted; else from inside the handler (it cancelled itself, or a
             # thread's future), a retryable error like any other.
@@ -310,16 +358,29 @@ class Executor:
         attempt.duration = self._clock() - attempt.started
         if attempt.interrupted is not None:
             self._settle_interrupted(attempt)
-        elif failure is None:
+        elif failure is not None:
+            self._settle_failure(attempt, failure)
+        elif value is None:  # most handlers: nothing to encode
             self._settle(attempt, Operation.COMPLETE)
         else:
-            self._settle_failure(attempt, failure)
+            self._settle_result(attempt, value)
+
+    def _settle_result(self, attempt: _Attempt, value: Any) -> None:
+        try:
+            result = encode_result(value, self._max_result_bytes)
+        except ResultError as exc:
+            # Not retried: the same handler would return the same value again.
+            self._settle(attempt, Operation.FAIL, _error_text(exc, named=False))
+            return
+        attempt.result = result
+        self._settle(attempt, Operation.COMPLETE)
 
     async def _in_thread(
         self, attempt: _Attempt, handler: Handler, payload: Any, ctx: JobContext
-    ) -> None:
+    ) -> Any:
         # Copy the context so lines a threaded handler logs carry the job's fields.
         run = functools.partial(contextvars.copy_context().run, handler, payload, ctx)
+        attempt.in_thread = True
         future = self._threads.submit(run, attempt)
         try:
             result = await future
@@ -336,7 +397,9 @@ class Executor:
                 )
             raise
         if inspect.isawaitable(result):
-            await result
+            attempt.in_thread = False  # what it returned runs here, and can be cancelled
+            return await result
+        return result
 
     def _thread_returned(self, key: object) -> None:
         self._abandoned_returned(cast(_Attempt, key))
@@ -362,18 +425,27 @@ class Executor:
             self._interrupt(attempt, _TIMEOUT)
 
     def _interrupt(self, attempt: _Attempt, reason: str) -> None:
-        """Cancel the attempt's handler; it has cancel_grace to stop before its slot moves on."""
+        """Tell the attempt's handler to stop (`ctx.cancelled`; an async one is cancelled too);
+        it has cancel_grace to stop before its slot moves on."""
         if not attempt.in_handler or attempt.interrupted is not None:
             return
-        assert attempt.task is not None
+        assert attempt.task is not None and attempt.ctx is not None
         attempt.interrupted = reason
-        attempt.task.cancel()
-        attempt.timer = asyncio.get_running_loop().call_later(
-            self._cancel_grace, self._abandon, attempt
+        attempt.ctx.stop()
+        if not attempt.in_thread:
+            attempt.task.cancel()
+        grace = (
+            min(self._cancel_grace, CANCEL_GRACE) if reason == _CANCELLED else self._cancel_grace
         )
+        attempt.timer = asyncio.get_running_loop().call_later(grace, self._abandon, attempt)
 
     def _abandon(self, attempt: _Attempt) -> None:
         if attempt.settled or not attempt.in_handler:
+            return
+        if attempt.in_thread:
+            # Stop waiting for the thread: the attempt's task counts it abandoned and settles.
+            assert attempt.task is not None
+            attempt.task.cancel()
             return
         # A handler that swallows cancellation keeps running, but its slot moves on.
         self._count_abandoned(attempt, +1)
@@ -387,6 +459,8 @@ class Executor:
     def _settle_interrupted(self, attempt: _Attempt) -> None:
         if attempt.interrupted == _LEASE_LOST:
             self._drop(attempt)
+        elif attempt.interrupted == _CANCELLED:
+            self._settle(attempt, Operation.CANCEL_ATTEMPT)
         elif attempt.interrupted == _SHUTDOWN:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
         else:
@@ -415,7 +489,9 @@ class Executor:
         attempt.settled = True
         attempt.kind, attempt.error, attempt.delay = kind, error, delay
         job = attempt.job
-        outcome = Outcome(kind, job.lease, job.queue, attempt.deadline, error, delay)
+        outcome = Outcome(
+            kind, job.lease, job.queue, attempt.deadline, error, delay, attempt.result
+        )
         self._record(outcome, functools.partial(self._recorded, attempt))
 
     def _drop(self, attempt: _Attempt) -> None:
@@ -455,9 +531,9 @@ def _is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler)
 
 
-def _error_text(exc: BaseException) -> str:
+def _error_text(exc: BaseException, named: bool = True) -> str:
     # last_error is TEXT in UTF-8: no NUL, and no lone surrogates (a message built from
     # undecodable bytes), which the driver refuses before sending anything.
-    text = describe(exc).replace("\x00", "\\x00")
+    text = (describe(exc) if named else str(exc)).replace("\x00", "\\x00")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= _MAX_ERROR else text[: _MAX_ERROR - 3] + "..."

@@ -7,6 +7,11 @@ out by this process's own clock is lost too, whatever the database would say:
 while the database is unreachable no renewal applies, and after LEASE_DURATION
 the job may run elsewhere. So a job can run for hours under a short lease, and a
 frozen or partitioned worker loses its jobs after about LEASE_DURATION.
+
+The renewal also says which of the jobs have had a cancel requested: the holder
+stops those attempts as it does when it hears the request announced
+(`jobqueue_worker.listener`), so a lost announcement delays a cancel by one
+heartbeat at most.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
+from uuid import UUID
 
 from jobcore.backoff import Retry
 from jobcore.store import Lease
@@ -36,6 +42,8 @@ class Holder(Protocol):
     def renewed(self, leases: Collection[Lease], deadline: float) -> None: ...
 
     def lease_lost(self, lease: Lease) -> bool: ...
+
+    def cancel(self, job_id: UUID, via: str) -> bool: ...
 
 
 class Heartbeat(Loop):
@@ -73,13 +81,16 @@ class Heartbeat(Loop):
         # database answers, and the next round stops its attempt.
         left = min(deadline for _, deadline in held if deadline > now) - started
         async with asyncio.timeout(max(left, 0.0)):
-            lost = set(await self._store.renew(live, self._lease_seconds))
+            answer = await self._store.renew(live, self._lease_seconds)
+        lost = set(answer.lost)
         renewed = [lease for lease in live if lease not in lost]
         # The new lease runs from the database's now() during the statement: measuring from
         # before the round trip errs on the safe side.
         self._holder.renewed(set(renewed), started + self._lease_seconds)
         for lease in lost:
             self._lost(lease, "the renewal matched no row")
+        for lease in answer.cancel:
+            self._holder.cancel(lease.job_id, "renewal")
         return len(renewed)
 
     def _lost(self, lease: Lease, why: str) -> None:

@@ -1,7 +1,10 @@
-"""LISTEN/NOTIFY wake-ups: one listening connection per worker process.
+"""LISTEN/NOTIFY: one listening connection per worker process, for wake-ups and cancels.
 
 Submissions notify `jobcore.store.NOTIFY_CHANNEL`; each notification wakes the
-dispatcher at once instead of after POLL_INTERVAL. A notification is only a
+dispatcher at once instead of after POLL_INTERVAL. A cancel request for a
+running job notifies `jobcore.control.CANCEL_CHANNEL` with the job's id; the
+process that runs the job stops its attempt, the others ignore it (a lost one
+is caught by the next heartbeat, `jobqueue_worker.heartbeat`). A notification is only a
 hint (polling stays the fallback), but a listener that silently stopped
 hearing would turn every pickup into a poll: so the connection is checked
 with a `SELECT 1` under a short timeout every few seconds, which also catches
@@ -15,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
+from uuid import UUID
 
 import asyncpg
 
 from jobcore.backoff import Retry
+from jobcore.control import CANCEL_CHANNEL
 from jobcore.db import connect_args
 from jobcore.errors import describe
 from jobcore.store import NOTIFY_CHANNEL
@@ -32,17 +38,23 @@ CONNECT_TIMEOUT = 5.0
 
 
 class Listener(Loop):
-    """Holds the LISTEN connection, calling `wake()` on each notification. Each round
-    connects if there is no connection, else checks the one there is."""
+    """Holds the LISTEN connection, calling `wake()` on each wake-up and `cancel(job id)` on
+    each cancel request. Each round connects if there is no connection, else checks the
+    one there is."""
 
     name = "listener"
 
     def __init__(
-        self, database_url: str, wake: Callable[[], None], check_interval: float = CHECK_INTERVAL
+        self,
+        database_url: str,
+        wake: Callable[[], None],
+        check_interval: float = CHECK_INTERVAL,
+        cancel: Callable[[UUID], object] | None = None,
     ) -> None:
         super().__init__(check_interval, Retry(0.25, 5.0))
         self._database_url = database_url
         self._wake = wake
+        self._cancel = cancel
         self._conn: asyncpg.Connection | None = None
 
     async def run_once(self) -> None:
@@ -65,9 +77,22 @@ class Listener(Loop):
             )
         )
         await self._conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
-        log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL})
+        channels = [NOTIFY_CHANNEL]
+        if self._cancel is not None:
+            await self._conn.add_listener(CANCEL_CHANNEL, self._cancel_requested)
+            channels.append(CANCEL_CHANNEL)
+        log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL, "channels": channels})
         # Notifications sent while nobody listened are lost: look for due jobs now.
         self._wake()
+
+    def _cancel_requested(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        assert self._cancel is not None
+        try:
+            job_id = UUID(payload)
+        except ValueError:
+            log.warning("malformed cancel request ignored", extra={"payload": payload[:100]})
+            return
+        self._cancel(job_id)
 
     def close(self) -> None:
         if self._conn is not None:

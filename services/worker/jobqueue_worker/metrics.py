@@ -32,13 +32,20 @@ JOBS_RETRIED = Counter("jobs_retried_total", "Attempts that failed and were sche
 JOBS_SNOOZED = Counter(
     "jobs_snoozed_total", "Attempts whose handler snoozed the job (attempt given back)."
 )
+JOBS_CANCELLED = Counter(
+    "jobs_cancelled_total",
+    "Running jobs that ended cancelled: their attempt was stopped on a cancel request, or"
+    " their lease expired after one.",
+)
 JOBS_LEASE_LOST = Counter(
     "jobs_lease_lost_total",
     "Leases found lost: by a heartbeat (the attempt was stopped, nothing written) or by an"
     " outcome write (rejected by the fence).",
 )
 JOBS_RECOVERED = Counter(
-    "jobs_recovered_total", "Jobs whose lease expired, put back to pending or dead_letter."
+    "jobs_recovered_total",
+    "Jobs whose lease expired, put back to pending or dead_letter (cancelled when a cancel"
+    " was requested).",
 )
 JOB_DURATION = Histogram(
     "job_processing_duration_seconds",
@@ -82,6 +89,7 @@ def initialise() -> None:
             Operation.DEAD_LETTER: JOBS_FAILED.labels(status=Status.DEAD_LETTER),
             Operation.RETRY_LATER: JOBS_RETRIED,
             Operation.SNOOZE: JOBS_SNOOZED,
+            Operation.CANCEL_ATTEMPT: JOBS_CANCELLED,
         }
     )
     for op in ATTEMPT_OUTCOMES:
@@ -147,10 +155,12 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
         buckets[i].inc(n)
 
 
-def jobs_recovered(dead_lettered: int, total: int) -> None:
+def jobs_recovered(dead_lettered: int, total: int, cancelled: int = 0) -> None:
     JOBS_RECOVERED.inc(total)
     if dead_lettered:
         JOBS_FAILED.labels(status=Status.DEAD_LETTER).inc(dead_lettered)
+    if cancelled:
+        JOBS_CANCELLED.inc(cancelled)
 
 
 def lease_lost(n: int) -> None:

@@ -2,7 +2,8 @@
 
 A job whose lease ran out (its worker crashed, hung or lost the database) goes
 back to pending, or to dead_letter if that was its last attempt; so a job that
-kills its worker every time ends in dead_letter instead of looping. Every
+kills its worker every time ends in dead_letter instead of looping. A job whose
+cancel was requested ends cancelled instead. Every
 worker process runs the loop; the statement is safe to run concurrently.
 """
 
@@ -39,7 +40,10 @@ class Recovery(Loop):
                 log.warning("job recovered", extra={"job_id": str(job_id), "status": status.value})
             if recovered:
                 dead = sum(1 for _, status in recovered if status is Status.DEAD_LETTER)
-                metrics.jobs_recovered(dead_lettered=dead, total=len(recovered))
+                cancelled = sum(1 for _, status in recovered if status is Status.CANCELLED)
+                metrics.jobs_recovered(
+                    dead_lettered=dead, total=len(recovered), cancelled=cancelled
+                )
             total += len(recovered)
             if len(recovered) < RECOVER_BATCH:
                 return total
