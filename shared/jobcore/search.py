@@ -7,11 +7,14 @@ meanwhile are neither skipped nor repeated, and no page counts the table. Each
 status is read on its own, in id order, through the index that leads with the
 filters given (`jobs_status_idx`, `jobs_type_idx`, `jobs_queue_idx`; running jobs
 through `jobs_lease_idx`), and the branches are merged: a page reads at most
-`limit` entries per status it asks for, however large the table.
+`limit` entries per status it asks for, however large the table. Given both a type and a
+queue, it reads the index of one and filters by the other: as many entries as it takes to
+find `limit` matches.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,31 +43,50 @@ class Filters:
 
 
 def list_statement(filters: Filters, *, after: bool) -> Any:
-    """The page query for `filters`: parameters `limit`, and `before` (the last id of the
-    previous page) when `after` is true."""
-    statuses = filters.statuses
-    if statuses is None and filters.type is None and filters.queue is None:
+    """The page query for `filters`: parameters `limit`, `type` and `queue` (those given),
+    and `before` (the last id of the previous page) when `after` is true."""
+    statuses = None if filters.statuses is None else frozenset(filters.statuses)
+    return _statement(statuses, filters.type is not None, filters.queue is not None, after)
+
+
+@functools.cache
+def _statement(
+    statuses: frozenset[Status] | None, by_type: bool, by_queue: bool, after: bool
+) -> Any:
+    # Built once per shape (a few hundred at most): building a union of six branches costs
+    # more CPU than the database spends on the page.
+    if statuses is None and not by_type and not by_queue:
         # Nothing to narrow by: the primary key, backwards.
-        return _branch(None, filters, after)
-    branches = [_branch(status, filters, after) for status in sorted(statuses or Status)]
+        return _branch(None, by_type, by_queue, after)
+    branches = [_branch(status, by_type, by_queue, after) for status in sorted(statuses or Status)]
     if len(branches) == 1:
         return branches[0]
     merged = sa.union_all(*branches).subquery("page")
     return sa.select(merged).order_by(merged.c.id.desc()).limit(sa.bindparam("limit"))
 
 
-def _branch(status: Status | None, filters: Filters, after: bool) -> Any:
+def _branch(status: Status | None, by_type: bool, by_queue: bool, after: bool) -> Any:
     query = sa.select(*JOB_COLUMNS)
-    if status is not None:
-        # A literal: the planner must see it to use the partial indexes.
+    order = [c.id.desc()]
+    if status is Status.PROCESSING:
+        # A literal: the planner must see it to use the partial lease index.
         query = query.where(c.status == status_literal(status))
-    if filters.type is not None:
+    elif status is not None:
+        # Literals, and a range rather than `=`: the planner then keeps `status` as a sort
+        # column (an equality would make it a constant), so the list indexes, which end in
+        # (status, id), are the only paths that return the order asked for. With `=` it
+        # prefers the primary key for a common status (id follows the table's physical order
+        # exactly), filtering rows until the page is full: for a small queue or type, or a
+        # generic plan, that reads most of the table.
+        query = query.where(c.status.between(status_literal(status), status_literal(status)))
+        order = [c.status.desc(), c.id.desc()]
+    if by_type:
         query = query.where(c.type == sa.bindparam("type"))
-    if filters.queue is not None:
+    if by_queue:
         query = query.where(c.queue == sa.bindparam("queue"))
     if after:
         query = query.where(c.id < sa.bindparam("before"))
-    return query.order_by(c.id.desc()).limit(sa.bindparam("limit"))
+    return query.order_by(*order).limit(sa.bindparam("limit"))
 
 
 async def list_jobs(

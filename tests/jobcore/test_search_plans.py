@@ -1,0 +1,231 @@
+"""The list, the queue depths and retention read the indexes built for them, on a table of
+realistic size with fresh statistics, in custom and generic plans.
+
+The table is `bench.listing`'s mix (mostly completed jobs, some failed, dead-lettered and
+cancelled, pending and running jobs among the newest), filled once for this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bench.listing import FILL
+from jobcore import maintenance, search
+from jobcore.compiled import Compiled
+from jobcore.db import make_engine
+from jobcore.schema import LIST_INDEXES
+from jobcore.search import Filters
+from jobcore.states import FINISHED, Status
+from tests import pg
+from tests.jobcore.test_query_plans import _nodes, _plan
+from tests.pg import driver
+
+# One worker fills the table once and runs every test of the module (make test runs
+# with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("search_plans")
+
+ROWS = 200_000
+LIMIT = 50
+TYPE, QUEUE = "report", "critical"
+LIST = {f"jobs_{name}_idx" for name in LIST_INDEXES}
+P, R, C, F, D, X = (
+    Status.PENDING,
+    Status.PROCESSING,
+    Status.COMPLETED,
+    Status.FAILED,
+    Status.DEAD_LETTER,
+    Status.CANCELLED,
+)
+
+
+@pytest.fixture(scope="module")
+def big_database(pg_server: str, pg_template: str) -> Iterator[tuple[str, str]]:
+    """A migrated database holding ROWS jobs, analysed; and the id in the middle of them."""
+    name = pg.create_database(pg_server, pg_template)
+    url = pg.with_database(pg_server, name)
+
+    async def fill() -> str:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(FILL, ROWS, timeout=600)
+            await conn.execute("VACUUM ANALYZE jobs", timeout=600)
+            middle = await conn.fetchval(
+                "SELECT id FROM jobs ORDER BY id OFFSET $1 LIMIT 1", ROWS // 2
+            )
+        finally:
+            await conn.close()
+        return str(middle)
+
+    try:
+        yield url, asyncio.run(fill())
+    finally:
+        pg.drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def big(big_database: tuple[str, str]) -> AsyncIterator[AsyncEngine]:
+    engine = make_engine(big_database[0], pool_size=2)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def _reads(plan: str) -> list[tuple[str, set[str]]]:
+    """Each read of the jobs table: its node type and the indexes it goes through."""
+    out = []
+    for node in _nodes(plan):
+        kind = node.get("Node Type")
+        if kind in ("Index Scan", "Index Only Scan"):
+            out.append((kind, {node["Index Name"]}))
+        elif kind == "Bitmap Heap Scan":
+            out.append((kind, {n["Index Name"] for n in _nodes(json.dumps(node["Plans"]))}))
+        elif kind == "Seq Scan":
+            out.append((kind, set()))
+    return out
+
+
+COMBOS = {
+    "none": Filters(),
+    **{f"status={s}": Filters(statuses=[s]) for s in Status},
+    "status=pending,failed,dead_letter": Filters(statuses=[P, F, D]),
+    "status=all-six": Filters(statuses=list(Status)),
+    "type": Filters(type=TYPE),
+    "queue": Filters(queue=QUEUE),
+    "type+queue": Filters(type=TYPE, queue=QUEUE),
+    "status=completed+type": Filters(statuses=[C], type=TYPE),
+    "status=failed+queue": Filters(statuses=[F], queue=QUEUE),
+    "status=processing+queue": Filters(statuses=[R], queue=QUEUE),
+    "status=completed+type+queue": Filters(statuses=[C], type=TYPE, queue=QUEUE),
+    "status=failed,cancelled+type+queue": Filters(statuses=[F, X], type=TYPE, queue=QUEUE),
+}
+
+
+def _leading(filters: Filters) -> set[str]:
+    """The list indexes that lead with the filters given."""
+    if filters.type is not None and filters.queue is not None:
+        return {"jobs_type_idx", "jobs_queue_idx"}
+    if filters.type is not None:
+        return {"jobs_type_idx"}
+    if filters.queue is not None:
+        return {"jobs_queue_idx"}
+    return {"jobs_status_idx"}
+
+
+def _values(filters: Filters, before: str | None) -> dict:
+    return {"limit": LIMIT + 1, "type": filters.type, "queue": filters.queue, "before": before}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+@pytest.mark.parametrize("page", ["first", "cursor"])
+@pytest.mark.parametrize("filters", COMBOS.values(), ids=COMBOS.keys())
+async def test_every_list_filter_reads_its_list_index_never_the_whole_table(
+    big, big_database, filters, page, generic
+):
+    before = big_database[1] if page == "cursor" else None
+    statement = search.list_statement(filters, after=before is not None)
+    plan = await _plan(big, statement, _values(filters, before), generic)
+    reads = _reads(plan)
+    assert "Seq Scan" not in {kind for kind, _ in reads}, plan
+    if filters == Filters():
+        assert reads == [("Index Scan", {"jobs_pkey"})], plan
+        return
+    statuses = set(filters.statuses or Status)
+    running = [indexes for _, indexes in reads if "jobs_lease_idx" in indexes]
+    others = [indexes for _, indexes in reads if "jobs_lease_idx" not in indexes]
+    # Running jobs through the lease index (they are few); every other status requested
+    # through a list index that leads with the filters given: one read per status.
+    assert running == ([{"jobs_lease_idx"}] if R in statuses else []), plan
+    assert len(others) == len(statuses - {R}), plan
+    assert all(indexes <= _leading(filters) for indexes in others), plan
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [f for f in COMBOS.values() if f.type is None or f.queue is None],
+    ids=[k for k, f in COMBOS.items() if f.type is None or f.queue is None],
+)
+async def test_a_page_filtered_by_status_and_one_of_type_or_queue_reads_a_page_per_status(
+    big, big_database, filters
+):
+    """At most `limit` + 1 entries of each status asked for (and the running jobs, read
+    through the lease index), however large the table: a deep page costs a first page."""
+    async with big.connect() as conn:
+        running = await conn.scalar(
+            sa.text("SELECT count(*) FROM jobs WHERE status = 'processing'")
+        )
+    branches = len(set(filters.statuses or Status) - {R}) if filters != Filters() else 1
+    for before in (None, big_database[1]):
+        statement = search.list_statement(filters, after=before is not None)
+        root = await _analyze(big, statement, _values(filters, before))
+        assert _jobs_rows_read(root) <= branches * (LIMIT + 1) + running, json.dumps(root)
+
+
+async def _analyze(engine: AsyncEngine, statement, values: dict) -> dict:
+    compiled = Compiled(statement)
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        plan = await raw.fetchval(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled.sql}", *compiled.args(values)
+        )
+        await conn.rollback()
+    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+
+
+def _jobs_rows_read(node: dict) -> int:
+    """Rows the plan's reads of the jobs table returned or filtered out, over every loop."""
+    own = 0
+    if node.get("Relation Name") == "jobs" or node.get("Node Type") == "Index Only Scan":
+        loops = node.get("Actual Loops", 1)
+        removed = node.get("Rows Removed by Filter", 0) + node.get(
+            "Rows Removed by Index Recheck", 0
+        )
+        own = (node.get("Actual Rows", 0) + removed) * loops
+    return own + sum(_jobs_rows_read(child) for child in node.get("Plans", []))
+
+
+# --- queue depths and retention --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_queue_depths_read_indexes_only(big, generic):
+    plan = await _plan(big, search.QUEUE_DEPTHS, {}, generic)
+    reads = _reads(plan)
+    assert "Seq Scan" not in {kind for kind, _ in reads}, plan
+    used = set().union(*(indexes for _, indexes in reads))
+    assert used <= {"jobs_queue_idx", "jobs_claim_queue_idx", "jobs_lease_idx"}, plan
+
+
+async def test_queue_depths_read_no_finished_job(big):
+    """Pending, running and dead-lettered rows, and one index entry per queue to find the
+    queues: none of the finished jobs that fill most of the table."""
+    async with big.connect() as conn:
+        counts = dict(
+            (await conn.execute(sa.text("SELECT status, count(*) FROM jobs GROUP BY status"))).all()
+        )
+        queues = await conn.scalar(sa.text("SELECT count(DISTINCT queue) FROM jobs"))
+    counted = counts.get("pending", 0) + counts.get("processing", 0) + counts.get("dead_letter", 0)
+    assert sum(counts.values()) > 10 * counted  # the finished jobs are there to be skipped
+    root = await _analyze(big, search.QUEUE_DEPTHS, {})
+    assert _jobs_rows_read(root) <= counted + 2 * queues + 2, json.dumps(root)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+@pytest.mark.parametrize("status", sorted(FINISHED))
+async def test_each_prune_selects_through_the_status_index(big, status, generic):
+    plan = await _plan(big, maintenance.PRUNE[status], {"age": 86400.0}, generic)
+    reads = _reads(plan)
+    assert "Seq Scan" not in {kind for kind, _ in reads}, plan
+    # The batch is chosen in the status index's (status, id) range below the id bound; the
+    # delete then finds its rows by primary key.
+    selecting = [
+        n for n in _nodes(plan) if "status" in n.get("Index Cond", "") + n.get("Filter", "")
+    ]
+    assert selecting and all(n.get("Index Name") == "jobs_status_idx" for n in selecting), plan
