@@ -1,8 +1,10 @@
 """`create_app(settings, engine)`: the Starlette application with its routes and middleware.
 
 The process-level state the app reads lives on `app.state`: `engine`,
-`settings`, `admission` (None without MAX_PENDING), and `shutting_down` (set by
-`main` when a signal arrives).
+`settings`, `admission` (None without MAX_PENDING), `waiters` (the requests waiting
+for jobs to finish, and their listening connection), and `shutting_down` (set by
+`shut_down` when a signal arrives). `close(app)` releases what the app holds
+besides the engine.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from starlette.routing import Route
 
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
-from jobqueue_api import jobs, metrics, openapi
+from jobqueue_api import jobs, listing, metrics, openapi
 from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
 from jobqueue_api.notify import Notifier
+from jobqueue_api.waiters import Waiters
 
 # Readiness must answer well before a prober's own timeout (often 1 s to a few).
 READY_TIMEOUT = 2.0
@@ -55,13 +58,22 @@ async def openapi_json(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
 
+async def jobs_collection(request: Request) -> Response:
+    """`/jobs` is one route (so a 405 lists both methods): POST submits, GET lists."""
+    if request.method == "POST":
+        return await jobs.create_job(request)
+    return await listing.list_jobs(request)
+
+
 def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     routes = [
-        Route("/jobs", jobs.create_job, methods=["POST"]),
+        Route("/jobs", jobs_collection, methods=["GET", "POST"]),
         Route("/jobs/batch", jobs.create_many, methods=["POST"]),
         Route("/jobs/{id}", jobs.get_job, methods=["GET"]),
         Route("/jobs/{id}/status", jobs.get_status, methods=["GET"]),
         Route("/jobs/{id}/retry", jobs.retry_job, methods=["POST"]),
+        Route("/jobs/{id}/cancel", jobs.cancel_job, methods=["POST"]),
+        Route("/queues", listing.queues, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
@@ -82,6 +94,7 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     app.router.redirect_slashes = False
     app.state.engine = engine
     app.state.notifier = Notifier(engine)
+    app.state.waiters = Waiters(settings.database_url)
     app.state.settings = settings
     app.state.shutting_down = False
     app.state.admission = Admission.of(settings)
@@ -92,3 +105,20 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
         admission=app.state.admission is not None,
     )
     return app
+
+
+def shut_down(app: Starlette) -> None:
+    """A shutdown begins: /readyz answers 503, and waiting requests are answered now with
+    their job as it is (a wait must not hold the shutdown; the client asks again, of a
+    process that is not stopping)."""
+    app.state.shutting_down = True
+    waiters: Waiters = app.state.waiters
+    waiters.release()
+
+
+async def close(app: Starlette) -> None:
+    """Answer the waiters, close their listening connection, let a NOTIFY in flight end."""
+    waiters: Waiters = app.state.waiters
+    notifier: Notifier = app.state.notifier
+    await waiters.close()
+    await notifier.close()

@@ -1,19 +1,20 @@
-"""The `/jobs` endpoints: thin HTTP over `jobcore.store`.
+"""The `/jobs` endpoints for one job or one submission: thin HTTP over `jobcore.store` and
+`jobcore.control` (create, read and wait, status, retry, cancel).
 
 `submit()` is the one path by which the API creates jobs; the routes only
-parse, call the store, and shape JSON.
+parse, call jobcore, and shape JSON (`records`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from jobcore import control, store
@@ -27,44 +28,10 @@ from jobqueue_api.admission import REFRESH, Admission
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
 from jobqueue_api.notify import Notifier
+from jobqueue_api.records import job_json, status_json
+from jobqueue_api.waiters import Waiters
 
 log = logging.getLogger("jobqueue.api")
-
-
-def timestamp(value: datetime | None) -> str | None:
-    """RFC 3339 in UTC with microseconds: 2026-11-30T12:00:00.123456Z."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def job_json(job: store.Job) -> dict[str, Any]:
-    return {
-        "id": str(job.id),
-        "type": job.type,
-        "payload": job.payload,
-        "status": job.status.value,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "queue": job.queue,
-        "priority": job.priority,
-        "timeout": job.timeout,
-        "run_at": timestamp(job.run_at),
-        "last_error": job.last_error,
-        "created_at": timestamp(job.created_at),
-        "updated_at": timestamp(job.updated_at),
-    }
-
-
-def status_json(job: store.Job) -> dict[str, Any]:
-    return {
-        "id": str(job.id),
-        "status": job.status.value,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "run_at": timestamp(job.run_at),
-        "last_error": job.last_error,
-    }
 
 
 def _within(deadline: float | None) -> asyncio.Timeout:
@@ -218,10 +185,51 @@ async def _read(request: Request) -> store.Job | None:
 
 
 async def get_job(request: Request) -> Response:
-    job = await _read(request)
+    """GET /jobs/{id}, and with `?wait=` once the job has finished or the wait has ended."""
+    try:
+        params = validation.query(request.query_params.multi_items(), ("wait",))
+        seconds = validation.wait(params["wait"]) if "wait" in params else None
+    except validation.Invalid as exc:
+        return error_response(400, str(exc))
+    if seconds is None:
+        job = await _read(request)
+    else:
+        job_id = _job_id(request)
+        waiters: Waiters = request.app.state.waiters
+        job = None
+        if job_id is not None:
+            job = await _unless_disconnected(
+                request, waiters.wait(_engine(request), job_id, seconds)
+            )
     if job is None:
         return _not_found(request)
     return JSONResponse(job_json(job))
+
+
+_T = TypeVar("_T")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """`work`'s result, or ClientDisconnect as soon as the client goes away (a waiter whose
+    client left stops waiting, and its connection is freed at once)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    done = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected())
+    # Whatever ended the disconnect watch (a receive error too) only means: stop watching.
+    gone.add_done_callback(lambda task: task.cancelled() or task.exception())
+    try:
+        await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+    if done.done() and not done.cancelled():
+        return done.result()
+    raise ClientDisconnect
 
 
 async def get_status(request: Request) -> Response:
@@ -236,7 +244,7 @@ async def retry_job(request: Request) -> Response:
     if job_id is None:
         return _not_found(request)
     engine = _engine(request)
-    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.begin() as conn:
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         job = await control.manual_retry(conn, job_id)
         current = None if job is not None else await store.get(conn, job_id)
     if job is not None:
@@ -245,7 +253,36 @@ async def retry_job(request: Request) -> Response:
         return JSONResponse(job_json(job))
     if current is None:
         return _not_found(request)
-    retryable = " or ".join(sorted(Operation.MANUAL_RETRY.sources))
+    return _refused_in(current, Operation.MANUAL_RETRY.sources, "retried")
+
+
+async def cancel_job(request: Request) -> Response:
+    """POST /jobs/{id}/cancel: 200 cancelled at once, 202 asked of the worker running it."""
+    job_id = _job_id(request)
+    if job_id is None:
+        return _not_found(request)
+    engine = _engine(request)
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        done = await control.cancel(conn, job_id)
+    if done is None:
+        return _not_found(request)
+    job, what = done
+    logged = {"job_id": str(job.id), "job_type": job.type}
+    if what is control.Cancelled.CANCELLED:
+        metrics.CANCELLED.inc()
+        log.info("job cancelled", extra=logged)
+        return JSONResponse(job_json(job))
+    if what is control.Cancelled.REQUESTED:
+        log.info("cancel requested", extra=logged)
+        return JSONResponse(job_json(job), status_code=202)
+    sources = Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources
+    return _refused_in(job, sources, "cancelled")
+
+
+def _refused_in(job: store.Job, sources: frozenset[Any], done: str) -> Response:
+    """409 for an operation on a job in none of the statuses it starts from."""
+    *others, last = sorted(sources)
+    allowed = f"{', '.join(others)} or {last}" if others else last
     return error_response(
-        409, f"job {current.id} is {current.status.value}; only {retryable} jobs can be retried"
+        409, f"job {job.id} is {job.status.value}; only {allowed} jobs can be {done}"
     )

@@ -5,9 +5,10 @@ line naming the variable); 1 when the database is unreachable or its schema is
 not at head at startup, or HTTP_ADDR cannot be bound; 128 + signal number when
 a second signal cuts a shutdown short.
 
-Shutdown on SIGTERM/SIGINT: `/readyz` answers 503 at once, requests are still
-served for DRAIN_DELAY (load balancers notice), then the listener closes and
-in-flight requests get up to SHUTDOWN_TIMEOUT to finish.
+Shutdown on SIGTERM/SIGINT: `/readyz` answers 503 at once and waiting requests
+(`?wait=`) are answered with their job as it is, requests are still served for
+DRAIN_DELAY (load balancers notice), then the listener closes and in-flight
+requests get up to SHUTDOWN_TIMEOUT to finish.
 
 Slow clients: a connection must send its request head within IDLE_TIMEOUT of
 opening (or of its previous response), and the body within REQUEST_BODY_TIMEOUT
@@ -37,7 +38,7 @@ from jobcore.db import check_schema
 from jobcore.errors import ConfigError, SchemaNotAtHead
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings, load_settings, parse_addr
-from jobqueue_api.app import create_app
+from jobqueue_api.app import close, create_app, shut_down
 from jobqueue_api.database import is_unavailable, open_engine
 
 log = logging.getLogger("jobqueue.api")
@@ -143,7 +144,7 @@ def _on_signal(app: Starlette, signalled: asyncio.Event, signum: int) -> None:
         log.warning("second signal: exiting now", extra={"signal": name})
         sys.stdout.flush()
         os._exit(128 + signum)
-    app.state.shutting_down = True
+    shut_down(app)
     signalled.set()
     log.info("shutdown requested: /readyz now answers 503", extra={"signal": name})
 
@@ -187,6 +188,8 @@ async def run(settings: Settings) -> int:
         except OSError as exc:
             log.error(f"cannot listen on {settings.http_addr} (HTTP_ADDR): {exc}")
             return 1
+        finally:
+            await close(app)
         log.info("stopped")
         return 0
     finally:

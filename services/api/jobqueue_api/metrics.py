@@ -9,6 +9,12 @@ SUBMITTED = Counter(
     "Jobs created through the API (idempotent replays excluded).",
 )
 
+# The worker counts, under the same name, the running attempts it stops on request.
+CANCELLED = Counter(
+    "jobs_cancelled",
+    "Jobs cancelled at once through the API (pending or dead_letter when asked).",
+)
+
 REJECTED = Counter(
     "jobs_rejected",
     "Create requests (POST /jobs, POST /jobs/batch: one per request) refused, by reason: "

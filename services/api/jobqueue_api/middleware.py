@@ -105,8 +105,16 @@ class RequestContext:
                 metrics.observe_request(scope["method"], route, status, seconds)
 
 
+# What API_TOKENS protects: every path under these (health, metrics and the document stay open).
+PROTECTED = ("/jobs", "/queues")
+
+
+def protected(path: str) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in PROTECTED)
+
+
 class Authenticate:
-    """`/jobs...` requires `Authorization: Bearer <token>` when API_TOKENS is set."""
+    """`/jobs...` and `/queues` require `Authorization: Bearer <token>` when API_TOKENS is set."""
 
     def __init__(self, app: ASGIApp, tokens: Sequence[str]) -> None:
         self.app = app
@@ -128,8 +136,8 @@ class Authenticate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        protected = scope["type"] == "http" and (path == "/jobs" or path.startswith("/jobs/"))
-        if self.tokens and protected and not self._authorized(scope):
+        locked = scope["type"] == "http" and protected(path)
+        if self.tokens and locked and not self._authorized(scope):
             response = error_response(
                 401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
             )

@@ -10,14 +10,17 @@ from typing import Any
 
 from jobcore.durations import format_duration
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
-from jobcore.states import Status
+from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT
+from jobcore.states import Operation, Status
 from jobqueue_api.validation import (
+    CURSOR_PATTERN,
     DURATION_PATTERN,
     MAX_ATTEMPTS,
     MAX_BATCH,
     MAX_DELAY,
     MAX_DEPTH,
     MAX_KEY_LENGTH,
+    MAX_WAIT,
     MIN_ATTEMPTS,
     MIN_DELAY,
     TIMESTAMP_PATTERN,
@@ -26,6 +29,7 @@ from jobqueue_api.validation import (
 _REF = "#/components/schemas/"
 _TIME = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC"}
 _ID = {"type": "string", "format": "uuid"}
+_STATUSES = [s.value for s in Status]
 
 
 # What jsonb can store, so that clients and fuzzers see the U+0000 rule in the schema
@@ -94,7 +98,7 @@ def _scheduling() -> dict[str, Any]:
 
 
 def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
-    status = {"type": "string", "enum": [s.value for s in Status]}
+    status = {"type": "string", "enum": _STATUSES}
     nullable_text = {"type": ["string", "null"]}
     job = {
         "id": _ID,
@@ -113,6 +117,16 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
         },
         "run_at": _TIME,
         "last_error": nullable_text,
+        "result": {"description": "What the handler returned (JSON); null until it completes."},
+        "cancel_requested_at": {
+            **_NULLABLE_TIME,
+            "description": "RFC 3339, UTC: when a cancel of the running attempt was asked.",
+        },
+        "finished_at": {
+            **_NULLABLE_TIME,
+            "description": "RFC 3339, UTC: when the job reached completed, failed, "
+            "dead_letter or cancelled; null before (and again after a retry).",
+        },
         "created_at": _TIME,
         "updated_at": _TIME,
     }
@@ -177,10 +191,54 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
                 }
             }
         ),
+        "JobList": _object(
+            {
+                "jobs": {
+                    "type": "array",
+                    "maxItems": MAX_LIMIT,
+                    "description": "Newest first.",
+                    "items": {"$ref": _REF + "Job"},
+                },
+                "next_cursor": {
+                    "type": ["string", "null"],
+                    "description": "Pass as cursor for the next page; null on the last page.",
+                },
+            }
+        ),
+        "QueueDepths": _object(
+            {
+                "queues": {
+                    "type": "array",
+                    "description": "Every queue that holds jobs, by name.",
+                    "items": _object(
+                        {
+                            "queue": _QUEUE,
+                            "pending": _count("Pending jobs that are due."),
+                            "scheduled": _count("Pending jobs not due yet."),
+                            "processing": _count("Jobs a worker is running."),
+                            "dead_letter": _count("Jobs in dead_letter."),
+                            "oldest_pending_age_seconds": {
+                                "type": "number",
+                                "minimum": 0,
+                                "description": "How long the longest-due pending job has "
+                                "been due; 0 when none is.",
+                            },
+                        }
+                    ),
+                }
+            }
+        ),
         "Payload": _PAYLOAD,
         "Error": _object({"error": {"type": "string"}}),
         "Health": _object({"status": {"type": "string"}}),
     }
+
+
+_NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+
+def _count(description: str) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 0, "description": description}
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
@@ -233,6 +291,53 @@ _JOB_ID = {
     "schema": {"type": "string"},
     "description": "A job id. An unknown or malformed id answers 404.",
 }
+_WAIT = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "description": (
+        "Answer once the job is completed, failed, cancelled or dead_letter, or when this "
+        f"long has passed (200 with the job either way): more than 0, at most "
+        f"{format_duration(MAX_WAIT)}; seconds (30, 2.5) or a Go duration (500ms, 1m)."
+    ),
+    "schema": {"type": "string", "pattern": DURATION_PATTERN},
+}
+_STATUS_LIST = "|".join(_STATUSES)
+
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+_LIST_PARAMETERS = [
+    _query(
+        "status",
+        "One status, or several separated by commas.",
+        {"type": "string", "pattern": f"^({_STATUS_LIST})(,({_STATUS_LIST}))*$"},
+    ),
+    _query(
+        "type",
+        "Jobs of this type (exact match; need not be registered).",
+        {"type": "string", "minLength": 1, **_NO_NUL},
+    ),
+    _query("queue", "Jobs of this queue.", _QUEUE),
+    _query(
+        "limit",
+        f"Jobs per page (default {DEFAULT_LIMIT}).",
+        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+    ),
+    _query(
+        "cursor",
+        "The next_cursor of the previous page (opaque).",
+        {"type": "string", "pattern": CURSOR_PATTERN},
+    ),
+]
 _KEY_SCHEMA = {
     "type": "string",
     "minLength": 1,
@@ -261,8 +366,21 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
         **unauthorized,
         "503": _UNAVAILABLE,
     }
+    bad_query = {"400": _error("An unknown, repeated or invalid query parameter.")}
     return {
         "/jobs": {
+            "get": {
+                "operationId": "listJobs",
+                "summary": "List and search jobs, newest first, a page at a time",
+                **locked,
+                "parameters": _LIST_PARAMETERS,
+                "responses": {
+                    "200": _response("A page of jobs.", "JobList"),
+                    **bad_query,
+                    **unauthorized,
+                    "503": _UNAVAILABLE,
+                },
+            },
             "post": {
                 "operationId": "createJob",
                 "summary": "Submit a job",
@@ -287,7 +405,7 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
                     **full,
                     "503": _UNAVAILABLE,
                 },
-            }
+            },
         },
         "/jobs/batch": {
             "post": {
@@ -317,10 +435,10 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
         "/jobs/{id}": {
             "get": {
                 "operationId": "getJob",
-                "summary": "The full job record",
+                "summary": "The full job record, at once or once the job has finished",
                 **locked,
-                "parameters": [_JOB_ID],
-                "responses": {"200": _response("The job.", "Job"), **job_read},
+                "parameters": [_JOB_ID, _WAIT],
+                "responses": {"200": _response("The job.", "Job"), **bad_query, **job_read},
             }
         },
         "/jobs/{id}/status": {
@@ -335,13 +453,49 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
         "/jobs/{id}/retry": {
             "post": {
                 "operationId": "retryJob",
-                "summary": "Requeue a dead-lettered or failed job with attempts reset to 0",
+                "summary": f"Requeue a {_either(Operation.MANUAL_RETRY.sources)} job with "
+                "attempts reset to 0",
                 **locked,
                 "parameters": [_JOB_ID],
                 "responses": {
                     "200": _response("The job, pending again.", "Job"),
-                    "409": _error("The job is not in dead_letter or failed."),
+                    "409": _error(f"The job is not {_either(Operation.MANUAL_RETRY.sources)}."),
                     **job_read,
+                },
+            }
+        },
+        "/jobs/{id}/cancel": {
+            "post": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job: at once if no worker runs it, else ask its worker",
+                **locked,
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": _response(
+                        f"The job was {_either(Operation.CANCEL.sources)}: it is cancelled.",
+                        "Job",
+                    ),
+                    "202": _response(
+                        "The job is processing: its worker was asked to stop the attempt "
+                        "(cancel_requested_at is set); it ends cancelled unless the attempt "
+                        "finishes first. Asking again answers 202 again.",
+                        "Job",
+                    ),
+                    "409": _error("The job is completed, failed or cancelled already."),
+                    **job_read,
+                },
+            }
+        },
+        "/queues": {
+            "get": {
+                "operationId": "queueDepths",
+                "summary": "Each queue's pending, scheduled, processing and dead_letter jobs",
+                **locked,
+                "responses": {
+                    "200": _response("Every queue that holds jobs.", "QueueDepths"),
+                    **bad_query,
+                    **unauthorized,
+                    "503": _UNAVAILABLE,
                 },
             }
         },
@@ -389,6 +543,11 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
             }
         },
     }
+
+
+def _either(statuses: frozenset[Status]) -> str:
+    *others, last = sorted(statuses)
+    return f"{', '.join(others)} or {last}" if others else last
 
 
 def document(

@@ -1,4 +1,5 @@
-"""Turning request bytes and headers into a `NewJob`, or into one clear 400 message.
+"""Turning request bytes, headers and query parameters into a `NewJob`, a wait or a list
+query, or into one clear 400 message.
 
 Everything here is pure: no I/O, no framework. One create item is validated
 on its own (`new_job`), so a bulk endpoint can apply it to each item. The limits
@@ -8,17 +9,23 @@ the patterns here are also what the OpenAPI document shows.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import math
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from uuid import UUID
 
 from jobcore.durations import format_duration, parse_duration
 from jobcore.errors import Snooze
 from jobcore.ids import new_id
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
+from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT, Filters
+from jobcore.states import Status
 from jobcore.store import NewJob
 
 MAX_DEPTH = 100
@@ -319,3 +326,93 @@ def check_key(key: Any, name: str) -> str:
             "trailing spaces"
         )
     return key
+
+
+# --- query parameters ------------------------------------------------------------
+
+MAX_WAIT = 60.0
+LIST_PARAMETERS = ("status", "type", "queue", "limit", "cursor")
+_LIMIT = re.compile(r"[0-9]{1,6}")
+# base64url without padding of the 16 bytes of a job id.
+CURSOR_PATTERN = "^[A-Za-z0-9_-]{21}[AQgw]$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    filters: Filters
+    limit: int
+    before: UUID | None
+
+
+def query(pairs: Iterable[tuple[str, str]], allowed: Iterable[str]) -> dict[str, str]:
+    """The query parameters as a dict: each known, and given at most once."""
+    found: dict[str, str] = {}
+    known = tuple(allowed)
+    for name, value in pairs:
+        if name not in known:
+            hint = f"; allowed: {', '.join(known)}" if known else "; this endpoint takes none"
+            raise Invalid(f"unknown query parameter {_shown(name)!r}{hint}")
+        if name in found:
+            raise Invalid(f"query parameter {name!r} is given more than once")
+        found[name] = value
+    return found
+
+
+def wait(value: str) -> float:
+    """The `wait` parameter: seconds, more than 0 and at most MAX_WAIT."""
+    seconds = None
+    if _DURATION.fullmatch(value) is not None:
+        with contextlib.suppress(ValueError, OverflowError):
+            seconds = parse_duration(value)
+    if seconds is None or not 0 < seconds <= MAX_WAIT:
+        raise Invalid(
+            f"query parameter 'wait' must be a duration above 0 and at most "
+            f"{format_duration(MAX_WAIT)}: seconds (30, 2.5) or a Go duration such as 500ms "
+            "or 1m"
+        )
+    return seconds
+
+
+def list_query(params: Mapping[str, str]) -> ListQuery:
+    """`GET /jobs`'s parameters (from `query(..., LIST_PARAMETERS)`)."""
+    statuses = None
+    if "status" in params:
+        statuses = frozenset(_status(name) for name in params["status"].split(","))
+    job_type = params.get("type")
+    if job_type is not None:
+        if not job_type:
+            raise Invalid("query parameter 'type' must not be empty")
+        _check_string(job_type, "query parameter 'type'")
+    queue = params.get("queue")
+    if queue is not None and _QUEUE.fullmatch(queue) is None:
+        raise Invalid(f"query parameter 'queue' must match {QUEUE_PATTERN}")
+    limit = DEFAULT_LIMIT
+    if "limit" in params:
+        text = params["limit"]
+        limit = int(text) if _LIMIT.fullmatch(text) else 0
+        if not 1 <= limit <= MAX_LIMIT:
+            raise Invalid(f"query parameter 'limit' must be an integer from 1 to {MAX_LIMIT}")
+    before = decode_cursor(params["cursor"]) if "cursor" in params else None
+    return ListQuery(Filters(statuses, job_type, queue), limit, before)
+
+
+def _status(name: str) -> Status:
+    try:
+        return Status(name)
+    except ValueError:
+        raise Invalid(
+            f"unknown status {_shown(name)!r} in query parameter 'status'; "
+            f"one of: {', '.join(sorted(s.value for s in Status))}"
+        ) from None
+
+
+def encode_cursor(job_id: UUID) -> str:
+    """The opaque `next_cursor`: where the next page starts (below this id)."""
+    return base64.urlsafe_b64encode(job_id.bytes).rstrip(b"=").decode("ascii")
+
+
+def decode_cursor(text: str) -> UUID:
+    if _CURSOR.fullmatch(text) is None:
+        raise Invalid("query parameter 'cursor' is not a cursor this API returned (next_cursor)")
+    return UUID(bytes=base64.urlsafe_b64decode(text + "=="))
