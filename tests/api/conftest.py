@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from jobcore import logs
 from jobcore.settings import load_settings
-from jobqueue_api.app import create_app
+from jobqueue_api.app import close, create_app
 from jobqueue_api.database import open_engine
 
 MakeApi = Callable[..., Awaitable[httpx.AsyncClient]]
@@ -43,6 +43,7 @@ async def make_api(database_url: str) -> AsyncIterator[MakeApi]:
 
     yield make
     for client in clients:
+        await close(app_of(client))
         await client.aclose()
     for engine in engines:
         await engine.dispose()

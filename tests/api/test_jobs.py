@@ -29,6 +29,9 @@ JOB_FIELDS = {
     "timeout",
     "run_at",
     "last_error",
+    "result",
+    "cancel_requested_at",
+    "finished_at",
     "created_at",
     "updated_at",
 }
@@ -52,6 +55,8 @@ async def test_create_answers_201_with_the_record_and_its_location(api: httpx.As
     assert job["type"] == "sleep" and job["payload"] == {"duration": "1s"}
     assert job["status"] == "pending" and job["attempts"] == 0 and job["max_attempts"] == 5
     assert job["last_error"] is None
+    assert job["result"] is None and job["cancel_requested_at"] is None
+    assert job["finished_at"] is None
     for field in ("run_at", "created_at", "updated_at"):
         assert RFC3339_UTC.fullmatch(job[field]), job[field]
 

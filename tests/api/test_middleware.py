@@ -95,11 +95,16 @@ async def test_unknown_route_is_a_json_404(api: httpx.AsyncClient):
 
 
 async def test_wrong_method_is_a_json_405_with_allow(api: httpx.AsyncClient):
-    for method, path in (("GET", "/jobs"), ("DELETE", "/jobs/x"), ("PUT", "/healthz")):
+    for method, path in (("PUT", "/jobs"), ("DELETE", "/jobs/x"), ("PUT", "/healthz")):
         r = await api.request(method, path)
         assert r.status_code == 405, (method, path)
         assert set(r.json()) == {"error"} and method in r.json()["error"]
         assert r.headers["allow"]
+    # GET lists and POST submits: the one route answers both, and says so.
+    allowed = (await api.delete("/jobs")).headers["allow"]
+    assert {"GET", "POST"} <= {method.strip() for method in allowed.split(",")}
+    cancel = await api.get("/jobs/x/cancel")
+    assert (cancel.status_code, cancel.headers["allow"]) == (405, "POST")
 
 
 async def test_an_unexpected_error_is_a_json_500_without_traceback(
@@ -148,9 +153,13 @@ async def test_with_tokens_job_endpoints_require_a_bearer_token(
     for headers in attempts:
         for method, path in (
             ("POST", "/jobs"),
+            ("GET", "/jobs"),
             ("GET", "/jobs/x"),
+            ("GET", "/jobs/x?wait=1s"),
             ("GET", "/jobs/x/status"),
             ("POST", "/jobs/x/retry"),
+            ("POST", "/jobs/x/cancel"),
+            ("GET", "/queues"),
         ):
             r = await api.request(method, path, headers=headers, json={"type": "sleep"})
             assert r.status_code == 401, (headers, path)
