@@ -49,6 +49,11 @@ async def _assert_outage(api: httpx.AsyncClient) -> None:
         _timed(api.get(job)),
         _timed(api.get(f"{job}/status")),
         _timed(api.post(f"{job}/retry")),
+        _timed(api.post(f"{job}/cancel")),
+        _timed(api.get(f"{job}?wait=30s")),
+        _timed(api.get(f"{job}?wait=1s")),
+        _timed(api.get("/jobs?status=pending")),
+        _timed(api.get("/queues")),
         _timed(api.get("/readyz")),
     )
     for r, took in timed:
