@@ -1,1 +1,2 @@
-"""jobqueue_api: the HTTP service (`jobqueue-api`) that submits, reads and requeues jobs."""
+"""jobqueue_api: the HTTP service (`jobqueue-api`) that submits, reads, waits for, lists,
+requeues and cancels jobs, and shows each queue's depths."""
