@@ -10,8 +10,9 @@ also gets a WORKERS sweep, the API submit measurements (`bench.submit`) and
 the backlog check (`bench.backlog`), webhook jobs/s of one worker process
 against a local sink (`bench.webhooks`), the scheduling and routing figures
 (`bench.scheduling`: lateness of scheduled jobs, a drain over two queues) and
-what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains). A
-progress bar goes to stderr, the table to stdout, everything measured to
+what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains), and
+what a list page and the queue depths cost on a table of a million jobs
+(`bench.listing`). A progress bar goes to stderr, the table to stdout, everything measured to
 bench-results/<timestamp>.json.
 """
 
@@ -35,7 +36,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import backlog, costs, measure, pg, procs, profile, scheduling, submit, webhooks
+from bench import (
+    backlog,
+    costs,
+    listing,
+    measure,
+    pg,
+    procs,
+    profile,
+    scheduling,
+    submit,
+    webhooks,
+)
 from bench.adapters.base import Adapter, Unsupported, to_the_end
 from bench.adapters.ours import Ours
 from bench.beacon import Receiver
@@ -74,6 +86,8 @@ class Config:
     schedule_polls: list[str] = field(default_factory=lambda: ["1s", "5s"])
     two_queues: bool = True
     costs: bool = True
+    list_rows: int = 1_000_000
+    list_samples: int = 200
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -95,6 +109,8 @@ QUICK = {
     "claim_samples": 100,
     "webhook_jobs": 600,
     "schedule_samples": 100,
+    "list_rows": 100_000,
+    "list_samples": 50,
 }
 
 
@@ -258,6 +274,12 @@ class Run:
         )
         self.results.append({"kind": kind, "repeat": rep, **figures})
 
+    async def listing_session(self) -> None:
+        c = self.config
+        self.results.append(
+            await listing.session(c.server, self.workdir, c.list_rows, c.list_samples)
+        )
+
     async def backlog_sessions(self) -> None:
         """One big table kept for every repeat; a fresh empty one per repeat."""
         c = self.config
@@ -380,6 +402,11 @@ class Run:
                     )
             if c.backlog:
                 await self.backlog_sessions()
+            if c.list_rows:
+                await self.step(
+                    f"listing: {c.list_rows:,} jobs, a page of {listing.LIMIT} per filter",
+                    self.listing_session,
+                )
         finally:
             sink.close()
             self.rx.close()
@@ -405,7 +432,8 @@ def total_steps(c: Config) -> int:
     per_repeat = (systems + sweep) * len(c.processes) + 1 + (1 if c.webhook_jobs else 0)
     per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
     per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
-    return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0)
+    listed = 1 if c.list_rows else 0
+    return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0) + listed
 
 
 async def postgres_version(server: str) -> str:
@@ -466,6 +494,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         help="skip the drains that measure what heartbeats and per-type limits cost",
     )
     parser.add_argument(
+        "--list-rows",
+        type=int,
+        help=f"jobs in the listing table, 0 to skip (default {d.list_rows:,})",
+    )
+    parser.add_argument("--list-samples", type=int, help="timed pages per filter and page")
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -495,6 +529,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "claim_samples",
         "webhook_jobs",
         "schedule_samples",
+        "list_rows",
+        "list_samples",
         "server",
         "output_dir",
     ):

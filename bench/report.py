@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import costs, scheduling, webhooks
+from bench import costs, listing, scheduling, webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -118,6 +118,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     priced = costs.summarize(results)
     if priced:
         summary["costs"] = priced
+    listed = listing.summarize(results)
+    if listed:
+        summary["listing"] = listed
     summary["targets"] = _targets(summary)
     return summary
 
@@ -212,6 +215,7 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         )
     out += scheduling.targets(summary.get("scheduling", {}))
     out += costs.targets(summary.get("costs", {}))
+    out += listing.targets(summary.get("listing", {}))
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
         out.append(
@@ -362,6 +366,7 @@ def render(document: dict[str, Any]) -> str:
         ]
     out += scheduling.lines(summary.get("scheduling", {}))
     out += costs.lines(summary.get("costs", {}))
+    out += listing.lines(summary.get("listing", {}))
     hooks = summary.get("webhooks")
     if hooks:
         out += [

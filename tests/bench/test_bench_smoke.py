@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from bench.listing import COMBOS, PAGES
 from tests.pg import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +39,8 @@ TINY = [
     "--claim-samples", "10",
     "--webhook-jobs", "100",
     "--schedule-samples", "20",
+    "--list-rows", "3000",
+    "--list-samples", "5",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -127,6 +130,20 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert "Cost of heartbeats and per-type limits" in run.stdout
     assert "heartbeats, jobs of 50 ms: LEASE_DURATION=3s" in run.stdout
     assert "of the jobs limited, TYPE_CONCURRENCY=bench-limited:20" in run.stdout
+
+    listed = summary["listing"]
+    assert listed["rows"] == 3000 and listed["limit"] == 50
+    assert sum(listed["statuses"].values()) == 3000
+    assert set(listed["combos"]) == set(COMBOS)
+    for name, combo in listed["combos"].items():
+        assert combo["indexes"] and not any(i.startswith("Seq Scan") for i in combo["indexes"])
+        for page in PAGES:
+            assert combo[page]["samples"] == 5, name
+            assert 0 < combo[page]["p50_ms"] <= combo[page]["p99_ms"], name
+    assert 0 < listed["queue_depths"]["p50_ms"] <= listed["queue_depths"]["p99_ms"]
+    assert listed["worst_p99_ms"] > 0 and listed["worst"]
+    assert "Listing: 3,000 jobs, pages of 50" in run.stdout
+    assert "list page of 50 p99, every filter, first and deep page, 3,000 jobs" in run.stdout
 
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20
