@@ -17,7 +17,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.schema import jobs
 from jobcore.states import FINISHED, Operation, Status
-from jobcore.store import JOB_COLUMNS, WOKE, Job, get, guard, job_from_row, status_in, status_literal
+from jobcore.store import (
+    JOB_COLUMNS,
+    WOKE,
+    Job,
+    get,
+    guard,
+    job_from_row,
+    status_in,
+    status_literal,
+)
 
 c = jobs.c
 
@@ -94,6 +103,7 @@ _CANCEL_TRIES = 5
 async def cancel(conn: AsyncConnection, job_id: UUID) -> tuple[Job, Cancelled] | None:
     """Cancel the job: at once if no worker holds it, else by asking its holder (the job is
     returned with `cancel_requested_at` set). None if there is no such job."""
+    job = None
     for _ in range(_CANCEL_TRIES):
         row = await _first(conn, CANCEL, job_id)
         if row is not None:
@@ -106,7 +116,8 @@ async def cancel(conn: AsyncConnection, job_id: UUID) -> tuple[Job, Cancelled] |
             return None
         if job.status not in Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources:
             return job, Cancelled.REFUSED
-    return job, Cancelled.REFUSED
+    # Moved between the statements every time: leave it as it is now.
+    return (job, Cancelled.REFUSED) if job is not None else None
 
 
 async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:

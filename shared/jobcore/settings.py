@@ -184,8 +184,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1_048_576, ge=64)
     # API: the whole request body must arrive within this (slow clients get 408).
     request_body_timeout: Duration = 10.0
-    # API: open client connections per process; more are closed at once.
-    max_connections: int = Field(default=512, ge=1, le=100_000)
+    # API: open client connections per process; more are closed at once. Each waiter
+    # (`GET /jobs/{id}?wait=`) holds one: the default leaves room for a thousand of them.
+    max_connections: int = Field(default=2048, ge=1, le=100_000)
     job_handlers: str = ""
     webhook_allow_private: bool = False
     api_tokens: str = ""

@@ -592,9 +592,7 @@ def _finish_time(status: Any) -> Any:
 WOKE: Any = sa.case(
     (
         sa.and_(c.awaited, status_in(FINISHED)),
-        sa.func.pg_notify(
-            sa.literal_column(f"'{FINISHED_CHANNEL}'"), sa.cast(c.id, sa.Text)
-        ),
+        sa.func.pg_notify(sa.literal_column(f"'{FINISHED_CHANNEL}'"), sa.cast(c.id, sa.Text)),
     )
 ).label("woke")
 
@@ -602,13 +600,17 @@ WOKE: Any = sa.case(
 def _unless_cancelled(target: Status) -> Any:
     """`target`, or `cancelled` when a cancel was requested: a job whose holder lets it go
     (to run again later) must not run again after an operator cancelled it."""
-    return sa.case((c.cancel_requested_at.is_not(None), status_literal(Status.CANCELLED)), else_=status_literal(target))
+    return sa.case(
+        (c.cancel_requested_at.is_not(None), status_literal(Status.CANCELLED)),
+        else_=status_literal(target),
+    )
 
 
 def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
     """Apply `operation` to each (id, token) whose lease is still the current one; returns
     the (id, token) of each row it applied to."""
     targets = operation.targets
+    finished: Any
     if len(targets) == 1:
         (target,) = targets
         status = status_literal(target)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import resource
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -227,6 +229,25 @@ def test_max_connections_beyond_the_open_files_limit_is_refused(database_url: st
     assert service.wait(STARTUP) == 2
     (line,) = service.logs()
     assert line["variable"] == "MAX_CONNECTIONS" and "ulimit -n" in line["msg"]
+
+
+def test_the_default_max_connections_shrinks_to_a_low_open_files_limit_instead_of_failing():
+    # In a process of its own: the limit is lowered for good there.
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (500, 1000))\n"
+        "from jobcore.errors import ConfigError\n"
+        "from jobqueue_api.main import ensure_fd_limit\n"
+        "limit = ensure_fd_limit(2048, explicit=False)\n"
+        "print(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "try:\n"
+        "    ensure_fd_limit(2048, explicit=True)\n"
+        "except ConfigError as exc:\n"
+        "    print(exc.variable)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["936", "1000", "MAX_CONNECTIONS"]
 
 
 def test_a_database_url_with_libpq_parameters_is_served(database_url: str):

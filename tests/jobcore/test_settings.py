@@ -44,7 +44,7 @@ def test_defaults_are_the_documented_ones():
     )
     assert (s.backoff_base, s.backoff_max, s.shutdown_timeout, s.drain_delay) == (1, 300, 20, 0)
     assert s.max_body_bytes == 1_048_576 and s.webhook_allow_private is False
-    assert (s.request_body_timeout, s.max_connections) == (10, 512)
+    assert (s.request_body_timeout, s.max_connections) == (10, 2048)
     assert s.handler_modules == [] and s.tokens == [] and s.log_level == "info"
 
 

@@ -67,18 +67,28 @@ def hypercorn_config(settings: Settings) -> Config:
     return config
 
 
-def ensure_fd_limit(max_connections: int) -> None:
-    """Raise the soft open-files limit to fit MAX_CONNECTIONS, or refuse the setting."""
+def ensure_fd_limit(max_connections: int, *, explicit: bool = True) -> int:
+    """Raise the soft open-files limit to fit MAX_CONNECTIONS, or refuse the setting; returns
+    the connection limit to use. The default, not chosen by the operator, shrinks to fit
+    the hard limit instead of refusing to start."""
     needed = max_connections + FD_HEADROOM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
+            if not explicit and hard > 2 * FD_HEADROOM:
+                log.warning(
+                    "MAX_CONNECTIONS lowered to fit the open-files limit",
+                    extra={"max_connections": hard - FD_HEADROOM, "open_files_limit": hard},
+                )
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+                return int(hard - FD_HEADROOM)
             raise ConfigError(
                 "MAX_CONNECTIONS",
                 f"{max_connections} connections need {needed} file descriptors, "
                 f"but this process may open at most {hard} (ulimit -n)",
             )
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    return max_connections
 
 
 def cap_connections(limit: int) -> None:
@@ -202,7 +212,10 @@ def main() -> None:
         settings = load_settings()
         logs.configure(settings.log_level)
         load_handlers(settings.handler_modules)
-        ensure_fd_limit(settings.max_connections)
+        limit = ensure_fd_limit(
+            settings.max_connections, explicit="max_connections" in settings.model_fields_set
+        )
+        settings = settings.model_copy(update={"max_connections": limit})
     except ConfigError as exc:
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
         sys.exit(2)
