@@ -1,13 +1,16 @@
 """The invariant checker: pure functions over what a chaos run left behind.
 
-Inputs: the final `jobs` rows, the client's acknowledgements, the handlers'
-execution records (`tests.chaos.handlers`), the workers' JSON log lines
-(`job finished`, `lease lost`, and the abandonment of a handler that outlived its
-attempt) and the faults that were injected. Output: the
-violated invariants (each one sentence) and the summary table.
+Inputs (`tests.chaos.evidence`): the final `jobs` rows and the rows retention
+deleted during the run, the client's acknowledgements and cancel requests, the
+handlers' execution records (`tests.chaos.handlers`), the workers' JSON log
+lines (`job finished`, `lease lost`, `jobs pruned`, and the abandonment of a
+handler that outlived its attempt) and the faults that were injected. Output:
+the violated invariants (each one sentence) and the summary table.
 
 The guarantees checked:
-- every acknowledged job reached a resting state (completed, failed, dead_letter): none lost;
+- every acknowledged job reached a resting state (completed, failed, dead_letter,
+  cancelled), in the table or deleted by retention once finished (see
+  `tests.chaos.check_retention`): none lost;
 - no job ended dead_letter without any recorded execution (it never ran);
 - no execution of a job started before the job was due (its `run_at`, or a lower
   bound of it, from the client's acknowledgement);
@@ -28,7 +31,8 @@ The guarantees checked:
   its renewal finds the lease lost, by the database or by its own clock;
 - attempts never exceed max_attempts, and a dead-lettered job used all of them;
 - a completed (failed) job's final lease belongs to an execution that returned
-  (raised PermanentError).
+  (raised PermanentError);
+- every answer to a cancel is kept (`tests.chaos.check_cancels`).
 """
 
 from __future__ import annotations
@@ -38,21 +42,31 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
+from tests.chaos.check_cancels import check_cancels
+from tests.chaos.check_retention import accounted_as_pruned, check_pruned
+from tests.chaos.evidence import (
+    Ack,
+    CancelRequest,
+    Disturbance,
+    Execution,
+    Fault,
+    JobRow,
+    Pruned,
+    Write,
+    attempt_end,
+    disturbances,
+    executions,
+    pruned_logged,
+    writes,
+)
 
-AT_REST = ("completed", "failed", "dead_letter")
+AT_REST = ("completed", "failed", "dead_letter", "cancelled")
 # A handler's start (time.time()) is read after the claim whose now() passed the job's
 # run_at: both the same machine's clock, so only their reading order needs a margin.
 EARLY_MARGIN = 0.003
-# Worker log lines saying an attempt was recorded while its handler ran on (a thread that
-# cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
-# its lease, ended then, whenever the handler itself returned.
-ABANDONED = ("handler thread abandoned", "handler did not stop when cancelled")
-# The target of a fault that hits the database itself, and so every worker process at once.
-DATABASE = "postgres"
 # How long after its resume a paused holder may still run, beyond one renewal interval: the
 # heartbeat that was due during the pause runs at once, but a loaded machine is slow.
 RESUME_MARGIN = 2.0
@@ -60,172 +74,10 @@ RESUME_MARGIN = 2.0
 LONG_TYPE = "chaos-long"
 
 
-@dataclass(frozen=True)
-class JobRow:
-    id: str
-    type: str
-    status: str
-    attempts: int
-    max_attempts: int
-    lease_token: int
-    idempotency_key: str | None
-    lease_expired: bool = False  # locked_until < now() when the rows were read
-    queue: str = "default"
-
-
-@dataclass(frozen=True)
-class Ack:
-    """A 201 (created) or 200 (replayed) answer to a submission."""
-
-    key: str
-    job_id: str
-    status_code: int
-    due: float | None = None  # epoch seconds no execution of the job may start before
-    scheduled: bool = False  # sent with a run_at or delay in the future
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    target: str
-    injected_at: float
-    healed_at: float | None = None  # when the fault was removed (restart, resume, pass-through)
-    recovered_at: float | None = None  # when the system was serving and completing again
-    killed_pids: tuple[int, ...] = ()
-    paused_pids: tuple[int, ...] = ()
-    note: str = ""
-    # When the killed or paused processes were stopped (SIGKILL, SIGSTOP), if known; else
-    # the fault counts from `injected_at`.
-    stopped_at: float | None = None
-    # Worker processes whose path to the database the fault cut or slowed (a proxy fault).
-    partitioned_pids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Disturbance:
-    """A fault as the leases of the processes it hit saw it: from `since` to `until`."""
-
-    pids: frozenset[int] | None  # None: every process (the database itself was hit)
-    since: float
-    until: float
-
-    def hits(self, pid: int, start: float, end: float) -> bool:
-        """Whether it hit process `pid` at some time between `start` and `end`."""
-        touched = self.pids is None or pid in self.pids
-        return touched and self.since <= end and self.until >= start
-
-
-def disturbances(faults: Iterable[Fault]) -> list[Disturbance]:
-    """The faults that could cost a running holder its lease, earliest first."""
-    found = []
-    for f in faults:
-        pids = frozenset((*f.killed_pids, *f.paused_pids, *f.partitioned_pids))
-        if f.target != DATABASE and not pids:
-            continue
-        since = f.stopped_at if f.stopped_at is not None else f.injected_at
-        until = max(since, f.healed_at if f.healed_at is not None else since)
-        found.append(Disturbance(None if f.target == DATABASE else pids, since, until))
-    return sorted(found, key=lambda d: d.since)
-
-
-@dataclass
-class Execution:
-    """One attempt as its handler saw it, keyed by (job_id, lease_token)."""
-
-    job_id: str
-    lease_token: int
-    attempt: int
-    max_attempts: int
-    type: str
-    pid: int
-    start: float
-    end: float | None = None
-    outcome: str | None = None  # ok | error | permanent | cancelled; None if it never ended
-
-
-@dataclass
-class Write:
-    """What a worker logged about the outcome write of one lease."""
-
-    job_id: str
-    lease_token: int
-    # From `job finished`: completed | failed | dead_letter | retried | released.
-    outcome: str | None = None
-    finished_at: float | None = None
-    lost: bool = False  # a `lease lost` line: the write matched no row
-    lost_at: float | None = None
-    # A `lease lost` line of a renewal (by the database, or the holder's own clock): the
-    # attempt was stopped and nothing written for it.
-    renew_lost_at: float | None = None
-    abandoned_at: float | None = None  # the worker gave up on the handler, which ran on
-
-    @property
-    def applied(self) -> bool:
-        return self.outcome is not None and not self.lost
-
-
 @dataclass
 class Report:
     violations: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
-
-
-# --- parsing ---------------------------------------------------------------------
-
-
-def log_time(text: str) -> float:
-    """The `time` field of a service log line (`2026-11-30T12:00:00.123Z`) as epoch seconds."""
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-
-
-def executions(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Execution]:
-    """Pair the handlers' start and end records by (job_id, lease_token)."""
-    found: dict[tuple[str, int], Execution] = {}
-    for r in sorted(records, key=lambda r: (r["event"] != "start", r["t"])):
-        key = (r["job_id"], int(r["lease_token"]))
-        if r["event"] == "start":
-            found[key] = Execution(
-                r["job_id"],
-                int(r["lease_token"]),
-                int(r["attempt"]),
-                int(r["max_attempts"]),
-                r["type"],
-                int(r["pid"]),
-                float(r["t"]),
-            )
-        elif key in found:
-            found[key].end, found[key].outcome = float(r["t"]), r["outcome"]
-    return found
-
-
-def writes(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Write]:
-    """The workers' `job finished`, `lease lost` and abandonment lines, by (job_id,
-    lease_token)."""
-    found: dict[tuple[str, int], Write] = {}
-    for e in entries:
-        msg = e.get("msg")
-        if msg not in ("job finished", "lease lost", *ABANDONED) or "lease_token" not in e:
-            continue
-        key = (str(e["job_id"]), int(e["lease_token"]))
-        w = found.setdefault(key, Write(*key))
-        if msg == "job finished":
-            w.outcome, w.finished_at = e.get("outcome"), log_time(e["time"])
-        elif msg == "lease lost" and e.get("operation") == "renew":
-            w.renew_lost_at = log_time(e["time"])
-        elif msg == "lease lost":
-            w.lost, w.lost_at = True, log_time(e["time"])
-        else:
-            w.abandoned_at = log_time(e["time"])
-    return found
-
-
-def attempt_end(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float | None:
-    """When execution `e` stopped holding its job: its handler's end, or earlier, when the
-    worker abandoned the handler and recorded the attempt without it."""
-    w = logged.get((e.job_id, e.lease_token))
-    if w is not None and w.abandoned_at is not None:
-        return w.abandoned_at if e.end is None else min(e.end, w.abandoned_at)
-    return e.end
 
 
 # --- the checks --------------------------------------------------------------------
@@ -240,13 +92,22 @@ def check(
     *,
     lease_duration: float,
     tolerance: float = 0.5,
+    cancels: Sequence[CancelRequest] = (),
+    pruned: Sequence[Pruned] = (),
+    retention: Mapping[str, float] | None = None,
 ) -> Report:
-    """Every invariant over one run; see the module docstring."""
+    """Every invariant over one run; see the module docstring. `retention`: the age in
+    seconds at which each finished status is deleted (missing or 0: kept)."""
     report = Report()
     bad = report.violations
-    by_id = {row.id: row for row in rows}
+    entries = list(log_entries)
+    gone = {p.row.id: p for p in pruned}
+    live = {row.id: row for row in rows}
+    # A deleted job's row as retention found it stands for its final row.
+    finals = [*rows, *(p.row for p in pruned if p.row.id not in live)]
+    by_id = {row.id: row for row in finals}
     execs = executions(records)
-    logged = writes(log_entries)
+    logged = writes(entries)
     per_job: dict[str, list[Execution]] = defaultdict(list)
     for e in execs.values():
         per_job[e.job_id].append(e)
@@ -256,30 +117,35 @@ def check(
     paused = {pid for f in faults for pid in f.paused_pids}
     hits = disturbances(faults)
 
-    lost = _check_acknowledged(by_id, acks, bad)
+    retained = check_pruned(pruned, retention or {}, pruned_logged(entries), bad)
+    lost = _check_acknowledged(live, gone, acks, bad)
     never_ran = _check_never_ran(by_id, acks, per_job, bad)
     early, lateness = _check_not_early(acks, per_job, bad)
-    _check_rows(rows, bad)
+    _check_rows(finals, bad)
     stale = _check_stale_writes(per_job, logged, by_id, bad)
     _check_overlaps(per_job, logged, hits, lease_duration, tolerance, bad)
     causes, after_success = _explain_reruns(per_job, logged, killed, paused, hits, bad)
     stopped = _check_resumed_holders(per_job, logged, faults, lease_duration, bad)
-    _check_attempts(rows, execs, bad)
-    _check_final_lease(rows, execs, bad)
+    _check_attempts(finals, execs, bad)
+    _check_final_lease(finals, execs, bad)
+    pruned_at = {job_id: p.pruned_at for job_id, p in gone.items()}
+    cancelled = check_cancels(cancels, by_id, per_job, logged, hits, pruned_at, lease_duration, bad)
 
-    statuses = Counter(row.status for row in rows if row.id in {a.job_id for a in acks})
+    acked = {a.job_id for a in acks}
+    statuses = Counter(row.status for row in finals if row.id in acked)
     duplicates = {cause: n for cause, n in causes.items() if cause != "retry"}
     report.summary = {
-        "jobs_submitted": len({a.job_id for a in acks}),
+        "jobs_submitted": len(acked),
         "completed": statuses["completed"],
         "failed": statuses["failed"],
         "dead_lettered": statuses["dead_letter"],
+        "cancelled": statuses["cancelled"],
         "lost": lost,
         "never_ran": never_ran,
         "scheduled_jobs": len({a.job_id for a in acks if a.scheduled}),
         "started_before_due": early,
         "scheduled_lateness_seconds": _spread(lateness),
-        "jobs_by_queue": dict(sorted(Counter(row.queue for row in rows).items())),
+        "jobs_by_queue": dict(sorted(Counter(row.queue for row in finals).items())),
         "executions": len(execs),
         "retries": causes.get("retry", 0),
         "duplicate_executions": sum(duplicates.values()),
@@ -296,11 +162,17 @@ def check(
             w.renew_lost_at is not None and w.applied for w in logged.values()
         ),
         "paused_holders_stopped_by_renewal": stopped,
-        "long_jobs": _long_jobs(rows, per_job, logged),
-        "claims_without_execution_record": _token_gaps(rows, per_job),
+        "long_jobs": _long_jobs(finals, per_job, logged),
+        "claims_without_execution_record": _token_gaps(finals, per_job),
+        "cancels": cancelled,
+        "retention": {
+            **retained,
+            "acknowledged_pruned": sum(j in acked and j not in live for j in gone),
+            "ages_seconds": dict(sorted((retention or {}).items())),
+        },
         "faults_injected": dict(sorted(Counter(f.kind for f in faults).items())),
         "recovery_seconds": recovery_table(faults),
-        "outcomes_by_type": _outcomes_by_type(rows),
+        "outcomes_by_type": _outcomes_by_type(finals),
         "violations": len(bad),
     }
     for f in faults:
@@ -310,7 +182,11 @@ def check(
     return report
 
 
-def _check_acknowledged(by_id: Mapping[str, JobRow], acks: Sequence[Ack], bad: list[str]) -> int:
+def _check_acknowledged(
+    live: Mapping[str, JobRow], gone: Mapping[str, Pruned], acks: Sequence[Ack], bad: list[str]
+) -> int:
+    """Acknowledged jobs neither at rest in the table nor deleted by retention once
+    finished: lost."""
     lost = 0
     ids_by_key: dict[str, set[str]] = defaultdict(set)
     for ack in acks:
@@ -319,7 +195,9 @@ def _check_acknowledged(by_id: Mapping[str, JobRow], acks: Sequence[Ack], bad: l
         if len(ids) > 1:
             bad.append(f"idempotency key {key} was acknowledged with {len(ids)} different jobs")
     for job_id in {ack.job_id for ack in acks}:
-        row = by_id.get(job_id)
+        row = live.get(job_id)
+        if row is None and accounted_as_pruned(job_id, gone):
+            continue
         if row is None:
             lost += 1
             bad.append(f"job {job_id} was acknowledged but is not in the database")
@@ -566,13 +444,15 @@ def _long_jobs(
     per_job: Mapping[str, list[Execution]],
     logged: Mapping[tuple[str, int], Write],
 ) -> dict[str, float]:
-    """The long jobs: how many, completed, run exactly once, and longest execution."""
+    """The long jobs: how many, completed, cancelled, run exactly once, and longest
+    execution."""
     long_rows = [row for row in rows if row.type == LONG_TYPE]
     runs = [e for row in long_rows for e in per_job.get(row.id, [])]
     spans = [end - e.start for e in runs if (end := attempt_end(e, logged)) is not None]
     return {
         "jobs": len(long_rows),
         "completed": sum(row.status == "completed" for row in long_rows),
+        "cancelled": sum(row.status == "cancelled" for row in long_rows),
         "run_once": sum(len(per_job.get(row.id, [])) == 1 for row in long_rows),
         "longest_execution_seconds": round(max(spans, default=0.0), 1),
     }

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.chaos.checker import Ack, Fault, JobRow, check, recovery_table
+from tests.chaos.checker import check, recovery_table
+from tests.chaos.evidence import Ack, CancelRequest, Fault, JobRow, Pruned
 
 LEASE = 8.0
 T0 = 1_800_000_000.0
@@ -340,6 +341,7 @@ def test_a_long_job_run_once_by_an_undisturbed_holder_is_clean() -> None:
     assert report.summary["long_jobs"] == {
         "jobs": 1,
         "completed": 1,
+        "cancelled": 0,
         "run_once": 1,
         "longest_execution_seconds": 20.0,
     }
@@ -438,3 +440,285 @@ def test_a_renewal_that_raced_its_own_outcome_write_is_no_lost_lease() -> None:
     assert report.violations == []
     assert report.summary["leases_lost_on_renewal"] == 0
     assert report.summary["renewals_lost_to_their_own_outcome_write"] == 1
+
+
+# --- cancels: every answer to POST /jobs/{id}/cancel is kept -------------------------------
+
+
+def cancel(
+    job_id: str, sent: float, answered: float | None, code: int | None, attempts: int = 0
+) -> CancelRequest:
+    return CancelRequest(
+        job_id, T0 + sent, None if answered is None else T0 + answered, code, attempts, "race"
+    )
+
+
+def with_cancels(
+    rows: list[JobRow],
+    records: list[Any],
+    logs: list[Any],
+    cancels: list[CancelRequest],
+    faults: Any = (),
+) -> Any:
+    return check(
+        rows,
+        acks(*(r.id for r in rows)),
+        records,
+        logs,
+        list(faults),
+        lease_duration=LEASE,
+        cancels=cancels,
+    )
+
+
+def ended(at: float) -> float:
+    return T0 + at
+
+
+def test_cancels_of_a_pending_a_running_and_a_finished_job_that_are_kept_are_clean() -> None:
+    report = with_cancels(
+        [row("p", "cancelled", attempts=0, token=0, finished_at=ended(1.01)),
+         row("r", "cancelled", finished_at=ended(3.3)),
+         row("c", "completed")],
+        [*run("r", 1, 0, 3.3, "cancelled"), *run("c", 1, 0, 1.0, "ok")],
+        [finished("r", 1, 3.31, "cancelled"), finished("c", 1, 1.01, "completed")],
+        [cancel("p", 1.0, 1.02, 200), cancel("r", 3.0, 3.05, 202, attempts=1),
+         cancel("c", 4.9, None, None), cancel("c", 5.0, 5.01, 409)],
+    )  # fmt: skip
+    assert report.violations == []
+    s = report.summary
+    assert s["cancelled"] == 2
+    assert s["cancels"] | {"by_mode": None} == {
+        "jobs": 3,
+        "requests": 4,
+        "answers": {"200": 1, "202": 1, "409": 1},
+        "by_mode": None,
+        "ended_cancelled": 2,
+        "lost_races": 0,
+        "stop_seconds": {"p50": 0.3, "max": 0.3},
+        "stale_starts_after_cancel": 0,
+    }
+
+
+def test_a_job_claimed_again_after_its_cancel_was_answered_is_a_violation() -> None:
+    # Cancelled at once (200, at attempt 0), then claimed: attempt 1 started at 2 s.
+    # Asked while running (202, at attempt 1), then claimed again: attempt 2.
+    report = with_cancels(
+        [row("p", "cancelled", finished_at=ended(2.5)),
+         row("r", "cancelled", attempts=2, token=2, finished_at=ended(6.0))],
+        [*run("p", 1, 2.0, 2.5, "ok"),
+         *run("r", 1, 0, 1.2, "cancelled"), *run("r", 2, 5.0, 6.0, "cancelled")],
+        [finished("r", 1, 1.21, "cancelled")],
+        [cancel("p", 1.0, 1.02, 200), cancel("r", 1.0, 1.05, 202, attempts=1)],
+    )  # fmt: skip
+    assert "job p: attempt 1 (lease 1) was claimed after a cancel answered 200 at attempt 0" in (
+        report.violations
+    )
+    assert "job r: attempt 2 (lease 2) was claimed after a cancel answered 202 at attempt 1" in (
+        report.violations
+    )
+
+
+def test_an_attempt_of_an_earlier_claim_may_start_after_a_200_only_on_a_disturbed_holder() -> None:
+    # Claimed before the cancel, its holder paused before the handler started; the job went
+    # back to pending, was cancelled (200 at attempt 1), and only then did the handler start.
+    rows = [row("p", "cancelled", finished_at=ended(10.0))]
+    records = run("p", 1, 10.5, 10.6, "ok", pid=7)
+    cancels = [cancel("p", 10.0, 10.02, 200, attempts=1)]
+    undisturbed = with_cancels(rows, records, [], cancels)
+    assert undisturbed.violations == [
+        "job p: lease 1 started 0.48s after the job was cancelled (200)"
+    ]
+    report = with_cancels(rows, records, [], cancels, [paused(7)])
+    assert report.violations == []
+    assert report.summary["cancels"]["stale_starts_after_cancel"] == 1
+
+
+def test_a_job_asked_to_cancel_while_running_ends_cancelled_or_as_the_race_winner() -> None:
+    report = with_cancels(
+        [row("won", "completed"), row("stuck", "processing")],
+        [*run("won", 1, 0, 1.1, "ok"), *run("stuck", 1, 0, 1.1, "cancelled")],
+        [finished("won", 1, 1.11, "completed")],
+        [cancel("won", 1.0, 1.05, 202, attempts=1), cancel("stuck", 1.0, 1.05, 202, attempts=1)],
+    )  # fmt: skip
+    assert "cancel of job stuck answered 202, but the job ended processing" in report.violations
+    assert not any("job won" in v for v in report.violations)
+    assert report.summary["cancels"]["lost_races"] == 1
+    assert report.summary["lost"] == 1
+
+
+def test_a_handler_running_on_after_its_202_is_a_violation_unless_a_fault_hit_its_holder() -> None:
+    # Limit: a renewal interval (8/3 s) plus the margin (2 s) after the answer.
+    rows = [long_row("cancelled")]
+    records = long_run("long", 1, 0, 12.0, "cancelled", pid=7)
+    logs = [finished("long", 1, 12.01, "cancelled")]
+    cancels = [cancel("long", 2.0, 2.05, 202, attempts=1)]
+    assert with_cancels(rows, records, logs, cancels).violations == [
+        "job long: lease 1's handler (pid 7) ran on 9.95s after its cancel was answered 202"
+    ]
+    cut_off = Fault("proxy_blackhole", "worker-0", T0 + 3, T0 + 9, T0 + 10, partitioned_pids=(7,))
+    assert with_cancels(rows, records, logs, cancels, [cut_off]).violations == []
+    in_time = long_run("long", 1, 0, 6.5, "cancelled", pid=7)
+    assert with_cancels(rows, in_time, logs, cancels).violations == []
+
+
+def test_a_job_ending_cancelled_although_its_undisturbed_holder_returned_is_a_violation() -> None:
+    rows = [row("a", "cancelled", finished_at=ended(3.1))]
+    records = run("a", 1, 0, 3.0, "ok", pid=7)
+    cancels = [cancel("a", 2.0, 2.05, 202, attempts=1)]
+    assert with_cancels(rows, records, [], cancels).violations == [
+        "job a ended cancelled, but lease 1's handler returned ok to its undisturbed holder (pid 7)"
+    ]
+    # Its holder paused past the lease: the write was lost, recovery ended the job cancelled.
+    assert with_cancels(rows, records, [], cancels, [paused(7)]).violations == []
+    # It failed on its own: the retry became the cancel.
+    failed = run("a", 1, 0, 3.0, "error", pid=7)
+    assert with_cancels(rows, failed, [], cancels).violations == []
+
+
+def test_a_job_cancelled_without_being_asked_or_after_another_outcome_is_a_violation() -> None:
+    report = with_cancels(
+        [row("a", "cancelled", attempts=0, token=0, finished_at=ended(1.0)),
+         row("b", "cancelled", attempts=0, token=0, finished_at=ended(1.0)),
+         row("c", "cancelled", finished_at=ended(2.0))],
+        [*run("c", 1, 0, 0.5, "ok")],
+        [finished("c", 1, 0.51, "completed")],
+        [cancel("b", 1.5, 1.52, 409), cancel("c", 1.9, 1.95, 409)],
+    )  # fmt: skip
+    assert report.violations == [
+        "job a ended cancelled, but no cancel was asked before it finished",
+        "job b ended cancelled, but no cancel was asked before it finished",
+        "job c ended cancelled after lease 1 wrote completed",
+    ]
+
+
+def test_a_409_for_a_job_that_could_still_be_cancelled_is_a_violation() -> None:
+    rows = [row("a", "dead_letter", attempts=1, max_attempts=1)]
+    records = [{**r, "max_attempts": 1} for r in run("a", 1, 0, 0.5, "error")]
+    logs = [finished("a", 1, 0.51, "dead_letter")]
+    report = with_cancels(rows, records, logs, [cancel("a", 1.0, 1.01, 409)])
+    assert report.violations == ["cancel of job a answered 409, but the job ended dead_letter"]
+
+
+def test_a_404_is_right_only_for_a_job_retention_deleted_before_the_answer() -> None:
+    done = row("a", "completed", finished_at=ended(0.5))
+    records = run("a", 1, 0, 0.5, "ok")
+    logs = [finished("a", 1, 0.51, "completed")]
+    asked = [cancel("a", 100.0, 100.01, 404)]
+    report = with_cancels([done], records, logs, asked)
+    assert report.violations == ["cancel of job a answered 404 while the job existed"]
+    gone = Pruned(done, T0 + 50.0, "jobqueue-worker")
+    report = check(
+        [], acks("a"), records, logs, [], lease_duration=LEASE, cancels=asked,
+        pruned=[gone], retention={"completed": 30.0},
+    )  # fmt: skip
+    assert report.violations == []
+
+
+# --- retention: a missing job is accounted for only by a legitimate deletion ----------------
+
+
+def pruned_row(job: JobRow, at: float, by: str = "jobqueue-worker") -> Pruned:
+    return Pruned(job, T0 + at, by)
+
+
+def with_pruned(
+    rows: list[JobRow], acked: list[str], records: list[Any], logs: list[Any], pruned: Any
+) -> Any:
+    return check(
+        rows,
+        acks(*acked),
+        records,
+        logs,
+        [],
+        lease_duration=LEASE,
+        pruned=list(pruned),
+        retention={"completed": 30.0, "failed": 30.0, "cancelled": 30.0, "dead_letter": 0.0},
+    )
+
+
+def pruned_line(total: int) -> dict[str, Any]:
+    return {"msg": "jobs pruned", "total": total, "time": stamp(40.0)}
+
+
+def test_a_job_deleted_by_retention_once_old_enough_is_accounted_for_not_lost() -> None:
+    report = with_pruned(
+        [row("b", "completed")],
+        ["a", "b"],
+        [*run("a", 1, 0, 0.5, "ok"), *run("b", 1, 0, 0.5, "ok")],
+        [finished("a", 1, 0.51, "completed"), finished("b", 1, 0.51, "completed"),
+         pruned_line(1)],
+        [pruned_row(row("a", "completed", finished_at=ended(0.51)), 40.0)],
+    )  # fmt: skip
+    assert report.violations == []
+    s = report.summary
+    assert (s["lost"], s["completed"]) == (0, 2)
+    assert s["retention"] | {"ages_seconds": None} == {
+        "pruned": 1,
+        "by_status": {"completed": 1},
+        "logged": 1,
+        "acknowledged_pruned": 1,
+        "ages_seconds": None,
+    }
+
+
+def test_a_missing_job_that_was_not_deleted_finished_is_lost() -> None:
+    report = with_pruned(
+        [],
+        ["a", "b"],
+        run("b", 1, 0, None, None),
+        [],
+        [pruned_row(row("b", "processing"), 40.0)],
+    )
+    assert report.summary["lost"] == 2
+    assert "job a was acknowledged but is not in the database" in report.violations
+    assert "job b was acknowledged but is not in the database" in report.violations
+    assert "job b was deleted while processing, by jobqueue-worker" in report.violations
+
+
+def test_a_deletion_too_young_of_a_kept_status_or_not_by_a_worker_is_a_violation() -> None:
+    young = row("a", "completed", finished_at=ended(1.0))
+    other = row("b", "failed", type="chaos-permanent", finished_at=ended(1.0))
+    kept = row("c", "dead_letter", attempts=3, token=3, finished_at=ended(1.0))
+    report = with_pruned(
+        [],
+        ["a", "b", "c"],
+        [*run("a", 1, 0, 0.5, "ok"), *run("b", 1, 0, 0.5, "permanent"),
+         *run("c", 1, 0, 0.1, "error"), *run("c", 2, 0.2, 0.3, "error"),
+         *run("c", 3, 0.4, 0.5, "error")],
+        [finished("a", 1, 0.51, "completed"), finished("b", 1, 0.51, "failed"),
+         finished("c", 1, 0.11, "retried"), finished("c", 2, 0.31, "retried"),
+         finished("c", 3, 0.51, "dead_letter")],
+        [pruned_row(young, 20.0), pruned_row(other, 40.0, by="psql"), pruned_row(kept, 40.0)],
+    )  # fmt: skip
+    assert report.violations == [
+        "job a was deleted 19.000s after it finished completed, before its retention of 30s",
+        "job b (failed) was deleted by 'psql', not a worker",
+        "job c was deleted dead_letter though that status is kept",
+    ]
+    assert report.summary["lost"] == 0
+
+
+def test_workers_counting_more_deletions_than_were_made_is_a_violation() -> None:
+    report = with_pruned(
+        [],
+        ["a"],
+        run("a", 1, 0, 0.5, "ok"),
+        [finished("a", 1, 0.51, "completed"), pruned_line(2)],
+        [pruned_row(row("a", "completed", finished_at=ended(0.51)), 40.0)],
+    )
+    assert report.violations == ["the workers logged 2 jobs pruned, but 1 were deleted"]
+
+
+def test_a_deleted_row_stands_for_the_final_row_in_every_other_check() -> None:
+    # Deleted completed, but the execution of its final lease failed: as for a row in the table.
+    report = with_pruned(
+        [],
+        ["a"],
+        run("a", 1, 0, 0.5, "error"),
+        [finished("a", 1, 0.51, "retried")],
+        [pruned_row(row("a", "completed", finished_at=ended(0.51)), 40.0)],
+    )
+    assert report.violations == [
+        "job a is completed under lease 1, which had an execution that ended error"
+    ]

@@ -1,0 +1,219 @@
+"""What a chaos run left behind, as the invariant checker reads it.
+
+The final `jobs` rows, the rows retention deleted (`tests.chaos.audit`), the
+client's acknowledgements and cancel requests, the faults that were injected,
+the handlers' execution records (`tests.chaos.handlers`) and the workers' JSON
+log lines (`job finished`, `lease lost`, the abandonment of a handler that
+outlived its attempt), parsed into the records the checks work on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+# Worker log lines saying an attempt was recorded while its handler ran on (a thread that
+# cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
+# its lease, ended then, whenever the handler itself returned.
+ABANDONED = ("handler thread abandoned", "handler did not stop when cancelled")
+# The target of a fault that hits the database itself, and so every worker process at once.
+DATABASE = "postgres"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    type: str
+    status: str
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    idempotency_key: str | None
+    lease_expired: bool = False  # locked_until < now() when the rows were read
+    queue: str = "default"
+    finished_at: float | None = None  # epoch seconds (the database's clock)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A job row as retention deleted it, copied by the database in the deleting statement."""
+
+    row: JobRow
+    pruned_at: float  # the deleting transaction's now(), epoch seconds
+    pruned_by: str  # the deleting session's application_name
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A 201 (created) or 200 (replayed) answer to a submission."""
+
+    key: str
+    job_id: str
+    status_code: int
+    due: float | None = None  # epoch seconds no execution of the job may start before
+    scheduled: bool = False  # sent with a run_at or delay in the future
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """One `POST /jobs/{id}/cancel` the client sent, and what came back (a retry after no
+    answer, or a 503, is a request of its own)."""
+
+    job_id: str
+    sent_at: float
+    answered_at: float | None  # None: no answer came (connection error, timeout)
+    status_code: int | None
+    attempts: int | None = None  # the job's `attempts` in a 200 or 202 answer
+    mode: str = ""  # when the client chose to ask: pending, race or running
+
+    @property
+    def answered(self) -> bool:
+        """A definitive answer: cancelled (200), asked of the holder (202), refused (409) or
+        not found (404). A 503 or no answer leaves it unknown whether the cancel applied."""
+        return self.status_code in (200, 202, 404, 409)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str
+    injected_at: float
+    healed_at: float | None = None  # when the fault was removed (restart, resume, pass-through)
+    recovered_at: float | None = None  # when the system was serving and completing again
+    killed_pids: tuple[int, ...] = ()
+    paused_pids: tuple[int, ...] = ()
+    note: str = ""
+    # When the killed or paused processes were stopped (SIGKILL, SIGSTOP), if known; else
+    # the fault counts from `injected_at`.
+    stopped_at: float | None = None
+    # Worker processes whose path to the database the fault cut or slowed (a proxy fault).
+    partitioned_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Disturbance:
+    """A fault as the leases of the processes it hit saw it: from `since` to `until`."""
+
+    pids: frozenset[int] | None  # None: every process (the database itself was hit)
+    since: float
+    until: float
+
+    def hits(self, pid: int, start: float, end: float) -> bool:
+        """Whether it hit process `pid` at some time between `start` and `end`."""
+        touched = self.pids is None or pid in self.pids
+        return touched and self.since <= end and self.until >= start
+
+
+def disturbances(faults: Iterable[Fault]) -> list[Disturbance]:
+    """The faults that could cost a running holder its lease, earliest first."""
+    found = []
+    for f in faults:
+        pids = frozenset((*f.killed_pids, *f.paused_pids, *f.partitioned_pids))
+        if f.target != DATABASE and not pids:
+            continue
+        since = f.stopped_at if f.stopped_at is not None else f.injected_at
+        until = max(since, f.healed_at if f.healed_at is not None else since)
+        found.append(Disturbance(None if f.target == DATABASE else pids, since, until))
+    return sorted(found, key=lambda d: d.since)
+
+
+def disturbed(hits: Iterable[Disturbance], pid: int, start: float, end: float) -> bool:
+    return any(d.hits(pid, start, end) for d in hits)
+
+
+@dataclass
+class Execution:
+    """One attempt as its handler saw it, keyed by (job_id, lease_token)."""
+
+    job_id: str
+    lease_token: int
+    attempt: int
+    max_attempts: int
+    type: str
+    pid: int
+    start: float
+    end: float | None = None
+    outcome: str | None = None  # ok | error | permanent | cancelled; None if it never ended
+
+
+@dataclass
+class Write:
+    """What a worker logged about the outcome write of one lease."""
+
+    job_id: str
+    lease_token: int
+    # From `job finished`: completed | failed | dead_letter | cancelled | retried | released.
+    outcome: str | None = None
+    finished_at: float | None = None
+    lost: bool = False  # a `lease lost` line: the write matched no row
+    lost_at: float | None = None
+    # A `lease lost` line of a renewal (by the database, or the holder's own clock): the
+    # attempt was stopped and nothing written for it.
+    renew_lost_at: float | None = None
+    abandoned_at: float | None = None  # the worker gave up on the handler, which ran on
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome is not None and not self.lost
+
+
+def log_time(text: str) -> float:
+    """The `time` field of a service log line (`2026-11-30T12:00:00.123Z`) as epoch seconds."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+def executions(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Execution]:
+    """Pair the handlers' start and end records by (job_id, lease_token)."""
+    found: dict[tuple[str, int], Execution] = {}
+    for r in sorted(records, key=lambda r: (r["event"] != "start", r["t"])):
+        key = (r["job_id"], int(r["lease_token"]))
+        if r["event"] == "start":
+            found[key] = Execution(
+                r["job_id"],
+                int(r["lease_token"]),
+                int(r["attempt"]),
+                int(r["max_attempts"]),
+                r["type"],
+                int(r["pid"]),
+                float(r["t"]),
+            )
+        elif key in found:
+            found[key].end, found[key].outcome = float(r["t"]), r["outcome"]
+    return found
+
+
+def writes(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Write]:
+    """The workers' `job finished`, `lease lost` and abandonment lines, by (job_id,
+    lease_token)."""
+    found: dict[tuple[str, int], Write] = {}
+    for e in entries:
+        msg = e.get("msg")
+        if msg not in ("job finished", "lease lost", *ABANDONED) or "lease_token" not in e:
+            continue
+        key = (str(e["job_id"]), int(e["lease_token"]))
+        w = found.setdefault(key, Write(*key))
+        if msg == "job finished":
+            w.outcome, w.finished_at = e.get("outcome"), log_time(e["time"])
+        elif msg == "lease lost" and e.get("operation") == "renew":
+            w.renew_lost_at = log_time(e["time"])
+        elif msg == "lease lost":
+            w.lost, w.lost_at = True, log_time(e["time"])
+        else:
+            w.abandoned_at = log_time(e["time"])
+    return found
+
+
+def attempt_end(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float | None:
+    """When execution `e` stopped holding its job: its handler's end, or earlier, when the
+    worker abandoned the handler and recorded the attempt without it."""
+    w = logged.get((e.job_id, e.lease_token))
+    if w is not None and w.abandoned_at is not None:
+        return w.abandoned_at if e.end is None else min(e.end, w.abandoned_at)
+    return e.end
+
+
+def pruned_logged(entries: Iterable[Mapping[str, Any]]) -> int:
+    """How many jobs the workers say retention deleted (their `jobs pruned` lines)."""
+    return sum(int(e.get("total", 0)) for e in entries if e.get("msg") == "jobs pruned")
