@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.checker import LONG_TYPE, Fault
+from tests.chaos import audit
+from tests.chaos.checker import LONG_TYPE
+from tests.chaos.evidence import Fault
 from tests.chaos.load import LONG_SECONDS, LONG_TIMEOUT, Load
 from tests.chaos.system import LEASE_SECONDS, Service, System, wait_until
 
@@ -368,15 +370,17 @@ def lock_rows(c: Chaos) -> Injected:
 
 
 def _at_rest(c: Chaos, ids: list[str]) -> bool:
+    """Whether every job of `ids` finished (retention may have deleted it since)."""
     try:
         ((n,),) = c.system.query(
             "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])"
-            " AND status IN ('completed', 'failed', 'dead_letter')",
+            " AND status IN ('completed', 'failed', 'dead_letter', 'cancelled')",
             (ids,),
         )
+        gone = audit.count(c.system, ids)
     except Exception:
         return False
-    return int(n) == len(ids)
+    return int(n) + gone == len(ids)
 
 
 def _records_of(c: Chaos, job_id: str) -> list[dict[str, Any]]:
@@ -442,7 +446,8 @@ def not_recovered(system: System, since: float) -> str | None:
         return "not ready: " + ", ".join(down)
     try:
         ((finished, waiting),) = system.query(
-            "SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'dead_letter')"
+            "SELECT count(*) FILTER (WHERE status IN ("
+            "  'completed', 'failed', 'dead_letter', 'cancelled')"
             "  AND updated_at >= to_timestamp(%s)),"
             " count(*) FILTER (WHERE (status = 'pending' AND run_at <= now())"
             "  OR (status = 'processing' AND type <> %s)) FROM jobs",

@@ -6,6 +6,9 @@ is acknowledged with 201 (created) or 200 (replayed). Only acknowledged jobs are
 owed to the client, so only they count for "never lost". Any other answer (400,
 409, 500) is recorded as a failure: the requests are valid and never conflict.
 
+A sample of the load's own jobs is cancelled through the APIs as well
+(`tests.chaos.canceller`): some while they run, some while they are pending.
+
 The mix is routed: jobs go to several queues (`QUEUE_MIX`; the chaos workers
 serve them all), most carry a priority, and some are scheduled a few seconds
 ahead by `run_at` (with various UTC offsets) or by `delay` (seconds or a Go
@@ -29,7 +32,8 @@ from typing import Any
 
 import httpx
 
-from tests.chaos.checker import Ack, log_time
+from tests.chaos.canceller import Canceller, Plan, plan
+from tests.chaos.evidence import Ack, CancelRequest, log_time
 from tests.chaos.system import LEASE_SECONDS
 
 # (kind of job, weight); `job_body` makes each kind's request.
@@ -113,6 +117,7 @@ def job_body(kind: str, rng: random.Random) -> dict[str, Any]:
 @dataclass
 class LoadStats:
     acks: list[Ack] = field(default_factory=list)
+    cancels: list[CancelRequest] = field(default_factory=list)
     attempts: int = 0
     retried: Counter[str] = field(default_factory=Counter)  # why a submission was sent again
     failures: list[str] = field(default_factory=list)  # answers that must never happen
@@ -132,6 +137,7 @@ class Load:
         run_id: str,
         concurrency: int = 8,
         give_up_after: float = 300.0,
+        cancels: bool = True,
     ) -> None:
         self.api_urls = api_urls
         self.jobs = jobs
@@ -141,6 +147,10 @@ class Load:
         self.concurrency = concurrency
         self.give_up_after = give_up_after
         self.stats = LoadStats()
+        self.cancels = cancels
+        # Its own generator: the job mix of a seed stays the same whether or not it cancels.
+        self.cancel_rng = random.Random(f"cancels-{seed}")
+        self.canceller = Canceller(api_urls, self._http, self.stats.cancels, self.stats.failures)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._client: httpx.AsyncClient | None = None
@@ -182,30 +192,45 @@ class Load:
             kinds = [k for k, _ in MIX]
             weights = [w for _, w in MIX]
             short_weights = [0 if k == "long" else w for k, w in MIX]
-            bodies = []
+            bodies: list[tuple[dict[str, Any], Schedule, Plan]] = []
+            made: Counter[str] = Counter()
             for i in range(self.jobs):
                 mix = weights if i < self.jobs * LONG_UNTIL else short_weights
-                bodies.append(route(job_body(self.rng.choices(kinds, mix)[0], self.rng), self.rng))
-            queue: asyncio.Queue[tuple[int, tuple[dict[str, Any], Schedule]]] = asyncio.Queue()
+                kind = self.rng.choices(kinds, mix)[0]
+                body, schedule = route(job_body(kind, self.rng), self.rng)
+                cancel = plan(kind, body, schedule is not None, self.cancel_rng, made[kind])
+                made[kind] += 1
+                bodies.append((body, schedule, cancel if self.cancels else None))
+            queue: asyncio.Queue[tuple[int, tuple[dict[str, Any], Schedule, Plan]]]
+            queue = asyncio.Queue()
             for item in enumerate(bodies):
                 queue.put_nowait(item)
             started = time.monotonic()
+            cancels: list[asyncio.Task[None]] = []
 
             async def sender() -> None:
                 while not queue.empty():
-                    i, (body, schedule) = queue.get_nowait()
+                    i, (body, schedule, cancel) = queue.get_nowait()
                     due = started + self.spread * i / max(1, self.jobs)
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
-                    await self._submit_one(body, schedule)
+                    job_id = await self._submit_one(body, schedule)
+                    if job_id is not None and cancel is not None:
+                        ask = self.canceller.cancel(job_id, *cancel)
+                        cancels.append(asyncio.create_task(ask))
 
             await asyncio.gather(*(sender() for _ in range(self.concurrency)))
+            await asyncio.gather(*cancels)
         finally:
             self.stats.finished_at = time.time()
             self._done.set()
 
-    async def _submit_one(self, body: dict[str, Any], schedule: Schedule = None) -> str | None:
+    def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=10.0)
+        return self._client
+
+    async def _submit_one(self, body: dict[str, Any], schedule: Schedule = None) -> str | None:
+        client = self._http()
         self._serial += 1
         key = f"{self.run_id}-{self._serial}"
         # Fixed before the first request: a retry sends the very same body.
@@ -217,7 +242,7 @@ class Load:
             attempt += 1
             self.stats.attempts += 1
             try:
-                response = await self._client.post(
+                response = await client.post(
                     f"{url}/jobs", json=body, headers={"Idempotency-Key": key}
                 )
             except httpx.HTTPError as exc:

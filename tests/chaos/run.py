@@ -1,15 +1,17 @@
 """The chaos run: start the system, load it while injecting faults, drain, stop, check.
 
     python -m tests.chaos.run [--jobs N] [--duration S] [--json PATH] [--seed N] [--kinds a,b]
+                              [--retention S] [--no-cancels]
 
 Starts a throwaway PostgreSQL cluster, 2 `jobqueue-api` and 3 `jobqueue-worker`
-services (2 processes each), each behind a fault proxy; submits N jobs through
-the APIs over the fault phase while `tests.chaos.faults` injects one fault after
+services (2 processes each, deleting finished jobs after `--retention` seconds),
+each behind a fault proxy; submits N jobs through the APIs over the fault phase,
+cancelling a sample of them, while `tests.chaos.faults` injects one fault after
 another; then restarts whatever is down, waits until every acknowledged job is
-at rest, stops every service gracefully (exit status 0 expected) and runs the
-invariant checker. Prints the summary table, writes it as JSON if asked, and
-exits 1 if any invariant was broken. Everything it started is removed at the
-end, whatever happens.
+at rest (or deleted by retention), stops every service gracefully (exit status 0
+expected) and runs the invariant checker. Prints the summary table, writes it as
+JSON if asked, and exits 1 if any invariant was broken. Everything it started is
+removed at the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -29,10 +31,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import faults
-from tests.chaos.checker import JobRow, Report, check
+from tests.chaos import audit, faults
+from tests.chaos.checker import Report, check
+from tests.chaos.evidence import JobRow
 from tests.chaos.load import Load
-from tests.chaos.system import LEASE_SECONDS, System, wait_until
+from tests.chaos.system import (
+    DEFAULT_RETENTION,
+    LEASE_SECONDS,
+    System,
+    retention_ages,
+    wait_until,
+)
 
 START_LIMIT = 120.0
 DRAIN_LIMIT = 180.0
@@ -47,11 +56,17 @@ def run_chaos(
     gap: tuple[float, float] = (1.0, 3.0),
     log: Callable[[str], None] = print,
     keep: bool = False,
+    retention: float = DEFAULT_RETENTION,
+    cancels: bool = True,
+    await_prune: float = 0.0,
 ) -> Report:
-    """One complete run; the report's violations are empty when every guarantee held."""
+    """One complete run; the report's violations are empty when every guarantee held.
+
+    `await_prune`: after draining, wait up to this long for retention to have deleted a
+    job, if none was yet (a short run may end before the retention leader's second round)."""
     started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="jobqueue-chaos-"))
-    system = System(run_dir)
+    system = System(run_dir, retention=retention)
     load: Load | None = None
     problems: list[str] = []
     try:
@@ -65,6 +80,7 @@ def run_chaos(
             spread=duration * 0.8,
             seed=seed,
             run_id=f"chaos-{uuid.uuid4().hex[:8]}",
+            cancels=cancels,
         )
         load.start()
         chaos = faults.Chaos(system, load, random.Random(seed), log=log)
@@ -84,6 +100,10 @@ def run_chaos(
         drained_at = wait_until(lambda: _unsettled(system, acked) == 0, DRAIN_LIMIT, 0.5)
         if drained_at is None:
             problems.append(f"{_unsettled(system, acked)} jobs were not at rest after draining")
+        if await_prune > 0 and not audit.count(system, acked):
+            log(f"waiting up to {await_prune:g}s for retention's first deletion")
+            if wait_until(lambda: audit.count(system, acked) > 0, await_prune, 0.5) is None:
+                problems.append(f"retention deleted no job within {await_prune:g}s of the drain")
         problems += _stop_all(system)
 
         rows = _rows(system)
@@ -95,6 +115,9 @@ def run_chaos(
             entries,
             chaos.faults,
             lease_duration=LEASE_SECONDS,
+            cancels=load.stats.cancels,
+            pruned=audit.pruned(system),
+            retention=retention_ages(retention),
         )
         if non_json:
             problems.append(f"{non_json} service log lines were not JSON")
@@ -122,13 +145,15 @@ def run_chaos(
 
 
 def _unsettled(system: System, ids: list[str]) -> int:
+    """Jobs of `ids` not finished: in the table unfinished, or in neither the table nor
+    retention's record (the checker calls those lost)."""
     try:
         ((n,),) = system.query(
             "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])"
-            " AND status NOT IN ('completed', 'failed', 'dead_letter')",
+            " AND status NOT IN ('completed', 'failed', 'dead_letter', 'cancelled')",
             (ids,),
         )
-        return int(n) + len(ids) - _count(system, ids)
+        return int(n) + len(ids) - _count(system, ids) - audit.count(system, ids)
     except Exception:
         return len(ids)
 
@@ -155,10 +180,22 @@ def _stop_all(system: System) -> list[str]:
 
 def _rows(system: System) -> list[JobRow]:
     return [
-        JobRow(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
+        JobRow(
+            str(r[0]),
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            bool(r[7]),
+            r[8],
+            None if r[9] is None else float(r[9]),
+        )
         for r in system.query(
             "SELECT id, type, status, attempts, max_attempts, lease_token, idempotency_key,"
-            " coalesce(locked_until < now(), false), queue FROM jobs"
+            " coalesce(locked_until < now(), false), queue, extract(epoch FROM finished_at)"
+            " FROM jobs"
         )
     ]
 
@@ -197,8 +234,8 @@ def table(report: Report) -> str:
         "| measure | value |",
         "|---|---|",
         f"| jobs submitted (acknowledged) | {s['jobs_submitted']} |",
-        f"| completed / failed / dead-lettered | {s['completed']} / {s['failed']} / "
-        f"{s['dead_lettered']} |",
+        f"| completed / failed / dead-lettered / cancelled | {s['completed']} / {s['failed']} / "
+        f"{s['dead_lettered']} / {s['cancelled']} |",
         f"| **lost** | **{s['lost']}** |",
         f"| **dead-lettered without ever running** | **{s['never_ran']}** |",
         f"| **executions started before their job was due** | **{s['started_before_due']}** |",
@@ -214,8 +251,10 @@ def table(report: Report) -> str:
         f"| stale writes applied | {s['stale_writes_applied']} |",
         f"| leases lost on renewal (paused holders stopped by it) | "
         f"{s['leases_lost_on_renewal']} ({s['paused_holders_stopped_by_renewal']}) |",
-        f"| long jobs (2–3 leases): completed / run once / longest execution | "
+        f"| long jobs (2–3 leases): completed / cancelled / run once / longest execution | "
         f"{_long(s['long_jobs'])} |",
+        *_cancel_lines(s["cancels"]),
+        *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
     ]
@@ -232,9 +271,29 @@ def table(report: Report) -> str:
 
 def _long(jobs: dict[str, float]) -> str:
     return (
-        f"{jobs['jobs']:g}: {jobs['completed']:g} / {jobs['run_once']:g} / "
-        f"{jobs['longest_execution_seconds']:g}s"
+        f"{jobs['jobs']:g}: {jobs['completed']:g} / {jobs['cancelled']:g} / "
+        f"{jobs['run_once']:g} / {jobs['longest_execution_seconds']:g}s"
     )
+
+
+def _cancel_lines(c: dict[str, Any]) -> list[str]:
+    answers = c["answers"]
+    return [
+        f"| cancels requested: jobs (HTTP requests) | {c['jobs']} ({c['requests']}) |",
+        f"| cancels answered 200 / 202 / 409 / none | {answers.get('200', 0)} / "
+        f"{answers.get('202', 0)} / {answers.get('409', 0)} / {answers.get('none', 0)} |",
+        f"| cancelled jobs / lost races (202, then completed, failed or dead-lettered) | "
+        f"{c['ended_cancelled']} / {c['lost_races']} |",
+        f"| running attempts stopped by a cancel, from its request (p50 / max) | "
+        f"{_late(c['stop_seconds'])} |",
+    ]
+
+
+def _retention_lines(r: dict[str, Any]) -> list[str]:
+    return [
+        f"| jobs deleted by retention (acknowledged / logged by the workers) | {r['pruned']} "
+        f"({r['acknowledged_pruned']} / {r['logged']}) {_pairs(r['by_status'])} |",
+    ]
 
 
 def _late(spread: dict[str, float]) -> str:
@@ -253,6 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--kinds", default=",".join(faults.KINDS), help="fault kinds to inject")
     parser.add_argument("--keep", action="store_true", help="keep the logs of the run")
+    parser.add_argument(
+        "--retention",
+        type=float,
+        default=DEFAULT_RETENTION,
+        help="seconds after which the workers delete finished jobs (0: never)",
+    )
+    parser.add_argument("--no-cancels", action="store_true", help="cancel no job")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -264,7 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, flush=True)
 
     report = run_chaos(
-        jobs=args.jobs, duration=args.duration, seed=seed, kinds=kinds, log=log, keep=args.keep
+        jobs=args.jobs,
+        duration=args.duration,
+        seed=seed,
+        kinds=kinds,
+        log=log,
+        keep=args.keep,
+        retention=args.retention,
+        cancels=not args.no_cancels,
     )
     print(table(report))
     for violation in report.violations[:50]:

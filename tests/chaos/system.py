@@ -1,7 +1,9 @@
 """The system under test in a chaos run: the cluster, a fault proxy per service, 2 APIs, 3 workers.
 
 Every service reaches PostgreSQL through a `FaultProxy` of its own, so a
-network fault can hit one service while the others keep working. Each service
+network fault can hit one service while the others keep working. The workers
+delete finished jobs after a short retention, so pruning runs during the faults;
+the database keeps a copy of every row they delete (`tests.chaos.audit`). Each service
 incarnation (a restart makes a new one) writes its stdout to its own file
 under the run directory; the checker reads them all at the end.
 """
@@ -23,6 +25,7 @@ import httpx
 import psycopg
 from alembic import command
 
+from tests.chaos import audit
 from tests.chaos.cluster import Cluster
 from tests.faultproxy import FaultProxy
 from tests.pg import alembic_config
@@ -49,6 +52,20 @@ LEASE_SECONDS = 4.0
 WORKER_PROCESSES = 2
 # Every queue of the load's mix (tests.chaos.load.QUEUE_MIX), one with fewer slots.
 QUEUES = "default,bulk,urgent:4"
+# The retention variables the workers get: each finished status is deleted this long after
+# it finished (RETENTION_FAILED covers cancelled jobs too), so pruning runs during faults.
+RETENTION_VARIABLES = {
+    "RETENTION_COMPLETED": "completed",
+    "RETENTION_FAILED": "failed",
+    "RETENTION_DEAD_LETTER": "dead_letter",
+}
+DEFAULT_RETENTION = 30.0
+
+
+def retention_ages(retention: float) -> dict[str, float]:
+    """The age (seconds) at which the chaos workers delete each finished status."""
+    ages = {status: retention for status in RETENTION_VARIABLES.values()}
+    return {**ages, "cancelled": ages["failed"]}
 
 
 class Process:
@@ -144,8 +161,16 @@ class Service:
 class System:
     """Owns every process, proxy and directory of a run; `close()` removes them all."""
 
-    def __init__(self, run_dir: Path, apis: int = 2, workers: int = 3, slots: int = 8) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        apis: int = 2,
+        workers: int = 3,
+        slots: int = 8,
+        retention: float = DEFAULT_RETENTION,
+    ) -> None:
         self.run_dir = run_dir
+        self.retention = retention
         self.exec_dir = run_dir / "executions"
         self.logs_dir = run_dir / "logs"
         self.exec_dir.mkdir(parents=True)
@@ -163,6 +188,8 @@ class System:
         self.cluster.start()
         self.cluster.create_database()
         command.upgrade(alembic_config(self.cluster.url()), "head")
+        with self.cluster.connect() as conn:
+            audit.install(conn)
         common = {
             **TIMINGS,
             "JOB_HANDLERS": "tests.chaos.handlers",
@@ -179,6 +206,7 @@ class System:
                 "WORKER_PROCESSES": str(WORKER_PROCESSES),
                 "WORKERS": str(self._slots),
                 "QUEUES": QUEUES,
+                **{name: f"{self.retention:g}s" for name in RETENTION_VARIABLES},
             }
             self._add(f"worker-{i}", "jobqueue-worker", "METRICS_ADDR", env)
         for service in self.services:

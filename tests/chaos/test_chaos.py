@@ -2,8 +2,9 @@
 
 `make chaos` runs the long version with every fault kind; this one injects
 one fault of each kind below while ~400 jobs (the routed mix: several queues,
-priorities, some due seconds later, a few long jobs of 2-3 leases) are submitted,
-then checks.
+priorities, some due seconds later, a few long jobs of 2-3 leases) are submitted
+and about 5 % of them cancelled, some running, some pending, with the workers
+deleting finished jobs 2 s after they finish, then checks.
 """
 
 from __future__ import annotations
@@ -27,14 +28,31 @@ SHORT_KINDS = [
     "proxy_blackhole",
     "hang_threads",
 ]
+# Finished jobs are deleted 2 s after they finish, by the retention leader's rounds (every
+# 30 s): the second comes about when the faults end. If that leader was killed, its lease
+# (60 s) must run out first, so the run may wait that long for a first deletion.
+SHORT_RETENTION = 2.0
+PRUNE_WAIT = 100.0
 
 
 @pytest.mark.timeout(480)
 def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> None:
+    # Also: every cancel answer is kept, and retention deletes only finished jobs old enough.
     seed = random.randrange(1 << 31)
-    report = run_chaos(jobs=400, duration=20, seed=seed, kinds=SHORT_KINDS, gap=(0.3, 0.8))
+    report = run_chaos(
+        jobs=400,
+        duration=20,
+        seed=seed,
+        kinds=SHORT_KINDS,
+        gap=(0.3, 0.8),
+        retention=SHORT_RETENTION,
+        await_prune=PRUNE_WAIT,
+    )
     print(table(report))
-    context = f"seed {seed}; reproduce with python -m tests.chaos.run --seed {seed}"
+    context = (
+        f"seed {seed}; reproduce with python -m tests.chaos.run --jobs 400 --duration 20"
+        f" --kinds {','.join(SHORT_KINDS)} --retention {SHORT_RETENTION:g} --seed {seed}"
+    )
     assert report.violations == [], context
     summary = report.summary
     assert summary["lost"] == 0, context
@@ -53,3 +71,11 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     assert summary["long_jobs"]["jobs"] >= 1, context
     assert summary["long_jobs"]["longest_execution_seconds"] >= 2 * LEASE_SECONDS, context
     assert summary["paused_holders_stopped_by_renewal"] >= 1, context
+    # Cancels were asked of pending and of running jobs, and some jobs ended cancelled.
+    cancels = summary["cancels"]
+    assert cancels["jobs"] >= 5, context
+    assert cancels["answers"].get("200", 0) >= 1, context
+    assert cancels["answers"].get("202", 0) >= 1, context
+    assert cancels["ended_cancelled"] >= 1, context
+    # Retention deleted acknowledged jobs, and the checker accounted for each of them.
+    assert summary["retention"]["acknowledged_pruned"] >= 1, context

@@ -9,6 +9,7 @@ from collections import Counter
 
 from jobqueue_api.validation import new_job
 from tests.chaos import load
+from tests.chaos.canceller import plan
 from tests.chaos.system import LEASE_SECONDS, QUEUES
 
 TYPES = ["chaos-fast", "chaos-slow", "chaos-flaky", "chaos-permanent", "chaos-long"]
@@ -62,3 +63,27 @@ def test_long_jobs_outlive_the_lease_two_to_three_times_under_a_timeout_of_their
         seconds = body["payload"]["seconds"]
         assert 2 * LEASE_SECONDS <= seconds <= 3 * LEASE_SECONDS
         assert job.timeout is not None and job.timeout >= seconds + LEASE_SECONDS
+
+
+def test_one_job_in_twenty_is_cancelled_pending_racing_or_running_not_the_first_long() -> None:
+    rng, cancel_rng = random.Random(3), random.Random(4)
+    kinds = [k for k, _ in load.MIX]
+    weights = [w for _, w in load.MIX]
+    made: Counter[str] = Counter()
+    plans = []
+    for _ in range(20000):
+        kind = rng.choices(kinds, weights)[0]
+        body, schedule = load.route(load.job_body(kind, rng), rng)
+        plans.append(
+            (kind, made[kind], plan(kind, body, schedule is not None, cancel_rng, made[kind]))
+        )
+        made[kind] += 1
+    chosen = [p for _, _, p in plans if p is not None]
+    assert 0.03 < len(chosen) / len(plans) < 0.07
+    assert {mode for mode, _ in chosen} == {"pending", "race", "running"}
+    long_plans = [p for kind, _, p in plans if kind == "long"]
+    assert [p is not None for p in long_plans] == [i % 3 == 1 for i in range(len(long_plans))]
+    # A running job is asked a moment into its attempt, well before it would end.
+    for kind, _, p in plans:
+        if p is not None and p[0] == "running" and kind == "long":
+            assert 0 < p[1] < load.LONG_SECONDS[0] / 2
