@@ -2,10 +2,11 @@
 promises, held against the handlers' executions, the workers' writes and the job's final
 row (in the table, or as retention deleted it).
 
-- 200 (cancelled at once; it was pending or dead_letter): the job ends `cancelled` and
-  never runs again: no claim after the cancel, and no execution starting after the
-  answer unless its holder was hit by a fault (a claim from before the cancel, recovered
-  since, whose paused holder only then reached its handler);
+- 200 (cancelled at once; it was pending or dead_letter): the job ends `cancelled`, no
+  handler of it was still running when the answer came, and it never runs again: no
+  claim after the cancel, and no execution starting after the answer. A holder hit by a
+  fault is the exception to the last two: its lease ran out, the job went back to pending
+  and was cancelled, while the holder's handler ran on, or only then started;
 - 202 (asked of the worker holding it): the job ends `cancelled`, or in the outcome that
   won the race (`completed`, `failed`, `dead_letter`), never pending or processing; no
   claim after the cancel; the attempt holding it stops within one renewal interval plus
@@ -80,7 +81,7 @@ def check_cancels(
             if r.status_code == 409 and final.status not in ("completed", "failed", "cancelled"):
                 bad.append(f"cancel of job {job_id} answered 409, but the job ended {final.status}")
             if r.status_code in (200, 202):
-                stale_starts += _no_run_after(r, final, runs, hits, lease, bad)
+                stale_starts += _no_run_after(r, final, runs, logged, hits, lease, bad)
             if r.status_code == 202:
                 stop = _holder_stopped(r, final, runs, logged, hits, lease, limit, bad)
                 if stop is not None:
@@ -128,13 +129,14 @@ def _no_run_after(
     r: CancelRequest,
     final: JobRow,
     runs: Sequence[Execution],
+    logged: Mapping[tuple[str, int], Write],
     hits: Sequence[Disturbance],
     lease: float,
     bad: list[str],
 ) -> int:
-    """A 200 or 202: the job ends as promised and is never claimed again; a 200 job does not
-    run again either. Returns the executions that started after a 200 from an earlier claim,
-    their holders hit by a fault."""
+    """A 200 or 202: the job ends as promised and is never claimed again; a 200 job was not
+    running and does not run again either. Returns the executions that started after a 200
+    from an earlier claim, their holders hit by a fault."""
     allowed = ("cancelled",) if r.status_code == 200 else ("cancelled", *RACE_WINNERS)
     if final.status not in allowed:
         bad.append(
@@ -142,8 +144,16 @@ def _no_run_after(
         )
     stale = 0
     a = r.attempts if r.attempts is not None else 0
+    at_once = r.status_code == 200 and r.answered_at is not None
     for e in runs:
         if e.start < r.sent_at:
+            end = attempt_end(e, logged)
+            ran_on = end is None or (r.answered_at is not None and end > r.answered_at)
+            if at_once and ran_on and not disturbed(hits, e.pid, e.start, r.answered_at or 0):
+                bad.append(
+                    f"job {r.job_id} was cancelled at once (200) while lease {e.lease_token}'s "
+                    f"handler (pid {e.pid}) still ran"
+                )
             continue
         if e.attempt > a:
             bad.append(

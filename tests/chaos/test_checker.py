@@ -534,6 +534,20 @@ def test_an_attempt_of_an_earlier_claim_may_start_after_a_200_only_on_a_disturbe
     assert report.summary["cancels"]["stale_starts_after_cancel"] == 1
 
 
+def test_a_job_cancelled_at_once_while_its_undisturbed_handler_ran_is_a_violation() -> None:
+    # A 200 says no worker held the job; an attempt running on past it contradicts that,
+    # unless a fault had cost its holder the lease (the job went back to pending meanwhile).
+    rows = [row("a", "cancelled", finished_at=ended(2.0))]
+    records = run("a", 1, 0, 5.0, "cancelled", pid=7)
+    cancels = [cancel("a", 2.0, 2.02, 200, attempts=1)]
+    assert with_cancels(rows, records, [], cancels).violations == [
+        "job a was cancelled at once (200) while lease 1's handler (pid 7) still ran"
+    ]
+    assert with_cancels(rows, records, [], cancels, [paused(7)]).violations == []
+    done_before = run("a", 1, 0, 1.5, "error", pid=7)
+    assert with_cancels(rows, done_before, [], cancels).violations == []
+
+
 def test_a_job_asked_to_cancel_while_running_ends_cancelled_or_as_the_race_winner() -> None:
     report = with_cancels(
         [row("won", "completed"), row("stuck", "processing")],
