@@ -16,7 +16,7 @@ from jobcore.maintenance import GAUGES, RETENTION
 from jobcore.schema import jobs, maintenance_leases
 from jobcore.search import DEPTH_STATUSES
 from jobcore.states import Operation
-from jobqueue_worker import metrics
+from jobqueue_worker import maintenance, metrics
 from jobqueue_worker.database import PgJobStore
 from jobqueue_worker.maintenance import Lead, QueueGauges, TakingTurns
 from tests.pg import driver
@@ -211,3 +211,23 @@ async def submit_jobs_default(pg: PgJobStore) -> None:
 def test_a_lease_must_outlast_a_round():
     with pytest.raises(ValueError, match="outlast"):
         QueueGauges(None, interval=2, lease=2)  # type: ignore[arg-type]
+
+
+async def test_a_resignation_the_database_does_not_answer_never_holds_up_shutdown(
+    pg, caplog, monkeypatch
+):
+    class Silent:
+        async def take_lead(self, *args):
+            return await pg.take_lead(*args)
+
+        async def resign(self, *args):
+            await asyncio.Event().wait()  # a database that never answers
+
+    monkeypatch.setattr(maintenance, "RESIGN_TIMEOUT", 0.2)
+    lead = Lead(Silent(), GAUGES, 60)  # type: ignore[arg-type]
+    assert await lead.take()
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        await asyncio.wait_for(lead.resign(), 5)
+    assert not lead.held
+    (line,) = [r for r in caplog.records if r.getMessage() == "maintenance lead given up"]
+    assert line.resigned is False  # type: ignore[attr-defined]

@@ -46,6 +46,9 @@ RETENTION_INTERVAL = 30.0
 RETENTION_LEASE_ROUNDS = 2
 # The least pause between two prune statements of a run.
 MIN_PRUNE_PAUSE = 0.05
+# A resignation that takes longer (the database is away) is given up: the lease runs out on
+# its own, and the process's shutdown is not held up.
+RESIGN_TIMEOUT = 2.0
 
 
 class MaintenanceStore(Protocol):
@@ -137,7 +140,8 @@ class Lead:
         resigned = False
         if self._maybe_held:
             try:
-                await self._store.resign(self.task, self.holder)
+                async with asyncio.timeout(RESIGN_TIMEOUT):
+                    await self._store.resign(self.task, self.holder)
                 resigned, self._maybe_held = True, False
             except Exception:
                 log.debug("resign failed", extra=self._fields(), exc_info=True)
