@@ -11,7 +11,8 @@ row (in the table, or as retention deleted it).
   won the race (`completed`, `failed`, `dead_letter`), never pending or processing; no
   claim after the cancel; the attempt holding it stops within one renewal interval plus
   CANCEL_MARGIN of the answer (the announcement stops it at once, the holder's next
-  renewal if the announcement was missed) unless a fault hit its holder; and if the job
+  renewal if the announcement was missed) unless a fault hit its holder from a lease
+  before the request until then, or its process was killed; and if the job
   ended `cancelled`, that attempt was stopped, failed on its own (its retry became the
   cancel) or its holder was hit by a fault: an attempt that returned (or raised
   PermanentError) to an undisturbed holder has its outcome stand;
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
@@ -57,6 +58,7 @@ def check_cancels(
     per_job: Mapping[str, list[Execution]],
     logged: Mapping[tuple[str, int], Write],
     hits: Sequence[Disturbance],
+    killed: Collection[int],
     pruned_at: Mapping[str, float],
     lease: float,
     bad: list[str],
@@ -83,7 +85,7 @@ def check_cancels(
             if r.status_code in (200, 202):
                 stale_starts += _no_run_after(r, final, runs, logged, hits, lease, bad)
             if r.status_code == 202:
-                stop = _holder_stopped(r, final, runs, logged, hits, lease, limit, bad)
+                stop = _holder_stopped(r, final, runs, logged, hits, killed, lease, limit, bad)
                 if stop is not None:
                     stops.append(stop)
     written: dict[str, list[Write]] = defaultdict(list)
@@ -183,6 +185,7 @@ def _holder_stopped(
     runs: Sequence[Execution],
     logged: Mapping[tuple[str, int], Write],
     hits: Sequence[Disturbance],
+    killed: Collection[int],
     lease: float,
     limit: float,
     bad: list[str],
@@ -194,10 +197,14 @@ def _holder_stopped(
     if e is None or r.answered_at is None:
         return None  # the claim's process died before its handler started
     end = attempt_end(e, logged)
-    hit = disturbed(hits, e.pid, e.start, end if end is not None else float("inf"))
     asked_at = max(r.answered_at, e.start)
     ran_on = (end if end is not None else float("inf")) - asked_at
-    if ran_on > limit and not hit:
+    # Only a fault around the request excuses a late stop: one that cut the holder off
+    # (its announcement lost, its renewals failing) shortly before or while it should stop.
+    excused = disturbed(hits, e.pid, r.sent_at - lease, asked_at + limit) or (
+        end is None and e.pid in killed
+    )
+    if ran_on > limit and not excused:
         bad.append(
             f"job {r.job_id}: lease {e.lease_token}'s handler (pid {e.pid}) ran on "
             f"{ran_on:.2f}s after its cancel was answered 202"

@@ -129,7 +129,9 @@ def check(
     _check_attempts(finals, execs, bad)
     _check_final_lease(finals, execs, bad)
     pruned_at = {job_id: p.pruned_at for job_id, p in gone.items()}
-    cancelled = check_cancels(cancels, by_id, per_job, logged, hits, pruned_at, lease_duration, bad)
+    cancelled = check_cancels(
+        cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad
+    )
 
     acked = {a.job_id for a in acks}
     statuses = Counter(row.status for row in finals if row.id in acked)

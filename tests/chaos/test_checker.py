@@ -574,6 +574,13 @@ def test_a_handler_running_on_after_its_202_is_a_violation_unless_a_fault_hit_it
     assert with_cancels(rows, records, logs, cancels, [cut_off]).violations == []
     in_time = long_run("long", 1, 0, 6.5, "cancelled", pid=7)
     assert with_cancels(rows, in_time, logs, cancels).violations == []
+    # A fault long over by the time the cancel was asked excuses nothing.
+    later = [cancel("long", 11.0, 11.05, 202, attempts=1)]
+    long_over = Fault("pg_restart_fast", "postgres", T0 + 1, T0 + 2, T0 + 3)
+    ran_long = long_run("long", 1, 0, 25.0, "cancelled", pid=7)
+    assert with_cancels(rows, ran_long, logs, later, [long_over]).violations == [
+        "job long: lease 1's handler (pid 7) ran on 13.95s after its cancel was answered 202"
+    ]
 
 
 def test_a_job_ending_cancelled_although_its_undisturbed_holder_returned_is_a_violation() -> None:
