@@ -209,11 +209,13 @@ def _holder_stopped(
             f"job {r.job_id}: lease {e.lease_token}'s handler (pid {e.pid}) ran on "
             f"{ran_on:.2f}s after its cancel was answered 202"
         )
+    # Its outcome write may have been lost only to a fault from a lease before its handler
+    # returned (the lease may have run out unnoticed) until a lease after (the write).
     returned = e.outcome in ("ok", "permanent") and end is not None
     if (
         final.status == "cancelled"
         and returned
-        and not disturbed(hits, e.pid, e.start, (end or 0.0) + lease)
+        and not disturbed(hits, e.pid, (end or 0.0) - lease, (end or 0.0) + lease)
     ):
         bad.append(
             f"job {r.job_id} ended cancelled, but lease {e.lease_token}'s handler "

@@ -595,6 +595,14 @@ def test_a_job_ending_cancelled_although_its_undisturbed_holder_returned_is_a_vi
     # It failed on its own: the retry became the cancel.
     failed = run("a", 1, 0, 3.0, "error", pid=7)
     assert with_cancels(rows, failed, [], cancels).violations == []
+    # A fault more than a lease before it returned does not explain a lost write.
+    late = [row("a", "cancelled", finished_at=ended(30.1))]
+    ran = run("a", 1, 0, 30.0, "ok", pid=7)
+    over = Fault("pg_restart_fast", "postgres", T0 + 1, T0 + 2, T0 + 3)
+    asked = [cancel("a", 29.0, 29.05, 202, attempts=1)]
+    assert with_cancels(late, ran, [], asked, [over]).violations == [
+        "job a ended cancelled, but lease 1's handler returned ok to its undisturbed holder (pid 7)"
+    ]
 
 
 def test_a_job_cancelled_without_being_asked_or_after_another_outcome_is_a_violation() -> None:
