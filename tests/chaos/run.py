@@ -1,7 +1,7 @@
 """The chaos run: start the system, load it while injecting faults, drain, stop, check.
 
     python -m tests.chaos.run [--jobs N] [--duration S] [--json PATH] [--seed N] [--kinds a,b]
-                              [--retention S] [--no-cancels]
+                              [--retention S] [--await-prune S] [--no-cancels]
 
 Starts a throwaway PostgreSQL cluster, 2 `jobqueue-api` and 3 `jobqueue-worker`
 services (2 processes each, deleting finished jobs after `--retention` seconds),
@@ -319,6 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds after which the workers delete finished jobs (0: never)",
     )
     parser.add_argument("--no-cancels", action="store_true", help="cancel no job")
+    parser.add_argument(
+        "--await-prune",
+        type=float,
+        default=0.0,
+        help="after draining, wait up to S seconds for retention's first deletion",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -338,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep=args.keep,
         retention=args.retention,
         cancels=not args.no_cancels,
+        await_prune=args.await_prune,
     )
     print(table(report))
     for violation in report.violations[:50]:

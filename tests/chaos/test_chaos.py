@@ -51,7 +51,8 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     print(table(report))
     context = (
         f"seed {seed}; reproduce with python -m tests.chaos.run --jobs 400 --duration 20"
-        f" --kinds {','.join(SHORT_KINDS)} --retention {SHORT_RETENTION:g} --seed {seed}"
+        f" --kinds {','.join(SHORT_KINDS)} --retention {SHORT_RETENTION:g}"
+        f" --await-prune {PRUNE_WAIT:g} --seed {seed}"
     )
     assert report.violations == [], context
     summary = report.summary
