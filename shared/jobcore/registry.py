@@ -75,7 +75,8 @@ _registry: dict[str, Handler] = {}
 
 
 def handler(job_type: str) -> Callable[[H], H]:
-    """Register the decorated function (async or plain) as the handler of `job_type`."""
+    """Register the decorated function (async or plain) as the handler of `job_type`. What it
+    returns is the job's result: JSON-serialisable, None for none."""
     if not job_type or not job_type.strip():
         raise ValueError("a handler type must be a non-empty string")
 
