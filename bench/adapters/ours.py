@@ -112,10 +112,10 @@ class Ours:
         await asyncio.to_thread(stop, self.worker_procs)
         self.worker_procs = []
 
-    async def start_api(self) -> None:
+    async def start_api(self, **extra_env: str) -> None:
         self.api_port = free_port()
         log = self.workdir / "jobqueue-api.log"
-        env = {**self.env(), "HTTP_ADDR": f"127.0.0.1:{self.api_port}"}
+        env = {**self.env(), "HTTP_ADDR": f"127.0.0.1:{self.api_port}", **extra_env}
         self.api_proc = start([str(BIN / "jobqueue-api")], env, log)
 
         async def ready() -> bool:
@@ -131,6 +131,18 @@ class Ours:
         if self.api_proc is not None:
             await asyncio.to_thread(stop, [self.api_proc])
             self.api_proc = None
+
+    def worker_log_size(self) -> int:
+        """Where the worker's log ends now: `outages_since` counts from there."""
+        log = self.workdir / "jobqueue-worker.log"
+        return log.stat().st_size if log.exists() else 0
+
+    def outages_since(self, offset: int) -> int:
+        """How often the worker logged losing the database after `offset`: a connection cut
+        from outside (e.g. `pg_terminate_backend`) voids what was measured meanwhile."""
+        with (self.workdir / "jobqueue-worker.log").open("rb") as log:
+            log.seek(offset)
+            return log.read().count(b'"msg": "database unavailable"')
 
     async def completed_total(self) -> float:
         """jobs_completed_total from the worker's /metrics (cheap: no database query)."""
