@@ -14,8 +14,8 @@ row (in the table, or as retention deleted it).
   renewal if the announcement was missed) unless a fault hit its holder from a lease
   before the request until then, or its process was killed; and if the job
   ended `cancelled`, that attempt was stopped, failed on its own (its retry became the
-  cancel) or its holder was hit by a fault: an attempt that returned (or raised
-  PermanentError) to an undisturbed holder has its outcome stand;
+  cancel) or its holder was hit by a fault within a lease of its return: an attempt that
+  returned (or raised PermanentError) to an undisturbed holder has its outcome stand;
 - 409 (finished already): the job ends `completed`, `failed` or `cancelled`;
 - 404: only once retention has deleted the job;
 - a job that ended `cancelled` was asked to be before it finished, and no `completed`,
