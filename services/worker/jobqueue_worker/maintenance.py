@@ -47,8 +47,9 @@ RETENTION_LEASE_ROUNDS = 2
 # The least pause between two prune statements of a run.
 MIN_PRUNE_PAUSE = 0.05
 # A resignation that takes longer (the database is away) is given up: the lease runs out on
-# its own, and the process's shutdown is not held up.
-RESIGN_TIMEOUT = 2.0
+# its own, and the process's shutdown is not held up. It may first wait for the other loop's
+# statement (the server stops those after STATEMENT_TIMEOUT, 4 s).
+RESIGN_TIMEOUT = 5.0
 
 
 class MaintenanceStore(Protocol):
