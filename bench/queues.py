@@ -12,8 +12,10 @@ against a local sink (`bench.webhooks`), the scheduling and routing figures
 (`bench.scheduling`: lateness of scheduled jobs, a drain over two queues) and
 what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains), and
 what a list page and the queue depths cost on a table of a million jobs
-(`bench.listing`). A progress bar goes to stderr, the table to stdout, everything measured to
-bench-results/<timestamp>.json.
+(`bench.listing`), how soon a waiting request is answered and what waiting costs
+(`bench.waiting`), and what retention costs (`bench.retention`: drains while pruning, a
+table millions of jobs passed through). A progress bar goes to stderr, the table to
+stdout, everything measured to bench-results/<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from bench import (
     pg,
     procs,
     profile,
+    retention,
     scheduling,
     submit,
+    waiting,
     webhooks,
 )
 from bench.adapters.base import Adapter, Unsupported, to_the_end
@@ -88,6 +92,11 @@ class Config:
     costs: bool = True
     list_rows: int = 1_000_000
     list_samples: int = 200
+    wait_samples: int = 1_000
+    wait_clients: int = 10
+    waiters: int = 1_000
+    retention_prefill: int = 200_000
+    retention_churn: int = 2_000_000
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -111,6 +120,9 @@ QUICK = {
     "schedule_samples": 100,
     "list_rows": 100_000,
     "list_samples": 50,
+    "wait_samples": 200,
+    "retention_prefill": 50_000,
+    "retention_churn": 200_000,
 }
 
 
@@ -280,6 +292,93 @@ class Run:
             await listing.session(c.server, self.workdir, c.list_rows, c.list_samples)
         )
 
+    async def waiting_session(self) -> None:
+        c = self.config
+        assert self.rx is not None
+        figures = await waiting.session(
+            c.server,
+            self.workdir,
+            self.rx,
+            workers=c.workers,
+            processes=max(c.processes),
+            clients=c.wait_clients,
+            samples=c.wait_samples,
+            waiters=c.waiters,
+            jobs=c.jobs,
+            pairs=c.repeat,
+            limit=_timeout(c.jobs),
+        )
+        self.results.append(figures)
+
+    async def retention_sessions(self) -> None:
+        """Pairs of drains, pruning and not, alternating; then one table `retention_churn`
+        jobs pass through, measured each repeat against a fresh one."""
+        c = self.config
+        assert self.rx is not None
+        rx = self.rx
+        for rep in range(c.repeat if c.retention_prefill else 0):
+            for variant in list(retention.RETENTIONS)[:: 1 if rep % 2 == 0 else -1]:
+
+                async def pair_run(rep: int = rep, variant: str = variant) -> None:
+                    figures = await retention.prune_session(
+                        c.server,
+                        self.workdir,
+                        rx,
+                        c.workers,
+                        max(c.processes),
+                        c.retention_prefill,
+                        c.jobs,
+                        _timeout(c.jobs),
+                        variant,
+                    )
+                    self.results.append({**figures, "repeat": rep})
+
+                await self.step(
+                    f"{rep + 1}/{c.repeat} retention: drain with {c.retention_prefill:,} old "
+                    f"jobs, {variant}",
+                    pair_run,
+                )
+        if not c.retention_churn:
+            return
+        churned = retention.Churned(
+            c.server, self.workdir, c.workers, max(c.processes), c.retention_churn
+        )
+        options = {
+            "claim_samples": c.claim_samples,
+            "claim_n": c.claim_n,
+            "skip": c.backlog_skip,
+            "window": c.backlog_window,
+            "limit": _timeout(c.backlog_window + c.backlog_skip),
+            "use": backlog.consumed(
+                c.claim_samples, c.claim_n, c.backlog_skip, c.backlog_window, 2 * c.workers
+            ),
+        }
+
+        async def push() -> None:
+            await churned.push()
+            assert churned.pushed is not None
+            self.results.append({"kind": "retention_push", **churned.pushed})
+
+        try:
+            await self.step(
+                f"retention: {c.retention_churn:,} jobs through one table, pruned", push
+            )
+            for rep in range(c.repeat):
+                for table in ("fresh", "churned")[:: 1 if rep % 2 == 0 else -1]:
+                    if churned.pushed is None:
+                        self.progress.advance()  # the push failed, and said so
+                        continue
+
+                    async def measured(rep: int = rep, table: str = table) -> None:
+                        self.results.append(await churned.measure(table, rep, options))
+
+                    await self.step(
+                        f"{rep + 1}/{c.repeat} retention: claims and drain, {table} table",
+                        measured,
+                    )
+        finally:
+            await to_the_end(churned.cleanup())
+
     async def backlog_sessions(self) -> None:
         """One big table kept for every repeat; a fresh empty one per repeat."""
         c = self.config
@@ -407,6 +506,13 @@ class Run:
                     f"listing: {c.list_rows:,} jobs, a page of {listing.LIMIT} per filter",
                     self.listing_session,
                 )
+            if c.wait_samples:
+                await self.step(
+                    f"waiting: {c.wait_clients} clients, {c.waiters:,} waiters, "
+                    f"{c.repeat} pair(s) of drains",
+                    self.waiting_session,
+                )
+            await self.retention_sessions()
         finally:
             sink.close()
             self.rx.close()
@@ -433,7 +539,11 @@ def total_steps(c: Config) -> int:
     per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
     per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
     listed = 1 if c.list_rows else 0
-    return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0) + listed
+    waited = 1 if c.wait_samples else 0
+    kept = (2 * c.repeat if c.retention_prefill else 0) + (
+        1 + 2 * c.repeat if c.retention_churn else 0
+    )
+    return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0) + listed + waited + kept
 
 
 async def postgres_version(server: str) -> str:
@@ -500,6 +610,31 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
     parser.add_argument("--list-samples", type=int, help="timed pages per filter and page")
     parser.add_argument(
+        "--wait-samples",
+        type=int,
+        help=f"GET ?wait= answers timed, 0 skips the waiting step (default {d.wait_samples:,})",
+    )
+    parser.add_argument(
+        "--wait-clients",
+        type=int,
+        help=f"clients submitting and waiting (default {d.wait_clients})",
+    )
+    parser.add_argument(
+        "--waiters", type=int, help=f"concurrent waiters on one API, 0 to skip ({d.waiters:,})"
+    )
+    parser.add_argument(
+        "--retention-prefill",
+        type=int,
+        help="old completed jobs pruned during a drain, 0 skips those drains "
+        f"(default {d.retention_prefill:,})",
+    )
+    parser.add_argument(
+        "--retention-churn",
+        type=int,
+        help="jobs passed through one table with retention on before it is measured, 0 skips "
+        f"it (default {d.retention_churn:,})",
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -531,6 +666,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "schedule_samples",
         "list_rows",
         "list_samples",
+        "wait_samples",
+        "wait_clients",
+        "waiters",
+        "retention_prefill",
+        "retention_churn",
         "server",
         "output_dir",
     ):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import costs, listing, scheduling, webhooks
+from bench import costs, listing, retention, scheduling, waiting, webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -121,6 +121,12 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     listed = listing.summarize(results)
     if listed:
         summary["listing"] = listed
+    waited = waiting.summarize(results)
+    if waited:
+        summary["waiting"] = waited
+    kept = retention.summarize(results)
+    if kept:
+        summary["retention"] = kept
     summary["targets"] = _targets(summary)
     return summary
 
@@ -216,6 +222,8 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     out += scheduling.targets(summary.get("scheduling", {}))
     out += costs.targets(summary.get("costs", {}))
     out += listing.targets(summary.get("listing", {}))
+    out += waiting.targets(summary.get("waiting", {}))
+    out += retention.targets(summary.get("retention", {}))
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
         out.append(
@@ -367,6 +375,8 @@ def render(document: dict[str, Any]) -> str:
     out += scheduling.lines(summary.get("scheduling", {}))
     out += costs.lines(summary.get("costs", {}))
     out += listing.lines(summary.get("listing", {}))
+    out += waiting.lines(summary.get("waiting", {}))
+    out += retention.lines(summary.get("retention", {}))
     hooks = summary.get("webhooks")
     if hooks:
         out += [

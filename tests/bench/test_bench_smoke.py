@@ -41,6 +41,11 @@ TINY = [
     "--schedule-samples", "20",
     "--list-rows", "3000",
     "--list-samples", "5",
+    "--wait-samples", "20",
+    "--wait-clients", "4",
+    "--waiters", "50",
+    "--retention-prefill", "6000",
+    "--retention-churn", "3000",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -86,7 +91,7 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=240,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Queue benchmarks" in run.stdout
@@ -144,6 +149,36 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert listed["worst_p99_ms"] > 0 and listed["worst"]
     assert "Listing: 3,000 jobs, pages of 50" in run.stdout
     assert "list page of 50 p99, every filter, first and deep page, 3,000 jobs" in run.stdout
+
+    waited = summary["waiting"]
+    answers = waited["latency"]
+    assert answers["samples"] == 20 and answers["answered_completed"] == 20
+    assert 0 < answers["p50_ms"] <= answers["p99_ms"] <= answers["max_ms"]
+    assert 0 <= answers["notified"] <= 20
+    many = waited["waiters"]
+    assert many["waiters"] == many["answered"] == 50
+    assert 0 < many["api_connections"] <= many["pool_size"] and many["listen_connections"] == 1
+    assert many["from_finish"]["samples"] == 50
+    drain = waited["drain"]
+    assert drain["jobs_per_s"] > 0 and drain["without_jobs_per_s"] > 0 and drain["ratio"] > 0
+    assert (drain["notifications"], drain["without_notifications"]) == (200, 0)
+    assert "Waiting: GET /jobs/{id}?wait= on one jobqueue-api process" in run.stdout
+    assert "50 concurrent waiters: 50 answered with the finished job" in run.stdout
+
+    kept = summary["retention"]
+    pruning = kept["pruning"]
+    assert pruning["prefill"] == 6000 and pruning["pruned_by_keeping"] == 0
+    assert pruning["jobs_per_s"] > 0 and pruning["without_jobs_per_s"] > 0
+    assert pruning["worker_cpu_us_per_job"] >= 0 and pruning["pruned_during_drain"] >= 0
+    churned = kept["churned"]
+    assert churned["churn"] == 3000 and churned["all_pruned_s"] > 0
+    for table in ("fresh", "churned"):
+        assert set(churned[table]) == {
+            "claim_p50_ms", "claim_p99_ms", "drain_jobs_per_s", "size_mb"
+        }  # fmt: skip
+        assert all(value > 0 for value in churned[table].values())
+    assert "with 6,000 completed jobs a day old in the table" in run.stdout
+    assert "3,000 jobs through one table with RETENTION_COMPLETED=1s" in run.stdout
 
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20
