@@ -41,8 +41,10 @@ def check_pruned(
     retention: Mapping[str, float],
     logged: int,
     bad: list[str],
+    faults_until: float | None = None,
 ) -> dict[str, Any]:
-    """Every deleted row against the rules above; the summary of what retention did."""
+    """Every deleted row against the rules above; the summary of what retention did
+    (`faults_until`: when the last fault was removed, to count the deletions before)."""
     seen: Counter[str] = Counter()
     for p in pruned:
         job = p.row
@@ -67,10 +69,14 @@ def check_pruned(
             bad.append(f"job {job_id} was deleted {n} times")
     if logged > len(pruned):
         bad.append(f"the workers logged {logged} jobs pruned, but {len(pruned)} were deleted")
+    until = faults_until if faults_until is not None else float("-inf")
     return {
         "pruned": len(pruned),
         "by_status": dict(sorted(Counter(p.row.status for p in pruned).items())),
         "logged": logged,
+        # Each deleting statement has its own now(): how many statements deleted jobs.
+        "statements": len({p.pruned_at for p in pruned}),
+        "during_faults": sum(p.pruned_at <= until for p in pruned),
     }
 
 

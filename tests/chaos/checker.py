@@ -117,7 +117,8 @@ def check(
     paused = {pid for f in faults for pid in f.paused_pids}
     hits = disturbances(faults)
 
-    retained = check_pruned(pruned, retention or {}, pruned_logged(entries), bad)
+    faults_until = max((f.healed_at or f.injected_at for f in faults), default=None)
+    retained = check_pruned(pruned, retention or {}, pruned_logged(entries), bad, faults_until)
     lost = _check_acknowledged(live, gone, acks, bad)
     never_ran = _check_never_ran(by_id, acks, per_job, bad)
     early, lateness = _check_not_early(acks, per_job, bad)

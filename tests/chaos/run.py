@@ -293,6 +293,8 @@ def _retention_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"| jobs deleted by retention (acknowledged / logged by the workers) | {r['pruned']} "
         f"({r['acknowledged_pruned']} / {r['logged']}) {_pairs(r['by_status'])} |",
+        f"| deleted while faults were injected (deleting statements in all) | "
+        f"{r['during_faults']} ({r['statements']}) |",
     ]
 
 

@@ -686,6 +686,8 @@ def test_a_job_deleted_by_retention_once_old_enough_is_accounted_for_not_lost() 
         "pruned": 1,
         "by_status": {"completed": 1},
         "logged": 1,
+        "statements": 1,
+        "during_faults": 0,
         "acknowledged_pruned": 1,
         "ages_seconds": None,
     }
@@ -751,3 +753,22 @@ def test_a_deleted_row_stands_for_the_final_row_in_every_other_check() -> None:
     assert report.violations == [
         "job a is completed under lease 1, which had an execution that ended error"
     ]
+
+
+def test_deletions_are_counted_by_statement_and_those_made_while_faults_went_on() -> None:
+    jobs = [row(i, "completed", finished_at=ended(0.5)) for i in "abc"]
+    report = check(
+        [],
+        acks("a", "b", "c"),
+        [r for i in "abc" for r in run(i, 1, 0, 0.4, "ok")],
+        [finished(i, 1, 0.5, "completed") for i in "abc"],
+        [Fault("pg_restart_fast", "postgres", T0 + 50, T0 + 55, T0 + 56)],
+        lease_duration=LEASE,
+        pruned=[pruned_row(jobs[0], 40.0), pruned_row(jobs[1], 40.0), pruned_row(jobs[2], 70.0)],
+        retention={"completed": 30.0},
+    )
+    assert report.violations == []
+    assert (
+        report.summary["retention"]["statements"],
+        report.summary["retention"]["during_faults"],
+    ) == (2, 2)
