@@ -170,6 +170,7 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert pruning["prefill"] == 6000 and pruning["pruned_by_keeping"] == 0
     assert pruning["jobs_per_s"] > 0 and pruning["without_jobs_per_s"] > 0
     assert pruning["worker_cpu_us_per_job"] >= 0 and pruning["pruned_during_drain"] >= 0
+    assert 0 <= pruning["pruning_share"] <= 1
     churned = kept["churned"]
     assert churned["churn"] == 3000 and churned["all_pruned_s"] > 0
     for table in ("fresh", "churned"):
