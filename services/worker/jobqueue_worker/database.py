@@ -160,7 +160,14 @@ class PgJobStore:
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
                 for tried in range(1, _NEVER_SENT_TRIES + 1):
-                    held = await (self._connection() if tried == 1 else self._checkout())
+                    try:
+                        held = await (self._connection() if tried == 1 else self._checkout())
+                    except Exception as exc:
+                        # A new connection whose backend was terminated before its session
+                        # settings went through (checkout discards it): nothing was sent.
+                        if tried == _NEVER_SENT_TRIES or not _never_sent(exc):
+                            raise
+                        continue
                     try:
                         result = await statement(held[1], *args)
                         break
