@@ -179,7 +179,9 @@ def churn_rows(claim_p99: float, rate: float) -> list[dict[str, Any]]:
         "pruned_while_draining": 1_900_000,
         "all_pruned_s": 110.0,
         "dead_rows": 2_000_000,
+        "autovacuum": True,
         "autovacuum_runs": 2,
+        "harness_vacuums": 0,
         "autoanalyze_runs": 3,
         "table_mb": 900.0,
         "database_outages": 0,
@@ -216,6 +218,13 @@ def test_the_churned_table_may_be_at_most_20_percent_slower_than_a_fresh_one() -
     assert "2,000,000 jobs through one table with RETENTION_COMPLETED=1s" in text
     assert "2 autovacuum run(s) meanwhile" in text
     assert "+20.0%" in text and "-20.0%" in text
+
+
+def test_without_autovacuum_the_report_says_the_harness_vacuumed_in_its_stead() -> None:
+    rows = churn_rows(2.0, 20_000.0)
+    rows[0] |= {"autovacuum": False, "autovacuum_runs": 0, "harness_vacuums": 3}
+    text = render(document(rows))
+    assert "autovacuum off on this server: the harness ran VACUUM 3 time(s) in its stead" in text
 
 
 def test_zero_skips_each_step() -> None:
