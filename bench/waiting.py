@@ -23,8 +23,8 @@ the waiters in; every other setting at its default):
   answered 200 with the finished job, the time from the last `finished_at` to the last
   answer, and the API's database connections (`pg_stat_activity`, sampled every 20 ms
   from the first waiter to the last answer) against its pool's size.
-- drain with every job waited on: the API stopped, the harness holds the one LISTEN on
-  the finished channel (as an API process does); `jobs` no-op jobs inserted in one
+- drain with every job waited on (run first, before the API starts): the harness holds
+  the one LISTEN on the finished channel (as an API process does); `jobs` no-op jobs inserted in one
   transaction with `awaited` set to true (what each waiter's mark does) or to false
   (nobody waiting), so every finishing write sends a notification or none; the rate is
   that of `bench.measure.drain`. `pairs` pairs, the first of each alternating;
