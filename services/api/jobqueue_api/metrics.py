@@ -1,18 +1,37 @@
-"""The API's Prometheus metrics, in the default registry beside the process metrics."""
+"""The API's Prometheus metrics, with the process metrics, in a registry of their own.
+
+Their own registry: the worker uses some of the same names (`jobs_cancelled_total`), and
+a process that imports both services (the tests do) must not register a name twice.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
 
 SUBMITTED = Counter(
     "jobs_submitted",
     "Jobs created through the API (idempotent replays excluded).",
+    registry=REGISTRY,
 )
 
 # The worker counts, under the same name, the running attempts it stops on request.
 CANCELLED = Counter(
     "jobs_cancelled",
     "Jobs cancelled at once through the API (pending or dead_letter when asked).",
+    registry=REGISTRY,
 )
 
 REJECTED = Counter(
@@ -20,6 +39,7 @@ REJECTED = Counter(
     "Create requests (POST /jobs, POST /jobs/batch: one per request) refused, by reason: "
     "admission (429, MAX_PENDING) or validation (400, 413).",
     ["reason"],
+    registry=REGISTRY,
 )
 # The create routes' refusals, by status; created up front so both series exist from zero.
 _REFUSALS = {
@@ -34,6 +54,7 @@ REQUEST_DURATION = Histogram(
     "Time to answer an HTTP request, by route template (not raw path).",
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
 )
 
 # Anything else is counted as OTHER so arbitrary methods cannot create new series.
