@@ -24,7 +24,8 @@ autovacuum off, `StandInVacuum` does it by autovacuum's rule. That table and a f
 are then measured alike by `bench.backlog.measure` (claim latency of single claims and a
 drain window, with the worker's default settings), each after its measured jobs are
 inserted and the table vacuumed (VACUUM ANALYZE run by the harness, as autovacuum would
-run on a table with this many dead rows before anyone measured).
+run on a table with this many dead rows before anyone measured) and `WARM_CLAIMS`
+untimed claims.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ CHURN_TARGET_PCT = 20.0  # the churned table within this of a fresh one
 CHURN_CHUNK = 100_000  # jobs inserted at once while churning
 PRUNE_POLL = 0.1  # seconds between two reads of jobs_pruned_total during a drain
 SHARE_TARGET = 0.9  # pruning ran through at least this share of every drain
+WARM_CLAIMS = 20  # untimed claims before the timed ones, on either table
 
 # A time-ordered id (UUID version 7, as `jobcore.ids` makes them) of the time `t`, built from
 # random bytes; `t` must be a column of the FROM list.
@@ -364,23 +366,27 @@ class Churned:
     async def measure(self, table: str, rep: int, options: dict[str, Any]) -> dict[str, Any]:
         """Claims and a drain window on the churned table or a fresh one (`table`)."""
         options = dict(options)
-        use = options.pop("use")
+        use = options.pop("use") + WARM_CLAIMS * options["claim_n"]
         if table == "churned":
-            ours = self.ours
-            missing = use - await backlog.pending_count(ours)
-            if missing > 0:
-                await backlog.fill(ours, 0, missing)
-            size = await ours.sql.value(_SIZE)
-            figures = await backlog.measure(ours, processes=self.processes, **options)
-        else:
-            ours = Ours(self.server, self.workdir, self.workers)
-            try:
-                await ours.prepare()
-                await backlog.fill(ours, 0, use)
-                size = await ours.sql.value(_SIZE)
-                figures = await backlog.measure(ours, processes=self.processes, **options)
-            finally:
-                await to_the_end(ours.cleanup())
+            return await self._measure(self.ours, table, rep, use, options)
+        ours = Ours(self.server, self.workdir, self.workers)
+        try:
+            await ours.prepare()
+            return await self._measure(ours, table, rep, use, options)
+        finally:
+            await to_the_end(ours.cleanup())
+
+    async def _measure(
+        self, ours: Ours, table: str, rep: int, use: int, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        missing = use - await backlog.pending_count(ours)
+        if missing > 0:
+            await backlog.fill(ours, 0, missing)
+        size = await ours.sql.value(_SIZE)
+        # A table in use has its hot pages cached; one just vacuumed has not (the churned
+        # one outgrows shared_buffers, a fresh one never does): a few claims first, untimed.
+        await backlog.claim_latency(ours, WARM_CLAIMS, options["claim_n"])
+        figures = await backlog.measure(ours, processes=self.processes, **options)
         return {
             "kind": "retention_churn",
             "table": table,
