@@ -97,6 +97,7 @@ class Config:
     waiters: int = 1_000
     retention_prefill: int = 200_000
     retention_churn: int = 2_000_000
+    retention_cycled: int = 400_000
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -123,6 +124,7 @@ QUICK = {
     "wait_samples": 200,
     "retention_prefill": 50_000,
     "retention_churn": 200_000,
+    "retention_cycled": 100_000,
 }
 
 
@@ -341,7 +343,12 @@ class Run:
         if not c.retention_churn:
             return
         churned = retention.Churned(
-            c.server, self.workdir, c.workers, max(c.processes), c.retention_churn
+            c.server,
+            self.workdir,
+            c.workers,
+            max(c.processes),
+            c.retention_churn,
+            c.retention_cycled,
         )
         options = {
             "claim_samples": c.claim_samples,
@@ -635,6 +642,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         f"it (default {d.retention_churn:,})",
     )
     parser.add_argument(
+        "--retention-cycled",
+        type=int,
+        help="of those, jobs the worker runs; the others are inserted finished "
+        f"(default {d.retention_cycled:,})",
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -671,6 +684,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "waiters",
         "retention_prefill",
         "retention_churn",
+        "retention_cycled",
         "server",
         "output_dir",
     ):

@@ -46,6 +46,7 @@ TINY = [
     "--waiters", "50",
     "--retention-prefill", "6000",
     "--retention-churn", "3000",
+    "--retention-cycled", "1500",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -172,7 +173,8 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert pruning["worker_cpu_us_per_job"] >= 0 and pruning["pruned_during_drain"] >= 0
     assert 0 <= pruning["pruning_share"] <= 1
     churned = kept["churned"]
-    assert churned["churn"] == 3000 and churned["all_pruned_s"] > 0
+    assert churned["churn"] == 3000 and churned["cycled"] == 1500
+    assert churned["all_pruned_s"] > 0
     for table in ("fresh", "churned"):
         assert set(churned[table]) == {
             "claim_p50_ms", "claim_p99_ms", "drain_jobs_per_s", "size_mb"
