@@ -18,16 +18,9 @@ from jobcore.ids import new_id
 from jobcore.schema import jobs
 from jobcore.search import Filters
 from jobcore.states import FINISHED, Operation, Status
+from tests.jobcore.test_states import C, D, F, P, R, X
 from tests.pg import driver
 
-P, R, C, F, D, X = (
-    Status.PENDING,
-    Status.PROCESSING,
-    Status.COMPLETED,
-    Status.FAILED,
-    Status.DEAD_LETTER,
-    Status.CANCELLED,
-)
 TYPES = ("a", "b", "c")
 QUEUES = ("q1", "q2")
 

@@ -25,6 +25,7 @@ from jobcore.search import Filters
 from jobcore.states import FINISHED, Status
 from tests import pg
 from tests.jobcore.test_query_plans import _nodes, _plan
+from tests.jobcore.test_states import C, D, F, P, R, X
 from tests.pg import driver
 
 # One worker fills the table once and runs every test of the module (make test runs
@@ -35,14 +36,6 @@ ROWS = 200_000
 LIMIT = 50
 TYPE, QUEUE = "report", "critical"
 LIST = {f"jobs_{name}_idx" for name in LIST_INDEXES}
-P, R, C, F, D, X = (
-    Status.PENDING,
-    Status.PROCESSING,
-    Status.COMPLETED,
-    Status.FAILED,
-    Status.DEAD_LETTER,
-    Status.CANCELLED,
-)
 
 
 @pytest.fixture(scope="module")

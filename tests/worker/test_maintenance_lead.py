@@ -31,15 +31,6 @@ def _no_gauges_shown():
     metrics.hide_queue_depths()
 
 
-@pytest.fixture
-async def pg(engine):
-    pg = PgJobStore(engine)
-    try:
-        yield pg
-    finally:
-        await pg.close()
-
-
 async def test_of_two_contenders_one_leads_and_the_other_takes_over_when_the_lease_runs_out(pg):
     first, second = Lead(pg, GAUGES, 1.0), Lead(pg, GAUGES, 1.0)
     assert await first.take() and first.held

@@ -8,7 +8,6 @@ import asyncio
 import logging
 from uuid import UUID
 
-import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
@@ -24,15 +23,6 @@ from tests.pg import driver
 from tests.worker.support import eventually
 
 AGE = 1.0  # seconds: the retention the tests use
-
-
-@pytest.fixture
-async def pg(engine):
-    pg = PgJobStore(engine)
-    try:
-        yield pg
-    finally:
-        await pg.close()
 
 
 class Counting:
