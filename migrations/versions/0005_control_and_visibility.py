@@ -62,8 +62,7 @@ def upgrade() -> None:
         for name, columns in _LIST_INDEXES.items():
             op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")  # a failed build
             op.execute(
-                f"CREATE INDEX CONCURRENTLY {name} ON jobs ({columns})"
-                " WHERE status <> 'processing'"
+                f"CREATE INDEX CONCURRENTLY {name} ON jobs ({columns}) WHERE status <> 'processing'"
             )
         _backfill_finished_at()
 
@@ -101,7 +100,9 @@ def downgrade() -> None:
         " WHERE status = 'cancelled'"
     )
     op.execute("ALTER TABLE jobs DROP CONSTRAINT jobs_status_check")
-    op.execute(f"ALTER TABLE jobs ADD CONSTRAINT jobs_status_check CHECK (status IN ({_OLD_STATUSES}))")
+    op.execute(
+        f"ALTER TABLE jobs ADD CONSTRAINT jobs_status_check CHECK (status IN ({_OLD_STATUSES}))"
+    )
     op.drop_table("maintenance_leases")
     with op.get_context().autocommit_block():
         for name in _LIST_INDEXES:

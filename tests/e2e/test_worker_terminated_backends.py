@@ -28,7 +28,8 @@ async def _terminate_worker_backends(engine, stop: asyncio.Event) -> int:
                         sa.text(
                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                             "WHERE application_name LIKE 'jobqueue-worker%' "
-                            "AND pid <> pg_backend_pid()"
+                            # Only this test's: other tests' workers run beside it.
+                            "AND datname = current_database() AND pid <> pg_backend_pid()"
                         )
                     )
                 ).all()

@@ -91,7 +91,7 @@ def test_only_an_operator_or_the_holder_cancels_and_only_an_operator_revives_a_c
         Operation.RECOVER_EXPIRED,
     }
     assert [op for op in Operation if X in op.sources] == [Operation.MANUAL_RETRY]
-    assert FINISHED == {C, F, D, X}
+    assert {C, F, D, X} == FINISHED
 
 
 @pytest.mark.parametrize(
