@@ -31,7 +31,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from bench import pg
+from bench import pg, step
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import Ours
 from bench.stats import latency_ms
@@ -308,11 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             session(args.server or pg.server_url(), Path(workdir), args.rows, args.samples)
         )
     section = summarize([result])
-    print("\n".join(lines(section)[1:]))
-    for target in targets(section):
-        verdict = "met" if target["met"] else "MISSED"
-        print(f"[{verdict}] {target['target']} {target['goal']}: {target['measured']:.2f}")
-    return 0 if all(t["met"] for t in targets(section)) else 1
+    return step.report(section, lines, targets)
 
 
 if __name__ == "__main__":

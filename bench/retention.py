@@ -46,7 +46,7 @@ from typing import Any
 
 import asyncpg
 
-from bench import backlog, measure, pg, profile
+from bench import backlog, measure, pg, profile, step
 from bench.adapters.base import log_tail, to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE
@@ -538,7 +538,7 @@ def lines(section: dict[str, Any]) -> list[str]:
             if pruning["throughout"]
             else f"; pruning ran through only {pruning['pruning_share']:.0%} of a drain"
         )
-        throughout += _outages(pruning["database_outages"])
+        throughout += step.outages(pruning["database_outages"])
         out += [
             f"  drain of {pruning['jobs']:,} jobs ({pruning['processes']} process(es), "
             f"WORKERS={pruning['workers']}) with {pruning['prefill']:,} completed jobs a day "
@@ -561,7 +561,7 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"{churned['churn_jobs_per_s']:,.0f} jobs/s; all pruned "
             f"{churned['all_pruned_s']:.0f} s after the first insert, "
             f"{_vacuums(churned)}"
-            f"{_outages(churned['database_outages'])}), then VACUUM ANALYZE, "
+            f"{step.outages(churned['database_outages'])}), then VACUUM ANALYZE, "
             f"vs a fresh table (within {CHURN_TARGET_PCT:g}%: {verdict})",
         ]
         rows = []
@@ -601,10 +601,6 @@ def _vacuums(pushed: dict[str, Any]) -> str:
         "autovacuum off on this server: the harness ran VACUUM "
         f"{pushed['harness_vacuums']} time(s) in its stead"
     )
-
-
-def _outages(n: int) -> str:
-    return f"; the worker lost its database {n} time(s): VOID" if n else ""
 
 
 # --- command line ----------------------------------------------------------------------
@@ -658,11 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="jobqueue-bench-") as workdir:
         asyncio.run(run(Path(workdir)))
     section = summarize(results)
-    print("\n".join(lines(section)[1:]))
-    for target in targets(section):
-        verdict = "met" if target["met"] else "MISSED"
-        print(f"[{verdict}] {target['target']} {target['goal']}: {target['measured']}")
-    return 0 if all(t["met"] for t in targets(section)) else 1
+    return step.report(section, lines, targets)
 
 
 def measure_options(quick: bool) -> dict[str, Any]:

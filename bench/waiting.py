@@ -48,7 +48,7 @@ from uuid import UUID
 
 import asyncpg
 
-from bench import measure, pg, profile
+from bench import measure, pg, profile, step
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE, SLEEP_SECONDS, SLEEP_TYPE
@@ -427,7 +427,7 @@ def lines(section: dict[str, Any]) -> list[str]:
         f"{lat['job_ms']:.0f} ms jobs and waiting: p50 {lat['p50_ms']:.2f} ms, p95 "
         f"{lat['p95_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms "
         f"({lat['samples']:,} waits, {lat['notified']:,} of them answered through the "
-        f"notification{_outages(lat['database_outages'])})",
+        f"notification{step.outages(lat['database_outages'])})",
     ]
     many = section.get("waiters")
     if many:
@@ -438,13 +438,13 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"{many['from_finish'].get('p99_ms', 0):.0f} ms from each job's finish); "
             f"registered in {many['registered_s']:.2f} s; API database connections at most "
             f"{many['api_connections']} (pool {many['pool_size']}) + "
-            f"{many['listen_connections']} listening{_outages(many['database_outages'])}"
+            f"{many['listen_connections']} listening{step.outages(many['database_outages'])}"
         )
     drain = section.get("drain")
     if drain:
         out += [
             f"  drain of {drain['jobs']:,} jobs, every one waited on (a notification each, "
-            f"{drain['notifications']:,} heard{_outages(drain['database_outages'])}) vs none: "
+            f"{drain['notifications']:,} heard{step.outages(drain['database_outages'])}) vs none: "
             f"{drain['jobs_per_s']:,.0f} vs "
             f"{drain['without_jobs_per_s']:,.0f} jobs/s: {drain['ratio']:.2f}x (repeats "
             + " / ".join(f"{v:,.0f}" for v in drain["repeats"]["waited"])
@@ -455,10 +455,6 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"{drain['without_worker_cpu_us_per_job']:.0f} µs",
         ]
     return out
-
-
-def _outages(n: int) -> str:
-    return f"; the worker lost its database {n} time(s): VOID" if n else ""
 
 
 # --- command line ----------------------------------------------------------------------
@@ -504,11 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="jobqueue-bench-") as workdir:
         result = asyncio.run(run(Path(workdir)))
     section = summarize([result])
-    print("\n".join(lines(section)[1:]))
-    for target in targets(section):
-        verdict = "met" if target["met"] else "MISSED"
-        print(f"[{verdict}] {target['target']} {target['goal']}: {target['measured']:.2f}")
-    return 0 if all(t["met"] for t in targets(section)) else 1
+    return step.report(section, lines, targets)
 
 
 if __name__ == "__main__":
