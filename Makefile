@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install run test test-fast lint bench bench-api bench-compare bench-install bench-webhooks chaos fuzz-deep load clean
+.PHONY: install tools run test test-fast lint bench bench-api bench-compare bench-install bench-webhooks chaos fuzz-deep load clean
 
 install: $(STAMP)
 
@@ -24,7 +24,11 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/python scripts/run.py
 
-test: install
+# Debian's chromium and prometheus (promtool), for the dashboard and alert-rule tests.
+tools:
+	bash scripts/install-test-tools.sh
+
+test: install tools
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: install

@@ -9,7 +9,7 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -55,6 +55,9 @@ jobs = sa.Table(
     # Someone waits for the job to finish (`GET /jobs/{id}?wait=`): the write that finishes
     # it notifies. False for almost every job, so finishing costs no notification.
     sa.Column("awaited", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The submitting request's W3C trace context (`traceparent`), for the attempt's span to
+    # link to; NULL when tracing is off.
+    sa.Column("traceparent", sa.Text, nullable=True),
     sa.Column(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     ),
@@ -113,6 +116,13 @@ jobs = sa.Table(
             postgresql_where=sa.text("status <> 'processing'"),
         )
         for name, columns in LIST_INDEXES.items()
+    ),
+    # Jobs by when they finished: the jobs finished per minute over the last hour are a
+    # range read of that hour.
+    sa.Index(
+        "jobs_finished_idx",
+        "finished_at",
+        postgresql_where=sa.text("finished_at IS NOT NULL"),
     ),
     sa.Index(
         "jobs_idempotency_key_idx",

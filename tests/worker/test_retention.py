@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -31,6 +32,7 @@ class Counting:
     def __init__(self, pg: PgJobStore) -> None:
         self.pg = pg
         self.prunes: list[tuple[Status, int]] = []
+        self.began: list[float] = []  # when each prune statement was sent (monotonic)
         self.after_prune = lambda: None
 
     async def take_lead(self, *args):
@@ -43,6 +45,7 @@ class Counting:
         return await self.pg.queue_depths()
 
     async def prune(self, status, age):
+        self.began.append(time.monotonic())
         n = await self.pg.prune(status, age)
         self.prunes.append((status, n))
         self.after_prune()
@@ -112,7 +115,8 @@ async def test_old_finished_jobs_are_pruned_in_batches_and_nothing_younger_or_un
     counted_before = _pruned("completed")
 
     counting = Counting(pg)
-    retention = Retention(counting, {Status.COMPLETED: AGE})  # type: ignore[arg-type]
+    # Batches paced quickly: the young jobs must not age past AGE during the run.
+    retention = Retention(counting, {Status.COMPLETED: AGE}, batch_interval=0.05)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
         assert await retention.run_once() == {Status.COMPLETED: many}
     # Full batches, then one that found fewer: no statement deleted more than a batch.
@@ -135,6 +139,18 @@ async def test_old_finished_jobs_are_pruned_in_batches_and_nothing_younger_or_un
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
         assert await retention.run_once() == {Status.COMPLETED: 0}
     assert not [r for r in caplog.records if r.getMessage() == "jobs pruned"]
+    await retention.lead.resign()
+
+
+async def test_full_batches_start_at_most_once_per_batch_interval(engine, pg):
+    await insert(engine, Status.COMPLETED, 2 * PRUNE_BATCH + 1)
+    await older_than(engine, AGE)
+    counting = Counting(pg)
+    retention = Retention(counting, {Status.COMPLETED: AGE}, batch_interval=0.6)  # type: ignore[arg-type]
+    assert await retention.run_once() == {Status.COMPLETED: 2 * PRUNE_BATCH + 1}
+    assert [n for _, n in counting.prunes] == [PRUNE_BATCH, PRUNE_BATCH, 1]
+    gaps = [b - a for a, b in zip(counting.began, counting.began[1:], strict=False)]
+    assert min(gaps) >= 0.6, gaps
     await retention.lead.resign()
 
 
