@@ -26,6 +26,7 @@ from types import FrameType
 
 from jobcore import logs
 from jobcore.db import make_engine
+from jobcore.maintenance import PRUNE_BATCH
 from jobcore.periodic import schedules
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings
@@ -134,7 +135,9 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     # Led by one worker process of the database at a time; here, one connection for both.
     turns = TakingTurns(store)
     queue_gauges = QueueGauges(turns)
-    retention = Retention(turns, retention_ages(settings))
+    retention = Retention(
+        turns, retention_ages(settings), batch_interval=PRUNE_BATCH / settings.retention_rate
+    )
     declared = schedules()
     scheduler = (
         Scheduler(engine, declared, max_attempts=settings.max_attempts) if declared else None

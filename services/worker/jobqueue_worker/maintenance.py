@@ -46,11 +46,12 @@ RETENTION_INTERVAL = 30.0
 RETENTION_LEASE_ROUNDS = 2
 # The least pause between two prune statements of a run.
 MIN_PRUNE_PAUSE = 0.05
-# A full batch starts at most once per PRUNE_BATCH_INTERVAL (5,000 rows/s, 18 million jobs an
-# hour: more than a deployment finishes for long), and pauses at least PRUNE_PAUSE_FACTOR
-# times its own duration (a slow database is deleted from at most a quarter of the time).
-# Deleting as fast as the database allows cost a drain at full speed ~15 % of its rate;
-# paced like this, a backlog of old rows is worked off over minutes at a cost under 10 %.
+# A full batch starts at most once per batch interval (by default PRUNE_BATCH_INTERVAL: 5,000
+# rows/s, 18 million jobs an hour, more than a deployment finishes for long; RETENTION_RATE
+# sets it), and pauses at least PRUNE_PAUSE_FACTOR times its own duration (a slow database
+# is deleted from at most a quarter of the time). Deleting as fast as the database allows
+# cost a drain at full speed ~15 % of its rate; paced like this, a backlog of old rows is
+# worked off over minutes at no cost measurable.
 PRUNE_BATCH_INTERVAL = 1.0
 PRUNE_PAUSE_FACTOR = 3.0
 # A resignation that takes longer (the database is away) is given up: the lease runs out on
