@@ -22,7 +22,7 @@ from jobcore.errors import IdempotencyConflict
 from jobcore.ids import parse_id
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
-from jobcore.states import Operation
+from jobcore.states import Operation, Status
 from jobqueue_api import metrics, validation
 from jobqueue_api.admission import REFRESH, Admission
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
@@ -239,21 +239,54 @@ async def get_status(request: Request) -> Response:
     return JSONResponse(status_json(job))
 
 
-async def retry_job(request: Request) -> Response:
-    job_id = _job_id(request)
-    if job_id is None:
-        return _not_found(request)
-    engine = _engine(request)
+# The statuses an operator's retry and cancel start from (the dashboard offers them there).
+RETRYABLE: frozenset[Status] = Operation.MANUAL_RETRY.sources
+CANCELLABLE: frozenset[Status] = Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources
+
+
+async def retry(
+    engine: AsyncEngine, notifier: Notifier, job_id: UUID
+) -> tuple[store.Job, bool] | None:
+    """An operator's retry (`POST /jobs/{id}/retry`, the dashboard's Retry): the job and
+    whether it was retried (else it is shown as it is); None if there is no such job."""
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         job = await control.manual_retry(conn, job_id)
         current = None if job is not None else await store.get(conn, job_id)
     if job is not None:
-        _notifier(request).jobs_due()
+        notifier.jobs_due()
         log.info("manual_retry", extra={"job_id": str(job.id), "job_type": job.type})
-        return JSONResponse(job_json(job))
-    if current is None:
+        return job, True
+    return None if current is None else (current, False)
+
+
+async def cancel(engine: AsyncEngine, job_id: UUID) -> tuple[store.Job, control.Cancelled] | None:
+    """An operator's cancel (`POST /jobs/{id}/cancel`, the dashboard's Cancel); None if
+    there is no such job."""
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        done = await control.cancel(conn, job_id)
+    if done is None:
+        return None
+    job, what = done
+    logged = {"job_id": str(job.id), "job_type": job.type}
+    if what is control.Cancelled.CANCELLED:
+        metrics.CANCELLED.inc()
+        log.info("job cancelled", extra=logged)
+    elif what is control.Cancelled.REQUESTED:
+        log.info("cancel requested", extra=logged)
+    return done
+
+
+async def retry_job(request: Request) -> Response:
+    job_id = _job_id(request)
+    if job_id is None:
         return _not_found(request)
-    return _refused_in(current, Operation.MANUAL_RETRY.sources, "retried")
+    done = await retry(_engine(request), _notifier(request), job_id)
+    if done is None:
+        return _not_found(request)
+    job, retried = done
+    if retried:
+        return JSONResponse(job_json(job))
+    return error_response(409, refusal(job, RETRYABLE, "retried"))
 
 
 async def cancel_job(request: Request) -> Response:
@@ -261,28 +294,19 @@ async def cancel_job(request: Request) -> Response:
     job_id = _job_id(request)
     if job_id is None:
         return _not_found(request)
-    engine = _engine(request)
-    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
-        done = await control.cancel(conn, job_id)
+    done = await cancel(_engine(request), job_id)
     if done is None:
         return _not_found(request)
     job, what = done
-    logged = {"job_id": str(job.id), "job_type": job.type}
     if what is control.Cancelled.CANCELLED:
-        metrics.CANCELLED.inc()
-        log.info("job cancelled", extra=logged)
         return JSONResponse(job_json(job))
     if what is control.Cancelled.REQUESTED:
-        log.info("cancel requested", extra=logged)
         return JSONResponse(job_json(job), status_code=202)
-    sources = Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources
-    return _refused_in(job, sources, "cancelled")
+    return error_response(409, refusal(job, CANCELLABLE, "cancelled"))
 
 
-def _refused_in(job: store.Job, sources: frozenset[Any], done: str) -> Response:
-    """409 for an operation on a job in none of the statuses it starts from."""
+def refusal(job: store.Job, sources: frozenset[Status], done: str) -> str:
+    """Why an operation on `job` was refused: it is in none of the statuses it starts from."""
     *others, last = sorted(sources)
     allowed = f"{', '.join(others)} or {last}" if others else last
-    return error_response(
-        409, f"job {job.id} is {job.status.value}; only {allowed} jobs can be {done}"
-    )
+    return f"job {job.id} is {job.status.value}; only {allowed} jobs can be {done}"

@@ -113,6 +113,15 @@ def protected(path: str) -> bool:
     return any(path == root or path.startswith(root + "/") for root in PROTECTED)
 
 
+def token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
+    """Whether `presented` is one of `tokens` (a bearer token here, the dashboard's sign-in)."""
+    # Compare with every token, so timing reveals neither a token nor which one matched.
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(presented, token)
+    return matched
+
+
 class Authenticate:
     """`/jobs...` and `/queues` require `Authorization: Bearer <token>` when API_TOKENS is set."""
 
@@ -127,12 +136,7 @@ class Authenticate:
         scheme, _, presented = values[0].partition(b" ")
         if scheme.lower() != b"bearer":
             return False
-        presented = presented.strip()
-        # Compare with every token, so timing reveals neither a token nor which one matched.
-        matched = False
-        for token in self.tokens:
-            matched |= hmac.compare_digest(presented, token)
-        return matched
+        return token_matches(presented.strip(), self.tokens)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
