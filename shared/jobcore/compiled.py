@@ -154,13 +154,14 @@ async def claim_limited(
     jobs: list[Claimed] = []
     held: dict[str, str] = {}
     waits: list[float] = []
+    fields = len(_CLAIMED_FIELDS)
     for row in rows:
         if row[0] is not None:
-            jobs.append(Claimed(*row[:8]))
-        elif row[8] is not None:
-            held[row[1]] = row[8]
-            if row[8] == "rate" and row[9] is not None:
-                waits.append(max(float(row[9]), 0.0))
+            jobs.append(Claimed(*row[:fields]))
+        elif row[fields] is not None:
+            held[row[1]] = row[fields]
+            if row[fields] == "rate" and row[fields + 1] is not None:
+                waits.append(max(float(row[fields + 1]), 0.0))
     return LimitedClaim(jobs, held, min(waits) if waits else None)
 
 

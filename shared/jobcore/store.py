@@ -73,6 +73,7 @@ class Claimed:
     lease_token: int
     queue: str
     timeout: float | None  # seconds; None: the worker's JOB_TIMEOUT
+    traceparent: str | None  # the submitting span's trace context; None: tracing was off
 
     @property
     def lease(self) -> Lease:
@@ -94,6 +95,8 @@ class NewJob:
     run_at: datetime | None = None
     delay: float | None = None
     timeout: float | None = None
+    # The submitting span's W3C trace context, when tracing is on (docs/operations.md).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ _insert_one = pg.insert(jobs).values(
     queue=sa.bindparam("queue", type_=sa.Text),
     priority=sa.bindparam("priority", type_=sa.SmallInteger),
     timeout=sa.bindparam("timeout", type_=sa.Float),
+    traceparent=sa.bindparam("traceparent", type_=sa.Text),
     run_at=_due_at(
         sa.bindparam("not_before", type_=sa.DateTime(timezone=True)),
         sa.bindparam("delay", type_=sa.Float),
@@ -204,6 +208,7 @@ def _one(new: NewJob) -> dict[str, Any]:
         "queue": new.queue,
         "priority": new.priority,
         "timeout": new.timeout,
+        "traceparent": new.traceparent,
         "not_before": new.run_at,
         "delay": new.delay,
     }
@@ -234,6 +239,7 @@ _MANY_COLUMNS: dict[str, tuple[str, Any]] = {
     "queue": ("queues", sa.Text),
     "priority": ("priorities", sa.SmallInteger),
     "timeout": ("timeouts", sa.Float),
+    "traceparent": ("traceparents", sa.Text),
     "not_before": ("not_befores", sa.DateTime(timezone=True)),
     "delay": ("delays", sa.Float),
 }
@@ -255,6 +261,7 @@ SUBMIT_MANY = _conflict_target(
             "queue",
             "priority",
             "timeout",
+            "traceparent",
             "run_at",
         ],
         sa.select(
@@ -266,6 +273,7 @@ SUBMIT_MANY = _conflict_target(
             _many.c.queue,
             _many.c.priority,
             _many.c.timeout,
+            _many.c.traceparent,
             _due_at(_many.c.not_before, _many.c.delay),
         )
         # Concurrent batches sharing keys take the key locks in the same order,
@@ -330,6 +338,7 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
             "queues": [new.queue for new in rows],
             "priorities": [new.priority for new in rows],
             "timeouts": [new.timeout for new in rows],
+            "traceparents": [new.traceparent for new in rows],
             "not_befores": [new.run_at for new in rows],
             "delays": [new.delay for new in rows],
         },
@@ -543,6 +552,7 @@ def _claim(due: Any) -> Any:
                     "lease_token",
                     "queue",
                     "timeout",
+                    "traceparent",
                 )
             )
         )
@@ -840,7 +850,8 @@ WITH room AS MATERIALIZED (
         locked_until = now() + CAST(:lease_seconds AS float8) * interval '1 second',
         claim_id = CAST(:claim AS uuid), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
-    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout
+    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout,
+              traceparent
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
@@ -853,11 +864,11 @@ WITH room AS MATERIALIZED (
                     THEN u.used + excluded.used ELSE excluded.used END,
         window_start = excluded.window_start
 )
-SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout,
+SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent,
        CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
 FROM claimed
 UNION ALL
-SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN room.rate_left - coalesce(started.n, 0) <= 0 THEN 'rate'
             WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
        END,

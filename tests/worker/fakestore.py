@@ -127,6 +127,7 @@ class FakeStore:
                     job.lease_token,
                     job.queue,
                     job.timeout,
+                    None,
                 )
             )
         return claimed
