@@ -12,7 +12,8 @@ its lease runs out.
 - `Retention` (task RETENTION) deletes, every RETENTION_INTERVAL, the finished jobs older
   than their status's retention (RETENTION_COMPLETED, RETENTION_FAILED,
   RETENTION_DEAD_LETTER; 0 keeps them), at most PRUNE_BATCH per statement, pausing
-  between statements as long as the last one took, and counts them in `jobs_pruned_total`.
+  between statements as long as the last one took, and counts them in `jobs_pruned_total`;
+  a run that goes through every status sets `jobs_retention_last_run_timestamp_seconds`.
 """
 
 from __future__ import annotations
@@ -276,6 +277,8 @@ class Retention(_Led):
             for status, age in self.ages.items():
                 if not await self._prune(status, age, pruned):
                     break
+            else:
+                metrics.retention_ran()
         finally:
             if any(pruned.values()):
                 log.info(

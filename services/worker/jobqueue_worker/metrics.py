@@ -56,6 +56,14 @@ JOB_DURATION = Histogram(
 JOBS_PRUNED = Counter(
     "jobs_pruned_total", "Finished jobs deleted by retention, by their status.", ["status"]
 )
+# "mostrecent": the supervisor shows the time a child set last, kept after that child exits;
+# a series no child has set yet (timestamp 0) is left out, so the gauge is absent until the
+# first complete run and where retention is off (the alert on a stalled retention needs both).
+RETENTION_LAST_RUN = Gauge(
+    "jobs_retention_last_run_timestamp_seconds",
+    "Unix time at which a retention run last went through every status it prunes.",
+    multiprocess_mode="mostrecent",
+)
 # The queue gauges: set only by the worker process leading them (jobqueue_worker.maintenance).
 # "livemostrecent": the supervisor's /metrics shows, per series, the value its children set
 # last, and forgets a child's values when the child exits.
@@ -170,6 +178,11 @@ def lease_lost(n: int) -> None:
 
 def jobs_pruned(status: Status, n: int) -> None:
     JOBS_PRUNED.labels(status=status).inc(n)
+
+
+def retention_ran() -> None:
+    """Record that a retention run has just gone through every status."""
+    RETENTION_LAST_RUN.set_to_current_time()
 
 
 # Queues whose gauges this process exports now.
