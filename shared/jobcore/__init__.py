@@ -4,8 +4,12 @@ Importing jobcore performs no I/O. Handler authors need only:
 
     from jobcore import handler, PermanentError, JobContext
 
-and to declare periodic jobs, `from jobcore import periodic`.
+and to declare periodic jobs, `from jobcore import periodic`. To enqueue jobs in one's own
+database transaction, `from jobcore import enqueue, enqueue_many` (imported on first use:
+they bring SQLAlchemy's statements along).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from jobcore.backoff import backoff
 from jobcore.errors import (
@@ -20,6 +24,9 @@ from jobcore.periodic import periodic
 from jobcore.registry import JobContext, handler
 from jobcore.states import TRANSITIONS, Operation, Status
 
+if TYPE_CHECKING:
+    from jobcore.transactional import enqueue, enqueue_many
+
 __all__ = [
     "TRANSITIONS",
     "ConfigError",
@@ -32,6 +39,20 @@ __all__ = [
     "Snooze",
     "Status",
     "backoff",
+    "enqueue",
+    "enqueue_many",
     "handler",
     "periodic",
 ]
+
+_LAZY = {"enqueue": "jobcore.transactional", "enqueue_many": "jobcore.transactional"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jobcore' has no attribute {name!r}")

@@ -10,7 +10,7 @@ input with the same message. The limits of the scheduling and routing fields are
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -244,17 +244,23 @@ def check_key(key: Any, name: str) -> str:
 
 
 def new_items(
-    items: Iterable[Any], *, known_types: Iterable[str], default_max_attempts: int
+    items: Iterable[Any],
+    *,
+    known_types: Iterable[str],
+    default_max_attempts: int,
+    prepare: Callable[[Any], Any] | None = None,
 ) -> list[NewJob]:
     """Validate create items, each with an optional `idempotency_key`: every item or none.
 
     When any item is invalid, the message names every invalid item by its index.
+    `prepare` turns an item into parsed JSON first (raising Invalid if it cannot).
     """
     types = sorted(known_types)
     valid: list[NewJob] = []
     problems: list[str] = []
-    for index, item in enumerate(items):
+    for index, given in enumerate(items):
         try:
+            item = given if prepare is None else prepare(given)
             key = None
             if isinstance(item, Mapping) and "idempotency_key" in item:
                 key = check_key(item["idempotency_key"], "field 'idempotency_key'")
