@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
-from jobqueue_api import jobs, listing, metrics, openapi
+from jobqueue_api import jobs, listing, metrics, openapi, ui
 from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
@@ -78,6 +78,7 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
+        *ui.routes(),
     ]
     app = Starlette(
         routes=routes,

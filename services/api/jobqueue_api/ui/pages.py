@@ -1,0 +1,169 @@
+"""The dashboard's pages (GET): queues and the chart, the job list, one job, the dead
+letters, the sign-in form. Each reads through what the API's endpoints use
+(`jobcore.search`, `jobcore.store`, the API's validation of list parameters), on the API's
+engine and under its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from jobcore import search, store
+from jobcore.ids import parse_id
+from jobcore.states import Status
+from jobqueue_api import jobs, validation
+from jobqueue_api.database import REQUEST_DEADLINE, in_turn
+from jobqueue_api.ui import access, render
+from jobqueue_api.ui.chart import STACK, chart
+
+# The page sizes the jobs form offers (the API takes any from 1 to 500).
+PAGE_SIZES = (20, 50, 100, 500)
+# What the dead letters page filters by (its status is fixed).
+DEAD_LETTER_PARAMETERS = ("type", "queue", "limit", "cursor")
+# How many dead letters one click of the bulk retry retries at most.
+BULK_RETRY_LIMIT = 100
+
+
+def engine_of(request: Request) -> AsyncEngine:
+    engine: AsyncEngine = request.app.state.engine
+    return engine
+
+
+async def queues(request: Request) -> Response:
+    engine = engine_of(request)
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        depths = await search.queue_depths(conn)
+        finished = (await conn.execute(search.FINISHED_PER_MINUTE)).all()
+    context = {
+        "current": "queues",
+        "queues": depths,
+        "chart": chart((row.minute, row.status, row.finished) for row in finished),
+        "stack": [s.value for s in STACK],
+    }
+    return render.page(request, "queues.html", context)
+
+
+def _given(request: Request) -> list[tuple[str, str]]:
+    """The query parameters with a value: a form submits its empty fields too, meaning any."""
+    return [(name, value) for name, value in request.query_params.multi_items() if value != ""]
+
+
+async def list_page(
+    request: Request, asked: validation.ListQuery
+) -> tuple[list[store.Job], UUID | None]:
+    """A page of `GET /jobs` and the id to continue from (None on the last page)."""
+    engine = engine_of(request)
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        return await search.list_jobs(conn, asked.filters, asked.limit, asked.before)
+
+
+async def _list(request: Request, params: Mapping[str, str]) -> tuple[list[store.Job], str | None]:
+    """The page for these query parameters (raises validation.Invalid), and the cursor of
+    the next page."""
+    found, last = await list_page(request, validation.list_query(params))
+    return found, validation.encode_cursor(last) if last is not None else None
+
+
+async def jobs_page(request: Request) -> Response:
+    given = _given(request)
+    shown = dict(given)
+    context: dict[str, Any] = {
+        "current": "jobs",
+        "filters": shown,
+        "statuses": [s.value for s in Status],
+        "page_sizes": PAGE_SIZES,
+        "jobs": [],
+        "next_cursor": None,
+    }
+    try:
+        params = validation.query(given, validation.LIST_PARAMETERS)
+        context["jobs"], context["next_cursor"] = await _list(request, params)
+    except validation.Invalid as exc:
+        return render.page(request, "jobs.html", {**context, "error": str(exc)}, 400)
+    return render.page(request, "jobs.html", context)
+
+
+async def job_page(request: Request) -> Response:
+    job_id = parse_id(request.path_params["id"])
+    job = None
+    if job_id is not None:
+        engine = engine_of(request)
+        async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+            job = await store.get(conn, job_id)
+    if job is None:
+        return render.error(request, 404, f"There is no job {request.path_params['id']!r}.")
+    return job_view(request, job)
+
+
+def job_view(
+    request: Request,
+    job: store.Job,
+    *,
+    notice: str | None = None,
+    error: str | None = None,
+    status: int = 200,
+) -> Response:
+    context = {
+        "current": "jobs",
+        "job": job,
+        "can_retry": job.status in jobs.RETRYABLE,
+        "can_cancel": job.status in jobs.CANCELLABLE,
+        "notice": notice,
+        "error": error,
+    }
+    return render.page(request, "job.html", context, status)
+
+
+async def dead_letters(request: Request) -> Response:
+    return await dead_letters_view(request, _given(request))
+
+
+async def dead_letters_view(
+    request: Request,
+    given: list[tuple[str, str]],
+    *,
+    notice: str | None = None,
+    error: str | None = None,
+    status: int = 200,
+) -> Response:
+    """The dead letters page for these parameters (`type`, `queue`, `limit`, `cursor`)."""
+    context: dict[str, Any] = {
+        "current": "dead_letters",
+        "filters": dict(given),
+        "jobs": [],
+        "next_cursor": None,
+        "notice": notice,
+        "error": error,
+        "bulk_limit": BULK_RETRY_LIMIT,
+    }
+    try:
+        params = validation.query(given, DEAD_LETTER_PARAMETERS)
+        params["status"] = Status.DEAD_LETTER.value
+        context["jobs"], context["next_cursor"] = await _list(request, params)
+    except validation.Invalid as exc:
+        return render.page(request, "dead_letters.html", {**context, "error": str(exc)}, 400)
+    return render.page(request, "dead_letters.html", context, status)
+
+
+async def sign_in_page(request: Request) -> Response:
+    if not access.tokens(request):
+        return RedirectResponse(f"{access.root(request)}/", status_code=303)
+    back = safe_next(request, request.query_params.get("next"))
+    return render.page(request, "sign_in.html", {"next": back})
+
+
+def safe_next(request: Request, wanted: str | None) -> str:
+    """Where to go after signing in: a dashboard page of this site, never elsewhere."""
+    root = access.root(request)
+    home = f"{root}/"
+    if not wanted or not wanted.startswith(home) or "\\" in wanted or "//" in wanted:
+        return home
+    if any(ord(ch) < 0x21 or ch == "\x7f" for ch in wanted):
+        return home
+    return wanted
