@@ -40,6 +40,7 @@ class FakeJob:
     timeout: float | None = None
     result: str | None = None  # JSON text, as the handler's return value was encoded
     cancel_requested: bool = False
+    traceparent: str | None = None  # the submitting span's context, when tracing was on
 
 
 class DatabaseDown(ConnectionError):
@@ -61,7 +62,8 @@ class FakeStore:
         self._order = itertools.count()
 
     def add(self, type: str, payload: Any = None, max_attempts: int = 3, **fields: Any) -> UUID:
-        """A pending job; `fields` as FakeJob's (queue, priority, run_at, timeout)."""
+        """A pending job; `fields` as FakeJob's (queue, priority, run_at, timeout,
+        traceparent)."""
         job_id = uuid.UUID(int=next(self._order) + 1)
         payload = {} if payload is None else payload
         self.jobs[job_id] = FakeJob(job_id, type, payload, max_attempts, **fields)
@@ -127,7 +129,7 @@ class FakeStore:
                     job.lease_token,
                     job.queue,
                     job.timeout,
-                    None,
+                    job.traceparent,
                 )
             )
         return claimed

@@ -25,6 +25,7 @@ class Stack:
         backoff_max: float = 60.0,
         cancel_grace: float = 0.2,
         max_result_bytes: int = 65_536,
+        tracer: Any = None,
         **completer: Any,
     ) -> None:
         self.store = store
@@ -39,6 +40,7 @@ class Stack:
             backoff_max=backoff_max,
             cancel_grace=cancel_grace,
             max_result_bytes=max_result_bytes,
+            tracer=tracer,
         )
         self.dispatcher = Dispatcher(
             store, self.executor, poll_interval=poll_interval, lease_seconds=lease_seconds

@@ -10,6 +10,7 @@ besides the engine.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -27,7 +28,11 @@ from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
 from jobqueue_api.notify import Notifier
+from jobqueue_api.tracing import TraceRequests
 from jobqueue_api.waiters import Waiters
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 # Readiness must answer well before a prober's own timeout (often 1 s to a few).
 READY_TIMEOUT = 2.0
@@ -65,7 +70,8 @@ async def jobs_collection(request: Request) -> Response:
     return await listing.list_jobs(request)
 
 
-def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
+def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = None) -> Starlette:
+    """The app; `tracer` (from `jobcore.tracing.start`) traces requests and submits."""
     routes = [
         Route("/jobs", jobs_collection, methods=["GET", "POST"]),
         Route("/jobs/batch", jobs.create_many, methods=["POST"]),
@@ -84,6 +90,7 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
         routes=routes,
         middleware=[
             Middleware(RequestContext, routes=routes),
+            *([Middleware(TraceRequests, tracer=tracer, routes=routes)] if tracer else []),
             Middleware(Authenticate, tokens=settings.tokens),
             Middleware(
                 LimitBody, limit=settings.max_body_bytes, timeout=settings.request_body_timeout
@@ -97,6 +104,7 @@ def create_app(settings: Settings, engine: AsyncEngine) -> Starlette:
     app.state.notifier = Notifier(engine)
     app.state.waiters = Waiters(settings.database_url)
     app.state.settings = settings
+    app.state.tracer = tracer
     app.state.shutting_down = False
     app.state.admission = Admission.of(settings)
     app.state.openapi = openapi.document(

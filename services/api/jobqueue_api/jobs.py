@@ -29,6 +29,7 @@ from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
 from jobqueue_api.notify import Notifier
 from jobqueue_api.records import job_json, status_json
+from jobqueue_api.tracing import submitting
 from jobqueue_api.waiters import Waiters
 
 log = logging.getLogger("jobqueue.api")
@@ -118,7 +119,8 @@ async def create_job(request: Request) -> Response:
         if full is not None:
             return _refused(admission, full)
     try:
-        job, created = await submit(engine, _notifier(request), new, deadline)
+        with submitting(request.app.state.tracer, (new,)) as (new,):
+            job, created = await submit(engine, _notifier(request), new, deadline)
     except IdempotencyConflict as exc:
         return error_response(409, str(exc))
     if created:
@@ -147,7 +149,8 @@ async def create_many(request: Request) -> Response:
         full = await admission.refused(engine, batch, deadline)
         if full is not None:
             return _refused(admission, full)
-    results = await submit_many(engine, _notifier(request), batch, deadline)
+    with submitting(request.app.state.tracer, batch) as traced:
+        results = await submit_many(engine, _notifier(request), traced, deadline)
     pairs = zip(results, batch, strict=True)
     if admission is not None:
         for result, new in zip(results, batch, strict=True):

@@ -25,6 +25,7 @@ import os
 import resource
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import hypercorn.asyncio.run
 from hypercorn.asyncio import serve
@@ -33,13 +34,16 @@ from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from jobcore import logs
+from jobcore import logs, tracing
 from jobcore.db import check_schema
 from jobcore.errors import ConfigError, SchemaNotAtHead
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings, load_settings, parse_addr
 from jobqueue_api.app import close, create_app, shut_down
 from jobqueue_api.database import is_unavailable, open_engine
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger("jobqueue.api")
 
@@ -166,7 +170,7 @@ async def _drained(signalled: asyncio.Event, drain_delay: float) -> None:
     log.info("closing the listener; finishing in-flight requests")
 
 
-async def run(settings: Settings) -> int:
+async def run(settings: Settings, tracer: Tracer | None = None) -> int:
     try:
         engine = open_engine(settings.database_url)
     except Exception as exc:  # a URL the validator let through but SQLAlchemy cannot parse
@@ -183,7 +187,7 @@ async def run(settings: Settings) -> int:
                 raise
             log.error(f"database unreachable at startup: {exc}")
             return 1
-        app = create_app(settings, engine)
+        app = create_app(settings, engine, tracer)
         signalled = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -216,6 +220,7 @@ def main() -> None:
             settings.max_connections, explicit="max_connections" in settings.model_fields_set
         )
         settings = settings.model_copy(update={"max_connections": limit})
+        tracer = tracing.start("jobqueue-api")
     except ConfigError as exc:
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
         sys.exit(2)
@@ -223,10 +228,11 @@ def main() -> None:
         log.warning("API_TOKENS is not set: the /jobs endpoints accept requests without a token")
     log.info("starting", extra={"http_addr": settings.http_addr})
     try:
-        status = asyncio.run(run(settings))
+        status = asyncio.run(run(settings, tracer))
     except Exception:  # still one JSON line, with the traceback inside it
         log.exception("jobqueue-api failed")
         status = 1
+    tracing.stop(tracer)
     sys.exit(status)
 
 

@@ -24,7 +24,7 @@ import signal
 import sys
 from types import FrameType
 
-from jobcore import logs
+from jobcore import logs, tracing
 from jobcore.db import make_engine
 from jobcore.maintenance import PRUNE_BATCH
 from jobcore.periodic import schedules
@@ -103,6 +103,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         isolation_level="AUTOCOMMIT",
         pre_ping=False,
     )
+    tracer = tracing.start("jobqueue-worker")
     limits = TypeLimits(settings.type_concurrency_limits, settings.type_rate_limits)
     store = PgJobStore(engine, limits=limits)
     recycle = _Recycle(beacon, sum(settings.queue_slots.values()), stop)
@@ -118,6 +119,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         on_slot_freed=lambda queue: dispatcher.slot_freed(queue),
         on_abandoned=recycle.abandoned_changed,
         max_result_bytes=settings.max_result_bytes,
+        tracer=tracer,
     )
     dispatcher = Dispatcher(
         store,
@@ -209,6 +211,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     await store.close()
     await engine.dispose()
     watchdog.stop()
+    tracing.stop(tracer)
     stop_heartbeat()
     log.info("worker process stopped")
     return 1 if broken else RECYCLE_EXIT if recycle.requested else 0

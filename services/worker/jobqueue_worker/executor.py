@@ -48,7 +48,7 @@ from jobcore.errors import PermanentError, Snooze, describe
 from jobcore.registry import Handler, JobContext, get_handler
 from jobcore.states import Operation, next_operation
 from jobcore.store import Claimed, Lease
-from jobqueue_worker import metrics
+from jobqueue_worker import metrics, tracing
 from jobqueue_worker.completer import Outcome, Recorded
 from jobqueue_worker.results import ResultError, encode_result
 from jobqueue_worker.threads import HandlerThreads
@@ -97,6 +97,7 @@ class _Attempt:
         "lease_deadline",
         "result",
         "settled",
+        "span",
         "started",
         "task",
         "timer",
@@ -128,6 +129,7 @@ class _Attempt:
         self.delay = 0.0
         self.started = 0.0
         self.duration = 0.0
+        self.span: Any = None  # the attempt's span, when tracing is on
 
 
 class Executor:
@@ -148,8 +150,10 @@ class Executor:
         cancel_grace: float = 1.0,
         max_result_bytes: int = 65_536,
         clock: Callable[[], float] = time.monotonic,
+        tracer: Any = None,
     ) -> None:
         self._record = record
+        self._tracer = tracer  # from jobcore.tracing.start; None: tracing off
         self._max_result_bytes = max_result_bytes
         self.slots = dict(slots)
         self._busy = dict.fromkeys(self.slots, 0)
@@ -250,7 +254,16 @@ class Executor:
         self._running.add(attempt)
         self._busy[job.queue] += 1
         logs.line(log, "job started", attempt.fields)
-        attempt.task = asyncio.get_running_loop().create_task(self._run(attempt))
+        if self._tracer is None:
+            attempt.task = asyncio.get_running_loop().create_task(self._run(attempt))
+            return
+        # The task inherits the span as its current one: a handler's own spans nest in it.
+        attempt.span = tracing.begin(self._tracer, job)
+        token = tracing.entered(attempt.span)
+        try:
+            attempt.task = asyncio.get_running_loop().create_task(self._run(attempt))
+        finally:
+            tracing.left(token)
 
     async def shutdown(self, shutdown_timeout: float) -> None:
         """Give running attempts `shutdown_timeout` seconds to finish, then interrupt and
@@ -289,6 +302,8 @@ class Executor:
             log.exception("job slot failed", extra=attempt.fields.values)
             if not attempt.settled:
                 attempt.settled = True
+                if attempt.span is not None:
+                    tracing.end(attempt.span, "slot_failed", applied=False, error="job slot failed")
                 self._free(attempt)
 
     async def _attempt(self, attempt: _Attempt) -> None:
@@ -500,6 +515,8 @@ class Executor:
         attempt.settled = True
         log.warning("lease lost, attempt stopped", extra=attempt.fields.values)
         metrics.lease_lost(1)
+        if attempt.span is not None:
+            tracing.end(attempt.span, "lease_lost", applied=False)
         self._free(attempt)
 
     def _recorded(self, attempt: _Attempt, applied: bool) -> None:
@@ -516,6 +533,8 @@ class Executor:
                 "retry_in": round(attempt.delay, 3) if kind in _DELAYED else None,
             },
         )
+        if attempt.span is not None:
+            tracing.end(attempt.span, kind.outcome, applied=applied, error=attempt.error)
         self._free(attempt)
 
     def _free(self, attempt: _Attempt) -> None:

@@ -14,7 +14,7 @@ import shutil
 import sys
 import tempfile
 
-from jobcore import logs
+from jobcore import logs, tracing
 from jobcore.errors import ConfigError
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings, load_settings
@@ -29,6 +29,7 @@ def main() -> None:
         settings = load_settings()
         logs.configure(settings.log_level)
         load_handlers(settings.handler_modules)
+        tracing.check()  # each worker process starts its own tracer
     except ConfigError as exc:
         logs.configure("info")
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
