@@ -1,0 +1,224 @@
+"""Each client call as a flow (see `retries`): the requests it makes, and how it reads the
+answers into records or typed errors. `Client` and `AsyncClient` run these same flows.
+
+Safe to repeat: every submission carries an idempotency key (the caller's, or one made
+once per call and per item), so a retry after a lost answer replays the job instead of
+creating another. A retry or cancel whose earlier try may have been applied answers 409 on
+the next try (the job already moved); the flow then reads the job and returns it when it is
+where the call meant to put it: cancelled, or pending/processing after a retry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID, uuid4
+
+from jobcore.client.errors import ClientError, Invalid, WaitTimeout
+from jobcore.client.records import Job, QueueDepth, Submitted
+from jobcore.client.retries import Answer, Flow, Request, Retries, send
+from jobcore.states import Status
+
+MAX_BATCH = 1000  # items per POST /jobs/batch, the API's limit
+MAX_WAIT = 60.0  # the longest `?wait=` the API takes
+PROGRESS_ROUND = 2.0  # the wait of one long poll when someone follows the job's progress
+ANSWER_MARGIN = 10.0  # seconds allowed for a long poll's answer beyond its wait
+
+
+class Calls:
+    """The flows of one client: its retries and its base URL (for error messages)."""
+
+    def __init__(self, retries: Retries, base_url: str) -> None:
+        self.retries = retries
+        self.base_url = base_url
+
+    def _send(self, request: Request) -> Flow[Answer]:
+        return send(request, self.retries, self.base_url)
+
+    def submit(
+        self, job_type: str, payload: Any, idempotency_key: str | None, fields: Mapping[str, Any]
+    ) -> Flow[Job]:
+        key = idempotency_key or new_key()
+        body = _encode(create_item(job_type, payload, fields))
+        answer = yield from self._send(
+            Request("POST", "/jobs", body=body, headers={"Idempotency-Key": key})
+        )
+        return _job(answer, None)
+
+    def submit_many(self, jobs: Iterable[Mapping[str, Any]]) -> Flow[list[Submitted]]:
+        items: list[dict[str, Any]] = []
+        made: set[str] = set()  # keys this call generated: nobody else can have used them
+        for index, job in enumerate(jobs):
+            if not isinstance(job, Mapping):
+                raise Invalid(f"item {index} is a {type(job).__name__}, not a mapping")
+            item = _fields(job)
+            if item.get("idempotency_key") is None:
+                item["idempotency_key"] = new_key()
+                made.add(item["idempotency_key"])
+            items.append(item)
+        results: list[Submitted] = []
+        for offset in range(0, len(items), MAX_BATCH):
+            chunk = items[offset : offset + MAX_BATCH]
+            answer = yield from self._send(
+                Request("POST", "/jobs/batch", body=_encode({"jobs": chunk}))
+            )
+            if not answer.ok:
+                raise _in_chunk(answer.error(), offset, len(chunk))
+            for item, result in zip(chunk, answer.body["results"], strict=True):
+                key = item["idempotency_key"]
+                status = result["status"]
+                # A replay of a key made by this call is this call's own earlier try.
+                if status == "replayed" and key in made:
+                    status = "created"
+                results.append(Submitted(status, result.get("id"), key, result.get("error")))
+        return results
+
+    def get(self, job_id: str | UUID) -> Flow[Job]:
+        answer = yield from self._send(Request("GET", _path(job_id)))
+        return _job(answer, str(job_id))
+
+    def wait(
+        self,
+        job_id: str | UUID,
+        timeout: float | None,
+        progress: Callable[[Job], None] | None = None,
+    ) -> Flow[Job]:
+        """Long polls of at most MAX_WAIT each (PROGRESS_ROUND when following progress),
+        until the job has finished or `timeout` seconds have passed (WaitTimeout)."""
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        longest = PROGRESS_ROUND if progress is not None else MAX_WAIT
+        last: Job | None = None
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left < 0.001:
+                if last is None:  # a zero timeout still looks once
+                    last = yield from self.get(job_id)
+                    if last.finished:
+                        return last
+                raise WaitTimeout(
+                    f"job {last.id} is still {last.status.value} after {timeout:g}s", job=last
+                )
+            seconds = longest if left is None else min(longest, left)
+            answer = yield from self._send(
+                Request(
+                    "GET",
+                    _path(job_id),
+                    params={"wait": f"{seconds:.3f}"},
+                    timeout=seconds + ANSWER_MARGIN,
+                )
+            )
+            last = _job(answer, str(job_id))
+            if last.finished:
+                return last
+            if progress is not None:
+                progress(last)
+
+    def retry(self, job_id: str | UUID) -> Flow[Job]:
+        answer = yield from self._send(Request("POST", _path(job_id, "retry")))
+        if answer.status == 409 and answer.after_lost:
+            current = yield from self.get(job_id)
+            if current.status in (Status.PENDING, Status.PROCESSING):
+                return current
+        return _job(answer, str(job_id))
+
+    def cancel(self, job_id: str | UUID) -> Flow[Job]:
+        answer = yield from self._send(Request("POST", _path(job_id, "cancel")))
+        if answer.status == 409 and answer.after_lost:
+            current = yield from self.get(job_id)
+            if current.status is Status.CANCELLED:
+                return current
+        return _job(answer, str(job_id))
+
+    def list_page(
+        self, filters: Mapping[str, str], cursor: str | None
+    ) -> Flow[tuple[list[Job], str | None]]:
+        params = dict(filters)
+        if cursor is not None:
+            params["cursor"] = cursor
+        answer = yield from self._send(Request("GET", "/jobs", params=params))
+        if not answer.ok:
+            raise answer.error()
+        return [Job.from_json(job) for job in answer.body["jobs"]], answer.body["next_cursor"]
+
+    def queues(self) -> Flow[list[QueueDepth]]:
+        answer = yield from self._send(Request("GET", "/queues"))
+        if not answer.ok:
+            raise answer.error()
+        return [QueueDepth.from_json(depth) for depth in answer.body["queues"]]
+
+
+def new_key() -> str:
+    """An idempotency key made by the client, once per submission (its retries reuse it)."""
+    return f"jqc-{uuid4()}"
+
+
+def list_filters(
+    status: str | Iterable[str] | None = None,
+    type: str | None = None,
+    queue: str | None = None,
+    page_size: int = 100,
+) -> dict[str, str]:
+    """`GET /jobs`'s parameters: one status or several, a type, a queue, the page size."""
+    filters = {"limit": str(page_size)}
+    if status is not None:
+        filters["status"] = status if isinstance(status, str) else ",".join(status)
+    if type is not None:
+        filters["type"] = type
+    if queue is not None:
+        filters["queue"] = queue
+    return filters
+
+
+def create_item(job_type: str, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": job_type}
+    if payload is not None:
+        item["payload"] = payload
+    item.update(_fields(fields))
+    return item
+
+
+def _fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields as JSON carries them: `run_at` as RFC 3339 text, `delay`/`timeout` as seconds."""
+    out = dict(fields)
+    if isinstance(out.get("run_at"), datetime):
+        out["run_at"] = out["run_at"].isoformat()
+    for name in ("delay", "timeout"):
+        if isinstance(out.get(name), timedelta):
+            out[name] = out[name].total_seconds()
+    return out
+
+
+def _encode(body: Any) -> bytes:
+    """`body` as JSON: refused here (Invalid) when JSON cannot carry it."""
+    try:
+        return json.dumps(body, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise Invalid(f"the job is not JSON: {exc}") from None
+
+
+def _path(job_id: str | UUID, action: str | None = None) -> str:
+    path = f"/jobs/{quote(str(job_id), safe='')}"
+    return path if action is None else f"{path}/{action}"
+
+
+def _job(answer: Answer, job_id: str | None) -> Job:
+    if not answer.ok:
+        raise answer.error(job_id)
+    return Job.from_json(answer.body)
+
+
+def _in_chunk(error: Exception, offset: int, size: int) -> Exception:
+    """A batch's error, said of the items it concerns when earlier batches went through."""
+    if offset == 0 or not isinstance(error, ClientError):
+        return error
+    return type(error)(
+        f"items {offset} to {offset + size - 1} (indexes below count from {offset}; the "
+        f"{offset} items before them were submitted): {error.message}",
+        status=error.status,
+        request_id=error.request_id,
+        retry_after=error.retry_after,
+    )

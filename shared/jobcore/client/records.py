@@ -1,0 +1,109 @@
+"""What the API answers with, as small frozen dataclasses built from its JSON: a job record
+(`Job`), a queue's depths (`QueueDepth`) and one item's result of a bulk submit
+(`Submitted`). Each keeps the JSON it came from in `raw`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from jobcore.states import FINISHED, Status
+
+
+def _time(value: Any) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job record (docs/api.md#jobs)."""
+
+    id: str
+    type: str
+    payload: Any
+    status: Status
+    attempts: int
+    max_attempts: int
+    queue: str
+    priority: int
+    timeout: float | None
+    run_at: datetime
+    last_error: str | None
+    result: Any
+    cancel_requested_at: datetime | None
+    finished_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        """Completed, failed, dead_letter or cancelled: what `wait` waits for."""
+        return self.status in FINISHED
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        run_at, created_at, updated_at = (
+            _time(data["run_at"]),
+            _time(data["created_at"]),
+            _time(data["updated_at"]),
+        )
+        assert run_at is not None and created_at is not None and updated_at is not None
+        return cls(
+            id=data["id"],
+            type=data["type"],
+            payload=data["payload"],
+            status=Status(data["status"]),
+            attempts=data["attempts"],
+            max_attempts=data["max_attempts"],
+            queue=data["queue"],
+            priority=data["priority"],
+            timeout=data["timeout"],
+            run_at=run_at,
+            last_error=data["last_error"],
+            result=data.get("result"),
+            cancel_requested_at=_time(data.get("cancel_requested_at")),
+            finished_at=_time(data.get("finished_at")),
+            created_at=created_at,
+            updated_at=updated_at,
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """One queue's depths (docs/api.md#queues)."""
+
+    queue: str
+    pending: int
+    scheduled: int
+    processing: int
+    dead_letter: int
+    oldest_pending_age_seconds: float
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QueueDepth:
+        return cls(
+            queue=data["queue"],
+            pending=data["pending"],
+            scheduled=data["scheduled"],
+            processing=data["processing"],
+            dead_letter=data["dead_letter"],
+            oldest_pending_age_seconds=data["oldest_pending_age_seconds"],
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One item's result of `submit_many`: `status` is "created", "replayed" (its
+    idempotency key names an existing job of the same request) or "conflict" (the key is
+    bound to a different request: `id` is None and `error` says so)."""
+
+    status: str
+    id: str | None
+    idempotency_key: str
+    error: str | None = None

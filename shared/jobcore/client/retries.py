@@ -1,0 +1,161 @@
+"""How a call reaches the API: one request, tried again on connection errors, 429 and 503,
+with capped exponential backoff and jitter (`jobcore.backoff`), never sooner than the API's
+`Retry-After`, within a bounded number of tries and seconds.
+
+Written without I/O, as generators (`Flow`) that yield what they need done: a `Request` to
+send (answered with the httpx response, or the httpx transport error) or a `Sleep`. The
+sync and async clients run the same flows, each with its own I/O.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+
+from jobcore.backoff import backoff
+from jobcore.client.errors import Unavailable, error_for
+from jobcore.errors import describe
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    params: Mapping[str, str] | None = None
+    body: bytes | None = None  # JSON
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None  # seconds to wait for the answer; None: the client's
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+Effect = Request | Sleep
+Flow = Generator[Effect, Any, T]
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How hard a call tries: at most `attempts` tries (the first included) within `total`
+    seconds, waiting `backoff(n, base, cap)` after the n-th failure, or longer when the API
+    asks (`Retry-After`). A wait that would end past `total` is not started."""
+
+    attempts: int = 5
+    total: float = 30.0
+    base: float = 0.2
+    cap: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.total < 0 or not 0 < self.base <= self.cap:
+            raise ValueError(f"invalid retries: {self}")
+
+    def wait(self, failures: int, retry_after: float | None, started: float) -> float | None:
+        """Seconds to wait before the next try after `failures` failed ones; None: give up."""
+        if failures >= self.attempts:
+            return None
+        seconds = backoff(failures, self.base, self.cap)
+        if retry_after is not None:
+            seconds = max(seconds, retry_after)
+        if time.monotonic() - started + seconds > self.total:
+            return None
+        return seconds
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any  # the JSON document; None when the body was not JSON
+    headers: httpx.Headers
+    # An earlier try may have been applied although its answer was lost (the connection
+    # broke after the request was sent, or the API answered 503).
+    after_lost: bool
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def error(self, job_id: str | None = None) -> Exception:
+        return error_for(
+            self.status,
+            self.body,
+            job_id=job_id,
+            request_id=self.headers.get("x-request-id"),
+            retry_after=retry_after(self.headers.get("retry-after")),
+        )
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """`Retry-After` in seconds: a number of seconds, or an HTTP date (none: None)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+# Errors after which a new try may succeed. The others (an unsupported URL scheme, a
+# request httpx itself refuses) fail the same way every time.
+RETRYABLE = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+# Raised before any byte of the request was sent: the API cannot have acted on it.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def send(request: Request, retries: Retries, base_url: str) -> Flow[Answer]:
+    """Send `request` until it gets an answer other than 429 or 503, or `retries` runs out.
+
+    Returns the last answer (429 and 503 included, once retries ran out); raises
+    Unavailable when the last try got no answer.
+    """
+    started = time.monotonic()
+    failures = 0
+    lost = False
+    while True:
+        outcome = yield request
+        if isinstance(outcome, httpx.TransportError):
+            failures += 1
+            if not isinstance(outcome, RETRYABLE):
+                raise Unavailable(f"cannot call {base_url}: {describe(outcome)}") from outcome
+            lost = lost or not isinstance(outcome, NOT_SENT)
+            seconds = retries.wait(failures, None, started)
+            if seconds is None:
+                raise Unavailable(
+                    f"cannot reach {base_url} ({failures} tries): {describe(outcome)}"
+                ) from outcome
+            yield Sleep(seconds)
+            continue
+        response: httpx.Response = outcome
+        answer = Answer(response.status_code, _body(response), response.headers, lost)
+        if answer.status in (429, 503):
+            failures += 1
+            seconds = retries.wait(
+                failures, retry_after(response.headers.get("retry-after")), started
+            )
+            if seconds is not None:
+                lost = lost or answer.status == 503
+                yield Sleep(seconds)
+                continue
+        return answer
