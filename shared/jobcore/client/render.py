@@ -1,0 +1,159 @@
+"""Tables for people, for the `jobqueue` command line (rich); the client itself never
+imports this module."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status as Spinner
+from rich.table import Table
+from rich.text import Text
+
+from jobcore.client.records import Job, QueueDepth
+from jobcore.states import Status
+
+STYLES = {
+    Status.PENDING: "blue",
+    Status.PROCESSING: "cyan",
+    Status.COMPLETED: "green",
+    Status.FAILED: "red",
+    Status.DEAD_LETTER: "bold red",
+    Status.CANCELLED: "yellow",
+}
+
+
+def _status(status: Status) -> Text:
+    return Text(status.value, style=STYLES.get(status, ""))
+
+
+def _time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def job(record: Job, note: str | None = None) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    rows: list[tuple[str, str | Text]] = [
+        ("id", record.id),
+        ("type", record.type),
+        ("status", _status(record.status)),
+        ("attempts", f"{record.attempts} of {record.max_attempts}"),
+        ("queue", record.queue),
+        ("priority", str(record.priority)),
+        ("timeout", "-" if record.timeout is None else f"{record.timeout:g}s"),
+        ("run_at", _time(record.run_at)),
+        ("created_at", _time(record.created_at)),
+        ("finished_at", _time(record.finished_at)),
+        ("payload", _json(record.payload)),
+    ]
+    if record.cancel_requested_at is not None:
+        rows.append(("cancel asked", _time(record.cancel_requested_at)))
+    if record.last_error:
+        rows.append(("last_error", Text(record.last_error, style="red")))
+    if record.result is not None:
+        rows.append(("result", _json(record.result)))
+    for name, value in rows:
+        table.add_row(name, value)
+    console = _console()
+    console.print(table)
+    if note:
+        console.print(Text(note, style="italic"))
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    line = text.splitlines()[0]
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def jobs(records: list[Job], more: bool) -> None:
+    console = _console()
+    if not records:
+        console.print("no jobs match")
+        return
+    table = Table()
+    for name in ("id", "type", "status", "attempts", "queue", "priority", "created_at"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("last_error")
+    for record in records:
+        table.add_row(
+            record.id,
+            record.type,
+            _status(record.status),
+            f"{record.attempts}/{record.max_attempts}",
+            record.queue,
+            str(record.priority),
+            _time(record.created_at),
+            _short(record.last_error),
+        )
+    console.print(table)
+    shown = f"{len(records)} job{'s' if len(records) != 1 else ''}"
+    console.print(f"{shown}, newest first" + ("; more match (raise --limit)" if more else ""))
+
+
+def _age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def queues(depths: list[QueueDepth]) -> None:
+    console = _console()
+    if not depths:
+        console.print("no queue holds jobs")
+        return
+    table = Table()
+    table.add_column("queue", no_wrap=True)
+    for name in ("pending", "scheduled", "processing", "dead_letter", "oldest pending"):
+        table.add_column(name, justify="right")
+    for depth in depths:
+        table.add_row(
+            depth.queue,
+            str(depth.pending),
+            str(depth.scheduled),
+            str(depth.processing),
+            Text(str(depth.dead_letter), style="red" if depth.dead_letter else ""),
+            _age(depth.oldest_pending_age_seconds),
+        )
+    console.print(table)
+
+
+class Progress:
+    """A status line on stderr while `jobqueue wait` waits: the job's status and attempt."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._spinner = Spinner(f"waiting for job {job_id}", console=Console(stderr=True))
+        self._spinner.start()
+
+    def update(self, record: Job) -> None:
+        self._spinner.update(
+            f"job {self.job_id}: {record.status.value}, "
+            f"attempt {record.attempts} of {record.max_attempts}"
+        )
+
+    def stop(self) -> None:
+        self._spinner.stop()
+
+
+def progress(job_id: str) -> Progress:
+    return Progress(job_id)

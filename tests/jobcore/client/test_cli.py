@@ -1,0 +1,215 @@
+"""The `jobqueue` console script, run as a process against the real API and worker: its
+output for people and for scripts (`--json`), its exit statuses, and `--help`."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import threading
+from typing import Any
+
+import pytest
+
+from tests.jobcore.client.conftest import TOKEN, Stack
+from tests.procs import BIN, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("jobcore_client")]
+
+
+class Run:
+    def __init__(self, done: subprocess.CompletedProcess[str]) -> None:
+        self.code = done.returncode
+        self.out = done.stdout
+        self.err = done.stderr
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def jobqueue(stack: Stack) -> Any:
+    def run(*args: str, stdin: str | None = None, **env: str) -> Run:
+        full = {
+            **os.environ,
+            "JOBQUEUE_URL": stack.url,
+            "JOBQUEUE_TOKEN": TOKEN,
+            "COLUMNS": "250",
+            **env,
+        }
+        done = subprocess.run(
+            [str(BIN / "jobqueue"), *args],
+            env=full,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "Traceback" not in done.stderr, done.stderr
+        return Run(done)
+
+    return run
+
+
+def test_help_is_there_for_every_command(jobqueue: Any):
+    assert jobqueue("--help").code == 0
+    for command in ("submit", "get", "wait", "list", "retry", "cancel", "queues"):
+        shown = jobqueue(command, "--help")
+        assert shown.code == 0 and f"usage: jobqueue {command}" in shown.out
+
+
+def test_submit_and_get_print_a_table_for_people_and_json_for_scripts(jobqueue: Any, queue: str):
+    made = jobqueue(
+        "submit", "sleep", '{"duration": "1s"}', "--queue", queue, "--priority", "3", "--json"
+    )
+    assert made.code == 0, made.err
+    job = made.json()
+    assert (job["type"], job["status"], job["queue"], job["priority"]) == (
+        "sleep",
+        "pending",
+        queue,
+        3,
+    )
+    # --json before the command works as well as after it.
+    assert jobqueue("--json", "get", job["id"]).json() == job
+    table = jobqueue("get", job["id"])
+    assert table.code == 0
+    for text in (job["id"], "pending", queue, '{"duration": "1s"}', "0 of 5"):
+        assert text in table.out
+
+
+def test_submit_takes_every_field_and_the_payload_from_stdin(jobqueue: Any, queue: str):
+    made = jobqueue(
+        "submit",
+        "sleep",
+        "-",
+        "--queue",
+        queue,
+        "--delay",
+        "1h",
+        "--timeout",
+        "90s",
+        "--max-attempts",
+        "2",
+        "--idempotency-key",
+        f"{queue}-1",
+        "--json",
+        stdin='{"duration": "2s"}',
+    )
+    job = made.json()
+    assert job["payload"] == {"duration": "2s"}
+    assert (job["timeout"], job["max_attempts"]) == (90.0, 2)
+    again = jobqueue(
+        "submit", "sleep", '{"duration":"2s"}', "--queue", queue, "--timeout", "1m30s",
+        "--max-attempts", "2", "--idempotency-key", f"{queue}-1", "--json",
+    )  # fmt: skip
+    assert again.json()["id"] == job["id"]
+    later = jobqueue(
+        "submit", "sleep", "--queue", queue, "--run-at", "2100-01-01T00:00:00Z", "--json"
+    )
+    assert later.json()["run_at"] == "2100-01-01T00:00:00.000000Z"
+
+
+def test_wait_exits_0_when_the_job_completed_and_1_when_it_did_not(jobqueue: Any, queue: str):
+    done = jobqueue("submit", "sleep", '{"duration": "0.2s"}', "--wait", "--json")
+    assert done.code == 0, done.err
+    assert done.json()["status"] == "completed"
+    failed = jobqueue("submit", "test.permanent", "--wait")
+    assert failed.code == 1 and "failed" in failed.out and "can never succeed" in failed.out
+    idle = jobqueue("submit", "sleep", "--queue", queue, "--json").json()
+    timed_out = jobqueue("wait", idle["id"], "--timeout", "0.3s", "--json")
+    assert timed_out.code == 1
+    assert timed_out.json()["status"] == "pending"  # the record as it stood
+    assert f"job {idle['id']} is still pending after 0.3s" in timed_out.err
+
+
+def test_list_pages_through_the_filters_and_says_when_more_match(jobqueue: Any, queue: str):
+    ids = [jobqueue("submit", "sleep", "--queue", queue, "--json").json()["id"] for _ in range(3)]
+    listed = jobqueue("list", "--queue", queue, "--limit", "2", "--json")
+    assert [job["id"] for job in listed.json()] == ids[:0:-1]
+    table = jobqueue("list", "--queue", queue, "--limit", "2")
+    assert ids[2] in table.out and ids[0] not in table.out
+    assert "2 jobs, newest first; more match" in table.out
+    none = jobqueue("list", "--queue", queue, "--status", "failed,dead_letter")
+    assert none.code == 0 and "no jobs match" in none.out
+    assert jobqueue("list", "--status", "nope").code == 2
+
+
+def test_cancel_retry_and_their_conflicts(jobqueue: Any, queue: str):
+    job = jobqueue("submit", "sleep", "--queue", queue, "--json").json()
+    cancelled = jobqueue("cancel", job["id"])
+    assert cancelled.code == 0 and "cancelled" in cancelled.out
+    again = jobqueue("cancel", job["id"])
+    assert again.code == 1
+    assert again.err.strip().endswith("can be cancelled (HTTP 409)")
+    assert len(again.err.strip().splitlines()) == 1
+    assert jobqueue("retry", job["id"], "--json").json()["status"] == "pending"
+    assert jobqueue("retry", job["id"]).code == 1
+    missing = jobqueue("get", "01a22aae-32d0-7c31-b68d-fb41a7ea06d6")
+    assert missing.code == 1 and "not found (HTTP 404)" in missing.err and missing.out == ""
+
+
+def test_queues_shows_each_queue(jobqueue: Any, queue: str):
+    jobqueue("submit", "sleep", "--queue", queue)
+    depths = {depth["queue"]: depth for depth in jobqueue("queues", "--json").json()}
+    assert depths[queue]["pending"] == 1
+    assert queue in jobqueue("queues").out
+
+
+def test_usage_errors_exit_2(jobqueue: Any, queue: str):
+    assert jobqueue("submit", "sleep", "{not json").code == 2
+    assert jobqueue("submit", "sleep", "--delay", "soon").code == 2
+    assert (
+        jobqueue("submit", "sleep", "--delay", "1s", "--run-at", "2100-01-01T00:00:00Z").code == 2
+    )
+    assert jobqueue("frobnicate").code == 2
+    assert jobqueue().code == 2
+    refused = jobqueue("submit", "sleep", "--queue", queue, "--priority", "1000")
+    assert refused.code == 2 and "field 'priority' must be an integer" in refused.err
+    assert jobqueue("queues", JOBQUEUE_URL="localhost:8080").code == 2
+
+
+def test_an_unreachable_api_or_a_wrong_token_exits_1_with_one_line(jobqueue: Any):
+    down = jobqueue("queues", JOBQUEUE_URL=f"http://127.0.0.1:{free_port()}")
+    assert down.code == 1 and "cannot reach" in down.err
+    assert len(down.err.strip().splitlines()) == 1
+    refused = jobqueue("queues", "--token", "wrong")
+    assert refused.code == 1 and "missing or invalid bearer token (HTTP 401)" in refused.err
+
+
+def test_wait_shows_its_progress_on_a_terminal_only(jobqueue: Any, stack: Stack):
+    job = jobqueue("submit", "sleep", '{"duration": "0.2s"}', "--json").json()
+    quiet = jobqueue("wait", job["id"])
+    assert quiet.code == 0 and "completed" in quiet.out and quiet.err == ""
+
+    job = jobqueue("submit", "sleep", '{"duration": "3s"}', "--json").json()
+    main, terminal = pty.openpty()
+    shown = bytearray()
+
+    def read() -> None:  # drained while it runs, so the status line never blocks the process
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal closed with the process
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    env = {**os.environ, "JOBQUEUE_URL": stack.url, "JOBQUEUE_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [str(BIN / "jobqueue"), "wait", job["id"]],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+    )
+    os.close(terminal)
+    out, _ = proc.communicate(timeout=60)
+    reader.join(10)
+    os.close(main)
+    assert proc.returncode == 0 and "completed" in out
+    assert b"processing, attempt 1 of 5" in shown
