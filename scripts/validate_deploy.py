@@ -2,9 +2,13 @@
 
 No Docker engine, no helm binary, no cluster: hadolint lints the Dockerfile, the
 Compose binary resolves compose.yaml, Helm's Go SDK (through helm-python-sdk)
-lints and renders the chart, and kubernetes-validate checks every rendered
-manifest strictly against the bundled Kubernetes schemas. The tests under
-tests/deploy/ reuse the rendering and parsing functions below.
+lints and renders the chart with its default values and every ci/*-values.yaml, and
+kubernetes-validate checks every rendered manifest strictly against the bundled
+Kubernetes schemas; the custom resources the chart can write (ServiceMonitor,
+PrometheusRule, KEDA's ScaledObject and TriggerAuthentication) are checked against
+strict schemas of the parts it writes, below. The chart's copies of the alert rules and
+the dashboard must equal deploy/prometheus/alerts.yaml and deploy/grafana/jobqueue.json.
+The tests under tests/deploy/ reuse the rendering and parsing functions below.
 
     .venv/bin/python scripts/validate_deploy.py
 """
@@ -37,6 +41,11 @@ COMPOSE_FILE = DEPLOY / "compose.yaml"
 LOCK_FILE = DEPLOY / "requirements.lock"
 CHART = DEPLOY / "helm" / "jobqueue"
 PRODUCTION_VALUES = CHART / "ci" / "production-values.yaml"
+# Files the chart renders from (Helm reads only inside the chart) and their sources.
+CHART_COPIES = {
+    CHART / "files" / "alerts.yaml": DEPLOY / "prometheus" / "alerts.yaml",
+    CHART / "files" / "jobqueue.json": DEPLOY / "grafana" / "jobqueue.json",
+}
 REGENERATE_LOCK = (
     "uv pip compile pyproject.toml -o deploy/requirements.lock"
     " --universal --python-version 3.11 --generate-hashes"
@@ -195,6 +204,24 @@ def production_values() -> dict[str, Any]:
     return values
 
 
+def ci_values() -> dict[str, dict[str, Any]]:
+    """Every example configuration in the chart's ci/ folder, by file name."""
+    return {
+        f"ci/{path.name}": yaml.safe_load(path.read_text())
+        for path in sorted((CHART / "ci").glob("*-values.yaml"))
+    }
+
+
+def copy_problems() -> list[str]:
+    """Chart files that no longer equal the file they copy."""
+    problems = []
+    for copy, source in CHART_COPIES.items():
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            copy_name, source_name = copy.relative_to(ROOT), source.relative_to(ROOT)
+            problems.append(f"{copy_name} differs from {source_name}: cp {source_name} {copy_name}")
+    return problems
+
+
 def lint_chart(values: dict[str, Any] | None = None) -> list[str]:
     """Helm lint findings in strict mode (warnings count); informational ones are ignored."""
     report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSIONS[0]}")
@@ -219,8 +246,8 @@ def find(manifests: list[Manifest], kind: str) -> list[Manifest]:
     return [m for m in manifests if m["kind"] == kind]
 
 
-# The Prometheus Operator's ServiceMonitor is a CRD, absent from the bundled
-# Kubernetes schemas: this is the part of its schema the chart writes, strict.
+# Custom resources are absent from the bundled Kubernetes schemas: these are the parts of
+# their schemas the chart writes, strict. The Prometheus Operator's ServiceMonitor:
 _PROM_DURATION = {
     "type": "string",
     "pattern": (
@@ -281,11 +308,163 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
+def _crd(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a custom resource: the object's frame around `spec`, strict."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "labels": _STRINGS,
+                    "annotations": _STRINGS,
+                },
+            },
+            "spec": spec,
+        },
+    }
+
+
+def _strict(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": required,
+        "properties": properties,
+    }
+
+
+# The Prometheus Operator's PrometheusRule (monitoring.coreos.com/v1): groups of rules.
+PROMETHEUS_RULE_SCHEMA = _crd(
+    "monitoring.coreos.com/v1",
+    "PrometheusRule",
+    _strict(
+        ["groups"],
+        groups={
+            "type": "array",
+            "minItems": 1,
+            "items": _strict(
+                ["name", "rules"],
+                name={"type": "string", "minLength": 1},
+                interval=_PROM_DURATION,
+                rules={
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        **_strict(
+                            ["expr"],
+                            alert={"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+                            record={"type": "string"},
+                            expr={"type": "string", "minLength": 1},
+                            labels=_STRINGS,
+                            annotations=_STRINGS,
+                            keep_firing_for=_PROM_DURATION,
+                            **{"for": _PROM_DURATION},
+                        ),
+                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                    },
+                },
+            ),
+        },
+    ),
+)
+
+_HPA_RULES = _strict(
+    [],
+    stabilizationWindowSeconds={"type": "integer", "minimum": 0, "maximum": 3600},
+    selectPolicy={"enum": ["Max", "Min", "Disabled"]},
+    policies={
+        "type": "array",
+        "items": _strict(
+            ["type", "value", "periodSeconds"],
+            type={"enum": ["Pods", "Percent"]},
+            value={"type": "integer", "minimum": 1},
+            periodSeconds={"type": "integer", "minimum": 1, "maximum": 1800},
+        ),
+    },
+)
+# KEDA's ScaledObject and TriggerAuthentication (keda.sh/v1alpha1); trigger metadata values
+# are strings (KEDA rejects numbers there).
+SCALED_OBJECT_SCHEMA = _crd(
+    "keda.sh/v1alpha1",
+    "ScaledObject",
+    _strict(
+        ["scaleTargetRef", "triggers"],
+        scaleTargetRef=_strict(
+            ["name"],
+            apiVersion={"type": "string"},
+            kind={"type": "string"},
+            name={"type": "string", "minLength": 1},
+        ),
+        pollingInterval={"type": "integer", "minimum": 1},
+        cooldownPeriod={"type": "integer", "minimum": 0},
+        minReplicaCount={"type": "integer", "minimum": 0},
+        maxReplicaCount={"type": "integer", "minimum": 1},
+        advanced=_strict(
+            [],
+            restoreToOriginalReplicaCount={"type": "boolean"},
+            horizontalPodAutoscalerConfig=_strict(
+                [],
+                name={"type": "string"},
+                behavior=_strict([], scaleUp=_HPA_RULES, scaleDown=_HPA_RULES),
+            ),
+        ),
+        triggers={
+            "type": "array",
+            "minItems": 1,
+            "items": _strict(
+                ["type", "metadata"],
+                type={"type": "string"},
+                name={"type": "string"},
+                metricType={"enum": ["AverageValue", "Value", "Utilization"]},
+                metadata=_STRINGS,
+                authenticationRef=_strict(
+                    ["name"],
+                    name={"type": "string"},
+                    kind={"enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"]},
+                ),
+            ),
+        },
+    ),
+)
+TRIGGER_AUTHENTICATION_SCHEMA = _crd(
+    "keda.sh/v1alpha1",
+    "TriggerAuthentication",
+    _strict(
+        ["secretTargetRef"],
+        secretTargetRef={
+            "type": "array",
+            "minItems": 1,
+            "items": _strict(
+                ["parameter", "name", "key"],
+                parameter={"type": "string", "minLength": 1},
+                name={"type": "string", "minLength": 1},
+                key={"type": "string", "minLength": 1},
+            ),
+        },
+    ),
+)
+CRD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ServiceMonitor": SERVICE_MONITOR_SCHEMA,
+    "PrometheusRule": PROMETHEUS_RULE_SCHEMA,
+    "ScaledObject": SCALED_OBJECT_SCHEMA,
+    "TriggerAuthentication": TRIGGER_AUTHENTICATION_SCHEMA,
+}
+
+
 def manifest_problems(manifest: Manifest, kube_version: str) -> list[str]:
     """Strict schema errors of one manifest (unknown fields included); empty when valid."""
     label = f"{manifest.get('kind')}/{manifest.get('metadata', {}).get('name')}"
-    if manifest.get("kind") == "ServiceMonitor":
-        validator = jsonschema.Draft202012Validator(SERVICE_MONITOR_SCHEMA)
+    schema = CRD_SCHEMAS.get(str(manifest.get("kind")))
+    if schema is not None:
+        validator = jsonschema.Draft202012Validator(schema)
         return [
             f"{label}: {'.'.join(map(str, e.path))}: {e.message}"
             for e in validator.iter_errors(manifest)
@@ -309,10 +488,12 @@ def checks() -> Iterator[tuple[str, Callable[[], list[str]]]]:
     yield "hadolint deploy/Dockerfile", lambda: hadolint_findings()
     yield "deploy/requirements.lock covers pyproject dependencies", lambda: lock_problems()
     yield "docker compose config deploy/compose.yaml", _compose_resolves
-    for label, values in (
-        ("default values", None),
-        ("ci/production-values.yaml", production_values()),
-    ):
+    yield (
+        "the chart's alert rules and dashboard equal deploy/prometheus and deploy/grafana",
+        (copy_problems),
+    )
+    value_sets: dict[str, dict[str, Any] | None] = {"default values": None, **ci_values()}
+    for label, values in value_sets.items():
         yield f"helm lint --strict ({label})", lambda values=values: lint_chart(values)
         for version in KUBE_VERSIONS:
             yield (

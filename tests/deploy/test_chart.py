@@ -45,7 +45,9 @@ def container(manifest: Manifest) -> dict[str, Any]:
 
 
 def config_map(manifests: list[Manifest]) -> dict[str, str]:
-    data: dict[str, str] = only(manifests, "ConfigMap")["data"]
+    """The settings' ConfigMap (named after the release; the dashboard's has a suffix)."""
+    (settings,) = [m for m in find(manifests, "ConfigMap") if m["metadata"]["name"] == "jobqueue"]
+    data: dict[str, str] = settings["data"]
     return data
 
 

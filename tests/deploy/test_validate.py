@@ -54,6 +54,51 @@ def test_a_malformed_service_monitor_fails_validation(
     assert len(problems) == 2
 
 
+def test_every_ci_values_set_renders_valid_manifests() -> None:
+    sets = validate_deploy.ci_values()
+    assert {"ci/production-values.yaml", "ci/keda-values.yaml"} <= sets.keys()
+    for values in sets.values():
+        manifests = validate_deploy.render_chart(values)
+        for version in validate_deploy.KUBE_VERSIONS:
+            for manifest in manifests:
+                assert validate_deploy.manifest_problems(manifest, version) == []
+
+
+@pytest.fixture(scope="module")
+def keda_manifests() -> list[dict[str, Any]]:
+    return validate_deploy.render_chart(validate_deploy.ci_values()["ci/keda-values.yaml"])
+
+
+def test_a_malformed_prometheus_rule_fails_validation(
+    production_manifests: list[dict[str, Any]],
+) -> None:
+    (rule,) = copy.deepcopy(validate_deploy.find(production_manifests, "PrometheusRule"))
+    first = rule["spec"]["groups"][0]["rules"][0]
+    first["for"] = "5 minutes"
+    first["severity"] = "critical"  # belongs under labels
+    problems = validate_deploy.manifest_problems(rule, LATEST)
+    assert len(problems) == 2
+
+
+def test_a_malformed_scaled_object_fails_validation(
+    keda_manifests: list[dict[str, Any]],
+) -> None:
+    (scaled,) = copy.deepcopy(validate_deploy.find(keda_manifests, "ScaledObject"))
+    scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"] = 20  # KEDA wants strings
+    scaled["spec"]["maxReplicas"] = 10  # maxReplicaCount
+    problems = validate_deploy.manifest_problems(scaled, LATEST)
+    assert len(problems) == 2
+
+
+def test_a_trigger_authentication_without_a_key_fails_validation(
+    keda_manifests: list[dict[str, Any]],
+) -> None:
+    (auth,) = copy.deepcopy(validate_deploy.find(keda_manifests, "TriggerAuthentication"))
+    del auth["spec"]["secretTargetRef"][0]["key"]
+    (problem,) = validate_deploy.manifest_problems(auth, LATEST)
+    assert "'key' is a required property" in problem
+
+
 def test_a_kind_without_a_schema_is_reported_not_passed() -> None:
     widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
     assert validate_deploy.manifest_problems(widget, LATEST) != []
