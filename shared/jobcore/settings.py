@@ -187,6 +187,8 @@ class Settings(BaseSettings):
     # API: open client connections per process; more are closed at once. Each waiter
     # (`GET /jobs/{id}?wait=`) holds one: the default leaves room for a thousand of them.
     max_connections: int = Field(default=2048, ge=1, le=100_000)
+    # API: processes serving HTTP_ADDR (one socket, shared nothing else but the database).
+    api_processes: int = Field(default=1, ge=1, le=64)
     job_handlers: str = ""
     webhook_allow_private: bool = False
     api_tokens: str = ""

@@ -39,6 +39,7 @@ from jobcore.db import check_schema
 from jobcore.errors import ConfigError, SchemaNotAtHead
 from jobcore.registry import load_handlers
 from jobcore.settings import Settings, load_settings, parse_addr
+from jobqueue_api import processes
 from jobqueue_api.app import close, create_app, shut_down
 from jobqueue_api.database import is_unavailable, open_engine
 
@@ -64,6 +65,9 @@ def hypercorn_config(settings: Settings) -> Config:
     host, port = parse_addr(settings.http_addr)
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    inherited = os.environ.get(processes.LISTEN_FD)
+    if inherited is not None:  # one of API_PROCESSES: the supervisor's socket
+        config.bind = [f"fd://{int(inherited)}"]
     config.accesslog = None  # RequestContext writes the access log, as JSON
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = settings.shutdown_timeout
@@ -220,13 +224,17 @@ def main() -> None:
             settings.max_connections, explicit="max_connections" in settings.model_fields_set
         )
         settings = settings.model_copy(update={"max_connections": limit})
-        tracer = tracing.start("jobqueue-api")
+        tracing.check()
+        supervising = settings.api_processes > 1 and processes.LISTEN_FD not in os.environ
+        tracer = None if supervising else tracing.start("jobqueue-api")
     except ConfigError as exc:
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
         sys.exit(2)
+    if supervising:
+        sys.exit(processes.supervise(settings))
     if not settings.tokens:
         log.warning("API_TOKENS is not set: the /jobs endpoints accept requests without a token")
-    log.info("starting", extra={"http_addr": settings.http_addr})
+    log.info("starting", extra={"http_addr": settings.http_addr, "pid": os.getpid()})
     try:
         status = asyncio.run(run(settings, tracer))
     except Exception:  # still one JSON line, with the traceback inside it
