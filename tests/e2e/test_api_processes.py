@@ -1,5 +1,5 @@
 """API_PROCESSES with the real `jobqueue-api` (docs/configuration.md): one port served by
-that many processes, all stopped gracefully by one SIGTERM; one that dies takes the others
+that many processes, whose /metrics sums them all, all stopped gracefully by one SIGTERM; one that dies takes the others
 and the supervisor with it; a bad value exits 2 naming the variable."""
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ def test_two_processes_serve_one_port_and_stop_together_on_sigterm(start_api):
         assert answer.status_code == 201
     used = {pid: cpu_ticks(pid) - before[pid] for pid in pids}
     assert all(ticks > 0 for ticks in used.values()), used  # both served requests
+    # Whichever process answers /metrics, it counts the service's submits, not its own.
+    for _ in range(6):
+        page = httpx.get(api.base + "/metrics", timeout=10).text
+        assert "jobs_submitted_total 120.0" in page, page
 
     assert api.service.stop(60) == 0
     assert not any(alive(pid) for pid in pids)

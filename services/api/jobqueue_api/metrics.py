@@ -2,9 +2,15 @@
 
 Their own registry: the worker uses some of the same names (`jobs_cancelled_total`), and
 a process that imports both services (the tests do) must not register a name twice.
+
+With API_PROCESSES > 1 every process writes its values to files in PROMETHEUS_MULTIPROC_DIR
+(prometheus-client's multiprocess mode, set up by `jobqueue_api.processes`), and whichever
+process answers `/metrics` sums them all: a scrape sees the service, not one process.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -16,6 +22,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# Set (with the metrics directory) for the processes of API_PROCESSES > 1.
+MULTIPROCESS = "JOBQUEUE_API_METRICS_SUMMED"
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
@@ -71,4 +81,8 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
 
 def render() -> tuple[bytes, str]:
     """The metrics page and its content type."""
+    if os.environ.get(MULTIPROCESS):
+        summed = CollectorRegistry()
+        MultiProcessCollector(summed)  # type: ignore[no-untyped-call]
+        return generate_latest(summed), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

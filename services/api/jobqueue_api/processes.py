@@ -16,14 +16,18 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import FrameType
 
 from jobcore.settings import Settings, parse_addr
+from jobqueue_api import metrics
 
 log = logging.getLogger("jobqueue.api")
 
@@ -51,13 +55,26 @@ def supervise(settings: Settings) -> int:
         log.error(f"cannot listen on {settings.http_addr} (HTTP_ADDR): {exc}")
         return 1
     fd = sock.fileno()
+    # prometheus-client's multiprocess mode (docs/operations.md): every process writes its
+    # values to this directory, and /metrics sums them. An operator's directory is emptied.
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+        prefix="jobqueue-api-metrics-"
+    )
+    for stale in Path(metrics_dir).glob("*.db"):
+        stale.unlink()
+    env = {
+        **os.environ,
+        LISTEN_FD: str(fd),
+        "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        metrics.MULTIPROCESS: "1",
+    }
 
     def start() -> subprocess.Popen[bytes]:
         # A session of its own: a terminal's Ctrl-C reaches the supervisor alone, which
         # passes it on once (a second signal would cut the processes' shutdown short).
         return subprocess.Popen(
             [sys.executable, "-m", "jobqueue_api.main"],
-            env={**os.environ, LISTEN_FD: str(fd)},
+            env=env,
             pass_fds=(fd,),
             start_new_session=True,
             preexec_fn=_stop_with_parent,  # safe: the supervisor runs no threads
@@ -85,6 +102,8 @@ def supervise(settings: Settings) -> int:
     while True:
         codes = [_status(process.poll()) for process in processes]
         if all(code is not None for code in codes):
+            if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
             log.info("API processes stopped", extra={"exit_statuses": codes})
             return max(code or 0 for code in codes)
         ended = [
