@@ -46,9 +46,12 @@ CHART_COPIES = {
     CHART / "files" / "alerts.yaml": DEPLOY / "prometheus" / "alerts.yaml",
     CHART / "files" / "jobqueue.json": DEPLOY / "grafana" / "jobqueue.json",
 }
+# The image holds the runtime dependencies and these extras (tracing is then a setting away).
+IMAGE_EXTRAS = ("otel",)
 REGENERATE_LOCK = (
     "uv pip compile pyproject.toml -o deploy/requirements.lock"
     " --universal --python-version 3.11 --generate-hashes"
+    + "".join(f" --extra {extra}" for extra in IMAGE_EXTRAS)
 )
 
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
@@ -116,9 +119,13 @@ def lock_pins(lock: Path = LOCK_FILE) -> tuple[dict[str, str], set[str]]:
 
 
 def lock_problems(pyproject: Path = ROOT / "pyproject.toml", lock: Path = LOCK_FILE) -> list[str]:
-    """Why the lock no longer matches pyproject's runtime dependencies; empty when it does."""
+    """Why the lock no longer matches pyproject's runtime dependencies and the image's extras;
+    empty when it does."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    extras = project.get("optional-dependencies", {})
     requirements = [
-        Requirement(r) for r in tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+        Requirement(r)
+        for r in [*project["dependencies"], *(d for e in IMAGE_EXTRAS for d in extras.get(e, []))]
     ]
     pins, direct = lock_pins(lock)
     problems = []
