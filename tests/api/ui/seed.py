@@ -16,8 +16,7 @@ from jobcore.schema import jobs
 from jobcore.states import FINISHED, Status
 
 
-async def add_jobs(
-    engine: AsyncEngine,
+def job_rows(
     count: int = 1,
     *,
     status: str = "pending",
@@ -29,13 +28,12 @@ async def add_jobs(
     attempts: int | None = None,
     scheduled: bool = False,
     finished_minutes_ago: float = 0.0,
-) -> list[UUID]:
-    """`count` jobs in `status`; returns their ids (newest first is the ids, descending)."""
-    ids = [new_id() for _ in range(count)]
+) -> list[dict[str, Any]]:
+    """Rows for `count` jobs in `status` (ids: `new_id()`, so newest first is id order)."""
     finished = Status(status) in FINISHED
-    rows = [
+    return [
         {
-            "id": job_id,
+            "id": new_id(),
             "type": type,
             "payload": {} if payload is None else payload,
             "status": status,
@@ -52,11 +50,26 @@ async def add_jobs(
             if finished
             else None,
         }
-        for job_id in ids
+        for _ in range(count)
     ]
-    async with engine.begin() as conn:
-        await conn.execute(jobs.insert().values(rows))
-    return ids
+
+
+async def add_jobs(engine: AsyncEngine, count: int = 1, **fields: Any) -> list[UUID]:
+    """Write `job_rows(count, **fields)`; their ids."""
+    rows = job_rows(count, **fields)
+    if rows:
+        async with engine.begin() as conn:
+            await conn.execute(jobs.insert().values(rows))
+    return [row["id"] for row in rows]
+
+
+def add_jobs_sync(engine: sa.Engine, count: int = 1, **fields: Any) -> list[UUID]:
+    """`add_jobs` on a synchronous engine (for tests that cannot run an event loop)."""
+    rows = job_rows(count, **fields)
+    if rows:
+        with engine.begin() as conn:
+            conn.execute(jobs.insert().values(rows))
+    return [row["id"] for row in rows]
 
 
 class _Tables(HTMLParser):
@@ -111,7 +124,7 @@ def links(html: str) -> list[tuple[str, str]]:
     return parse(html).links
 
 
-_CSRF = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
+_CSRF = re.compile(r'<meta name="csrf-token" content="([0-9a-f]+)">')
 
 
 def csrf_of(html: str) -> str:

@@ -26,17 +26,17 @@ async def _fill(engine: AsyncEngine, old: int, recent: int) -> None:
             sa.text(
                 """
                 INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, finished_at)
-                SELECT gen_random_uuid(), 'sleep', '{}',
+                SELECT gen_random_uuid(), 'sleep', '{}'::jsonb,
                        CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'completed' END, 1, 3,
                        now() - interval '61 minutes' - (i * interval '2 seconds')
                 FROM generate_series(1, :old) AS i
                 UNION ALL
-                SELECT gen_random_uuid(), 'sleep', '{}',
+                SELECT gen_random_uuid(), 'sleep', '{}'::jsonb,
                        CASE WHEN i % 3 = 0 THEN 'dead_letter' ELSE 'completed' END, 3, 3,
                        now() - (i * interval '5 seconds')
                 FROM generate_series(0, :recent - 1) AS i
                 UNION ALL
-                SELECT gen_random_uuid(), 'sleep', '{}', 'pending', 0, 3, NULL
+                SELECT gen_random_uuid(), 'sleep', '{}'::jsonb, 'pending', 0, 3, NULL
                 FROM generate_series(1, 100) AS i
                 """
             ),

@@ -37,6 +37,7 @@ class Tick:
     label: str
     x: float
     y: float
+    anchor: str = "middle"  # SVG text-anchor
 
 
 @dataclass(frozen=True)
@@ -87,13 +88,15 @@ def _rank(order: list[str], status: str) -> tuple[int, str]:
 
 
 def _x_ticks(minutes: list[datetime], slot: float) -> list[Tick]:
-    """A time label (UTC) every 15 minutes, and the last minute's."""
+    """A time label (UTC) every 15 minutes, and the last minute's (ending at the plot's edge)."""
     ticks = []
     last = len(minutes) - 1
     for index, minute in enumerate(minutes):
-        if index == last or (index % 15 == 0 and last - index >= 8):
-            x = LEFT + index * slot + slot / 2
-            ticks.append(Tick(minute.strftime("%H:%M"), round(x, 2), HEIGHT - 8))
+        label = minute.strftime("%H:%M")
+        if index == last:
+            ticks.append(Tick(label, LEFT + PLOT_WIDTH, HEIGHT - 8, "end"))
+        elif index % 15 == 0 and last - index >= 8:
+            ticks.append(Tick(label, round(LEFT + index * slot + slot / 2, 2), HEIGHT - 8))
     return ticks
 
 
@@ -102,8 +105,6 @@ def _y_ticks(peak: int) -> list[Tick]:
     values = sorted({0, peak // 2, peak}) if peak else [0]
     bottom = TOP + PLOT_HEIGHT
     return [
-        Tick(
-            str(value), LEFT - 6, round(bottom - (PLOT_HEIGHT * value / peak if peak else 0) + 4, 2)
-        )
+        Tick(str(value), LEFT - 6, round(bottom - PLOT_HEIGHT * value / (peak or 1) + 4, 2), "end")
         for value in values
     ]

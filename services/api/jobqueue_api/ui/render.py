@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -34,7 +34,7 @@ def templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, age=age, number=number, pretty=pretty)
+    env.filters.update(when=when, short=short, age=age, number=number, pretty=pretty)
     return Jinja2Templates(env=env)
 
 
@@ -89,6 +89,11 @@ def query(params: Mapping[str, object]) -> str:
 def when(value: datetime | None) -> str:
     """A time as the API shows it (RFC 3339, UTC); an em dash for none."""
     return timestamp(value) or "—"
+
+
+def short(value: datetime | None) -> str:
+    """A time to the second, for tables (`when` gives it in full)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "—"
 
 
 def age(seconds: float) -> str:
