@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools run test test-fast lint bench bench-api bench-compare bench-install bench-webhooks chaos fuzz-deep load clean
+.PHONY: install tools run test test-fast lint bench bench-api bench-compare bench-install bench-tracing bench-webhooks chaos fuzz-deep load clean
 
 install: $(STAMP)
 
@@ -50,6 +50,12 @@ bench: install
 # of `make bench`. `make bench-webhooks BENCH_WEBHOOKS_ARGS=--quick` for a short run.
 bench-webhooks: install
 	$(BIN)/python -m bench.webhooks $(BENCH_WEBHOOKS_ARGS)
+
+# What tracing costs: API CPU per submit and a 2-process drain, tracing off, the otel extra
+# absent, and on (~5 min; BENCH_TRACING_ARGS="--quick", or "--baseline <commit>" to compare
+# with the services of an earlier commit).
+bench-tracing: install
+	$(BIN)/python -m bench.tracing $(BENCH_TRACING_ARGS)
 
 # The peers (Procrastinate, PgQueuer) and py-spy: only bench-compare needs them.
 bench-install: install
