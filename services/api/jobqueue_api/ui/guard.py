@@ -78,7 +78,7 @@ class Guard:
         except Exception as exc:
             if started:
                 raise
-            response = await _error_page(request, exc)
+            response = _error_page(request, exc)
             await response(scope, receive, with_headers)
 
 
@@ -92,7 +92,7 @@ def _sign_in_first(request: Request) -> Response:
     return render.error(request, 401, "Sign in first: your session has ended or never began.")
 
 
-async def _error_page(request: Request, exc: Exception) -> Response:
+def _error_page(request: Request, exc: Exception) -> Response:
     if isinstance(exc, HTTPException):
         if exc.status_code == 404:
             message = f"There is no page at {request.url.path}."
