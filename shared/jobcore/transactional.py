@@ -65,6 +65,7 @@ _UNDO = sa.delete(jobs).where(
 class _Plan:
     jobs: list[store.NewJob]  # as given, one per item
     rows: list[store.NewJob]  # what the statement inserts: the first item of each key
+    payloads: list[str]  # each row's payload as JSON text
 
 
 def _item(job_type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,29 +75,23 @@ def _item(job_type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, A
     return item
 
 
-def _jsonable(item: Any) -> Any:
-    """The item as JSON would carry it: a payload's tuples become lists, a datetime
-    `run_at` its RFC 3339 text, a timedelta `delay`/`timeout` its seconds; a payload that
+def _jsonable(item: Any) -> tuple[Any, str]:
+    """The item as the API would take it, and its payload as JSON text: a datetime `run_at`
+    becomes its RFC 3339 text, a timedelta `delay`/`timeout` its seconds; a payload that
     JSON cannot carry (or jsonb cannot store) is refused as the API refuses it."""
     if not isinstance(item, Mapping):
-        return item
+        return item, ""
     out = dict(item)
-    if "payload" in out:
-        try:
-            text = json.dumps(out["payload"], allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise validation.Invalid(f"field 'payload' is not JSON: {exc}") from None
-        except RecursionError:
-            raise validation.Invalid(
-                f"JSON is nested deeper than {validation.MAX_DEPTH} levels"
-            ) from None
-        try:
-            out["payload"] = json.loads(text)
-        except RecursionError:
-            raise validation.Invalid(
-                f"JSON is nested deeper than {validation.MAX_DEPTH} levels"
-            ) from None
-        validation.check_storable(out["payload"])
+    payload = out.get("payload", {})
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise validation.Invalid(f"field 'payload' is not JSON: {exc}") from None
+    except RecursionError:
+        raise validation.Invalid(
+            f"JSON is nested deeper than {validation.MAX_DEPTH} levels"
+        ) from None
+    validation.check_storable(payload)
     run_at = out.get("run_at")
     if isinstance(run_at, datetime):
         if run_at.utcoffset() is None:
@@ -105,7 +100,7 @@ def _jsonable(item: Any) -> Any:
     for name in ("delay", "timeout"):
         if isinstance(out.get(name), timedelta):
             out[name] = out[name].total_seconds()
-    return out
+    return out, text
 
 
 _builtins_loaded = False
@@ -146,32 +141,42 @@ def _plan(items: Sequence[Any]) -> _Plan:
     """Validate every item (all or none: `validation.Invalid`, a ValueError, naming each
     invalid item's index) and keep the first item of each idempotency key. A later item
     with the same key and a different request is an IdempotencyConflict."""
+    texts: list[str] = []  # each item's payload as JSON, in order
+
+    def prepare(item: Any) -> Any:
+        prepared, text = _jsonable(item)
+        texts.append(text)
+        return prepared
+
     new_jobs = validation.new_items(
         items,
         known_types=_known_types(),
         default_max_attempts=_default_max_attempts(),
-        prepare=_jsonable,
+        prepare=prepare,
     )
     first: dict[str, store.NewJob] = {}
     rows: list[store.NewJob] = []
-    for new in new_jobs:
+    payloads: list[str] = []
+    for new, text in zip(new_jobs, texts, strict=True):
         key = new.idempotency_key
-        if key is None:
-            rows.append(new)
-        elif key not in first:
+        if key is not None and key in first:
+            if not store._same_request(new, first[key]):
+                raise IdempotencyConflict(key)
+            continue
+        if key is not None:
             first[key] = new
-            rows.append(new)
-        elif not store._same_request(new, first[key]):
-            raise IdempotencyConflict(key)
-    return _Plan(new_jobs, rows)
+        rows.append(new)
+        payloads.append(text)
+    return _Plan(new_jobs, rows, payloads)
 
 
-def _arrays(rows: Sequence[store.NewJob]) -> dict[str, list[Any]]:
+def _arrays(plan: _Plan) -> dict[str, list[Any]]:
     """SUBMIT_MANY's parameters: one array per column."""
+    rows = plan.rows
     return {
         "ids": [new.id for new in rows],
         "types": [new.type for new in rows],
-        "payloads": [json.dumps(new.payload) for new in rows],
+        "payloads": plan.payloads,
         "max_attempts": [new.max_attempts for new in rows],
         "keys": [new.idempotency_key for new in rows],
         "queues": [new.queue for new in rows],
@@ -186,18 +191,19 @@ def _arrays(rows: Sequence[store.NewJob]) -> dict[str, list[Any]]:
 @dataclass(frozen=True)
 class _Outcome:
     ids: list[UUID]  # per item, in input order
-    created: list[UUID]
+    created: list[Any]  # the ids of the rows the statement inserted, as the driver gave them
     conflict: str | None  # a key bound to a different job: undo `created`, raise
 
 
 def _outcome(plan: _Plan, rows: Iterable[Sequence[Any]]) -> _Outcome:
-    """Read SUBMIT_MANY's rows (id, idempotency_key, created)."""
+    """Read SUBMIT_MANY's rows (id, idempotency_key, created). A job without a key has the
+    id it was given; only keyed ones may name a job that existed before."""
     by_key: dict[str, UUID] = {}
-    created: list[UUID] = []
+    created: list[Any] = []
     for job_id, key, was_created in rows:
-        job_id = job_id if type(job_id) is UUID else UUID(str(job_id))
         if key is not None:
-            by_key[key] = job_id
+            # asyncpg has a UUID class of its own.
+            by_key[key] = job_id if type(job_id) is UUID else UUID(str(job_id))
         if was_created:
             created.append(job_id)
     ids: list[UUID] = []
@@ -352,7 +358,7 @@ def _runner(conn: Any) -> _Runner:
 
 def _run(runner: _Runner, plan: _Plan) -> list[UUID]:
     with runner.atomic():
-        outcome = _outcome(plan, runner.fetch(store.SUBMIT_MANY, _arrays(plan.rows)))
+        outcome = _outcome(plan, runner.fetch(store.SUBMIT_MANY, _arrays(plan)))
         if outcome.conflict is not None:
             if outcome.created:
                 runner.fetch(_UNDO, {"ids": outcome.created})
@@ -368,7 +374,7 @@ async def _run_async(runner: _Runner, items: Sequence[Any]) -> list[UUID]:
         return []
     fetch: Callable[[Any, Mapping[str, Any]], Awaitable[Any]] = runner.fetch
     async with runner.atomic():
-        outcome = _outcome(plan, await fetch(store.SUBMIT_MANY, _arrays(plan.rows)))
+        outcome = _outcome(plan, await fetch(store.SUBMIT_MANY, _arrays(plan)))
         if outcome.conflict is not None:
             if outcome.created:
                 await fetch(_UNDO, {"ids": outcome.created})

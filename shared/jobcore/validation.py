@@ -55,22 +55,40 @@ class Invalid(ValueError):
 
 def check_storable(value: Any) -> None:
     """Reject what PostgreSQL jsonb cannot store: U+0000 and lone surrogates in any
-    string (keys too), and nesting deeper than MAX_DEPTH (iterative: no recursion limit)."""
-    stack: list[tuple[Any, str, int]] = [(value, "$", 1)]
+    string (keys too), and nesting deeper than MAX_DEPTH (iterative: no recursion limit).
+    Tuples count as arrays and keys that are not strings are let be (as `json.dumps` writes
+    them), for values that Python code hands over rather than parsed JSON."""
+    # Each entry: a value, where it sits (None for the top, else (parent's, key, is_index);
+    # rendered as `$.a[0]` only for an error message), its depth.
+    stack: list[tuple[Any, Any, int]] = [(value, None, 1)]
     while stack:
-        item, path, depth = stack.pop()
+        item, where, depth = stack.pop()
         if isinstance(item, dict):
             if depth > MAX_DEPTH:
-                raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels (at {path})")
+                raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels (at {_path(where)})")
             for key, child in item.items():
-                check_string(key, f"a key in {path}")
-                stack.append((child, f"{path}.{key}", depth + 1))
-        elif isinstance(item, list):
+                if isinstance(key, str) and not _storable(key):
+                    check_string(key, f"a key in {_path(where)}")
+                stack.append((child, (where, key, False), depth + 1))
+        elif isinstance(item, list | tuple):
             if depth > MAX_DEPTH:
-                raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels (at {path})")
-            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
-        elif isinstance(item, str):
-            check_string(item, path)
+                raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels (at {_path(where)})")
+            stack.extend((child, (where, i, True), depth + 1) for i, child in enumerate(item))
+        elif isinstance(item, str) and not _storable(item):
+            check_string(item, _path(where))
+
+
+def _storable(text: str) -> bool:
+    """The common case, quickly: no U+0000, and ASCII (so no lone surrogate)."""
+    return text.isascii() and "\x00" not in text
+
+
+def _path(where: Any) -> str:
+    parts: list[str] = []
+    while where is not None:
+        where, key, index = where
+        parts.append(f"[{key}]" if index else f".{key}")
+    return "$" + "".join(reversed(parts))
 
 
 def check_string(text: str, where: str) -> None:

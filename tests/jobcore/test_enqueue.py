@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import compiled, enqueue, enqueue_many, store, validation
+from jobcore import compiled, enqueue, enqueue_many, store, transactional, validation
 from jobcore.db import make_engine
 from jobcore.errors import IdempotencyConflict
 from jobcore.registry import handler
@@ -390,3 +390,16 @@ def test_importing_jobcore_stays_cheap_until_enqueue_is_used():
         "assert 'psycopg' not in sys.modules and 'asyncpg' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_batch_statement_gets_exactly_the_parameters_it_takes():
+    """enqueue builds SUBMIT_MANY's arrays itself: a column added to the statement must
+    fail here, not in production."""
+    from sqlalchemy.dialects.postgresql.asyncpg import dialect
+
+    plan = transactional._plan([{"type": "enqueue_test", "payload": {1: ("a",)}}])
+    compiled = store.SUBMIT_MANY.compile(dialect=dialect())
+    required = {name for name, bind in compiled.binds.items() if bind.required}
+    arrays = transactional._arrays(plan)
+    assert set(arrays) == required
+    assert arrays["payloads"] == ['{"1":["a"]}']
