@@ -41,6 +41,8 @@ from jobcore import enqueue_many
 from jobcore.client import MAX_BATCH, AsyncClient
 
 BATCH = 1_000
+CLIENTS = 4  # submit_many clients at once, in the second HTTP run
+CONNECTIONS = 4  # asyncpg connections enqueueing at once, in the second enqueue run
 ENQUEUE_TARGET = 50_000.0  # jobs/s, transactional enqueue_many in batches of BATCH
 
 
@@ -226,9 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     parser.add_argument("--jobs", type=int, help="jobs per run (default 100000)")
     parser.add_argument("--repeat", type=int, help="runs of each, medians reported (default 3)")
-    parser.add_argument("--clients", type=int, default=4, help="concurrent submit_many clients")
     parser.add_argument(
-        "--connections", type=int, default=4, help="asyncpg connections enqueueing at once"
+        "--clients", type=int, default=CLIENTS, help="concurrent submit_many clients"
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=CONNECTIONS,
+        help="asyncpg connections enqueueing at once",
     )
     parser.add_argument("--server", help="PostgreSQL maintenance URL (default as make bench)")
     args = parser.parse_args(argv)

@@ -40,6 +40,7 @@ from typing import Any
 
 from bench import (
     backlog,
+    client,
     costs,
     listing,
     measure,
@@ -98,6 +99,7 @@ class Config:
     retention_prefill: int = 200_000
     retention_churn: int = 2_000_000
     retention_cycled: int = 400_000
+    client_jobs: int = 100_000
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -125,6 +127,7 @@ QUICK = {
     "retention_prefill": 50_000,
     "retention_churn": 200_000,
     "retention_cycled": 100_000,
+    "client_jobs": 20_000,
 }
 
 
@@ -311,6 +314,19 @@ class Run:
             limit=_timeout(c.jobs),
         )
         self.results.append(figures)
+
+    async def client_session(self) -> None:
+        c = self.config
+        self.results.append(
+            await client.session(
+                c.server,
+                self.workdir,
+                jobs=c.client_jobs,
+                clients=client.CLIENTS,
+                connections=client.CONNECTIONS,
+                repeat=c.repeat,
+            )
+        )
 
     async def retention_sessions(self) -> None:
         """Pairs of drains, pruning and not, alternating; then one table `retention_churn`
@@ -519,6 +535,11 @@ class Run:
                     f"{c.repeat} pair(s) of drains",
                     self.waiting_session,
                 )
+            if c.client_jobs:
+                await self.step(
+                    f"client: enqueue_many and submit_many, {c.repeat} x {c.client_jobs:,} jobs",
+                    self.client_session,
+                )
             await self.retention_sessions()
         finally:
             sink.close()
@@ -547,6 +568,7 @@ def total_steps(c: Config) -> int:
     per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
     listed = 1 if c.list_rows else 0
     waited = 1 if c.wait_samples else 0
+    waited += 1 if c.client_jobs else 0
     kept = (2 * c.repeat if c.retention_prefill else 0) + (
         1 + 2 * c.repeat if c.retention_churn else 0
     )
@@ -648,6 +670,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         f"(default {d.retention_cycled:,})",
     )
     parser.add_argument(
+        "--client-jobs",
+        type=int,
+        help="jobs per run of enqueue_many and of submit_many, 0 skips them "
+        f"(default {d.client_jobs:,})",
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -685,6 +713,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "retention_prefill",
         "retention_churn",
         "retention_cycled",
+        "client_jobs",
         "server",
         "output_dir",
     ):

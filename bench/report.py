@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import costs, listing, retention, scheduling, waiting, webhooks
+from bench import client, costs, listing, retention, scheduling, waiting, webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -127,6 +127,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     kept = retention.summarize(results)
     if kept:
         summary["retention"] = kept
+    enqueued = client.summarize(results)
+    if enqueued:
+        summary["client"] = enqueued
     summary["targets"] = _targets(summary)
     return summary
 
@@ -224,6 +227,7 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     out += listing.targets(summary.get("listing", {}))
     out += waiting.targets(summary.get("waiting", {}))
     out += retention.targets(summary.get("retention", {}))
+    out += client.targets(summary.get("client", {}))
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
         out.append(
@@ -377,6 +381,7 @@ def render(document: dict[str, Any]) -> str:
     out += listing.lines(summary.get("listing", {}))
     out += waiting.lines(summary.get("waiting", {}))
     out += retention.lines(summary.get("retention", {}))
+    out += client.lines(summary.get("client", {}))
     hooks = summary.get("webhooks")
     if hooks:
         out += [

@@ -47,6 +47,7 @@ TINY = [
     "--retention-prefill", "6000",
     "--retention-churn", "3000",
     "--retention-cycled", "1500",
+    "--client-jobs", "2000",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -182,6 +183,12 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
         assert all(value > 0 for value in churned[table].values())
     assert "with 6,000 completed jobs a day old in the table" in run.stdout
     assert "3,000 jobs through one table with RETENTION_COMPLETED=1s" in run.stdout
+
+    enqueued = summary["client"]
+    for kind in ("enqueue_one", "enqueue_many", "submit_one", "submit_many"):
+        assert enqueued[kind]["jobs"] == 2000 and enqueued[kind]["jobs_per_s"] > 0, kind
+    assert 0 < enqueued["enqueue_one"]["batch_p50_ms"] <= enqueued["enqueue_one"]["batch_p99_ms"]
+    assert "Client: enqueueing from Python" in run.stdout
 
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20
