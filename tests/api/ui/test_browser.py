@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -149,6 +150,10 @@ def session_state(browser: Any, server: Api) -> dict[str, Any]:
 
 def _open_page(browser: Any, server: Api, state: dict[str, Any] | None, viewport: dict) -> Any:
     context = browser.new_context(viewport=viewport, storage_state=state)
+    # The pages' timers stand still unless a test moves them (the queues page reloads
+    # itself every 10 s: never in the middle of a test's checks).
+    context.clock.install()
+    context.clock.pause_at(datetime.now(UTC) + timedelta(seconds=1))
     return context, Watched(context.new_page(), server.base)
 
 
@@ -281,6 +286,23 @@ def test_the_queues_page_is_one_row_per_queue_with_a_chart_of_the_last_hour(ui, 
     # The script is the page's own file, allowed by the policy: it shows its box.
     assert ui.page.get_by_label("Refresh every 10 seconds").is_visible()
     ui.shot("queues")
+
+
+def test_the_queues_page_refreshes_itself_every_10_seconds_while_its_box_is_ticked(ui, db):
+    ui.open("/ui/")
+    box = ui.page.get_by_label("Refresh every 10 seconds")
+    assert box.is_checked()
+    add_jobs_sync(db, queue="appears")
+    assert ui.page.get_by_role("link", name="appears", exact=True).count() == 0
+    ui.page.clock.run_for(10_500)
+    ui.page.get_by_role("link", name="appears", exact=True).wait_for()
+    ui.page.get_by_label("Refresh every 10 seconds").uncheck()
+    add_jobs_sync(db, queue="stays-unseen")
+    ui.page.clock.run_for(60_000)
+    assert ui.page.get_by_role("link", name="stays-unseen", exact=True).count() == 0
+    # The choice is kept for the next visit.
+    ui.open("/ui/")
+    assert not ui.page.get_by_label("Refresh every 10 seconds").is_checked()
 
 
 def test_filtering_and_paging_show_every_matching_job_once(ui, db, server):
