@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.status import Status as Spinner
 from rich.table import Table
@@ -86,21 +87,30 @@ def jobs(records: list[Job], more: bool) -> None:
     if not records:
         console.print("no jobs match")
         return
-    table = Table()
-    for name in ("id", "type", "status", "attempts", "queue", "priority", "created_at"):
-        table.add_column(name, no_wrap=True)
-    table.add_column("last_error")
+    errors = any(record.last_error for record in records)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("type", no_wrap=True)
+    table.add_column("status", no_wrap=True, min_width=11)
+    table.add_column("tries", no_wrap=True, justify="right")
+    table.add_column("queue", no_wrap=True)
+    table.add_column("prio", no_wrap=True, justify="right")
+    table.add_column("created (UTC)", no_wrap=True)
+    if errors:
+        table.add_column("last_error", overflow="ellipsis", no_wrap=True, ratio=1)
     for record in records:
-        table.add_row(
+        row: list[str | Text] = [
             record.id,
             record.type,
             _status(record.status),
             f"{record.attempts}/{record.max_attempts}",
             record.queue,
             str(record.priority),
-            _time(record.created_at),
-            _short(record.last_error),
-        )
+            record.created_at.astimezone(UTC).strftime("%m-%d %H:%M:%S"),
+        ]
+        if errors:
+            row.append(_short(record.last_error, 200))
+        table.add_row(*row)
     console.print(table)
     shown = f"{len(records)} job{'s' if len(records) != 1 else ''}"
     console.print(f"{shown}, newest first" + ("; more match (raise --limit)" if more else ""))
@@ -121,7 +131,7 @@ def queues(depths: list[QueueDepth]) -> None:
     if not depths:
         console.print("no queue holds jobs")
         return
-    table = Table()
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("queue", no_wrap=True)
     for name in ("pending", "scheduled", "processing", "dead_letter", "oldest pending"):
         table.add_column(name, justify="right")
@@ -132,7 +142,7 @@ def queues(depths: list[QueueDepth]) -> None:
             str(depth.scheduled),
             str(depth.processing),
             Text(str(depth.dead_letter), style="red" if depth.dead_letter else ""),
-            _age(depth.oldest_pending_age_seconds),
+            _age(depth.oldest_pending_age_seconds) if depth.pending else "-",
         )
     console.print(table)
 
