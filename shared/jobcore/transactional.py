@@ -81,10 +81,9 @@ def _jsonable(item: Any) -> tuple[Any, str]:
     JSON cannot carry (or jsonb cannot store) is refused as the API refuses it."""
     if not isinstance(item, Mapping):
         return item, ""
-    out = dict(item)
-    payload = out.get("payload", {})
+    payload = item.get("payload", {})
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+        text = _JSON.encode(payload)
     except (TypeError, ValueError) as exc:
         raise validation.Invalid(f"field 'payload' is not JSON: {exc}") from None
     except RecursionError:
@@ -92,6 +91,19 @@ def _jsonable(item: Any) -> tuple[Any, str]:
             f"JSON is nested deeper than {validation.MAX_DEPTH} levels"
         ) from None
     validation.check_storable(payload)
+    if not _PYTHON_VALUED.isdisjoint(item):
+        item = _python_values(item)
+    return item, text
+
+
+# One encoder for every payload: json.dumps with arguments would build one per call.
+_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+_PYTHON_VALUED = frozenset({"run_at", "delay", "timeout"})
+
+
+def _python_values(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A datetime `run_at` as RFC 3339 text, a timedelta `delay`/`timeout` as seconds."""
+    out = dict(item)
     run_at = out.get("run_at")
     if isinstance(run_at, datetime):
         if run_at.utcoffset() is None:
@@ -100,7 +112,7 @@ def _jsonable(item: Any) -> tuple[Any, str]:
     for name in ("delay", "timeout"):
         if isinstance(out.get(name), timedelta):
             out[name] = out[name].total_seconds()
-    return out, text
+    return out
 
 
 _builtins_loaded = False

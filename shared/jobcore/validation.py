@@ -123,7 +123,7 @@ def new_job(
     """Validate one create request (already parsed JSON) into a `NewJob` with a fresh id."""
     if not isinstance(item, Mapping):
         raise Invalid("request body must be a JSON object")
-    unknown = set(item) - set(allowed)
+    unknown = set(item).difference(allowed)
     if unknown:
         raise Invalid(f"unknown field(s): {_names(unknown)}; allowed: {', '.join(allowed)}")
     if "type" not in item:
@@ -131,9 +131,10 @@ def new_job(
     job_type = item["type"]
     if not isinstance(job_type, str):
         raise Invalid("field 'type' must be a string")
-    types = sorted(known_types)
-    if job_type not in types:
-        raise Invalid(f"unknown job type {shown(job_type)!r}; registered: {', '.join(types)}")
+    known = known_types if isinstance(known_types, frozenset) else frozenset(known_types)
+    if job_type not in known:
+        registered = ", ".join(sorted(known))
+        raise Invalid(f"unknown job type {shown(job_type)!r}; registered: {registered}")
     max_attempts = item.get("max_attempts", default_max_attempts)
     if not _is_int(max_attempts) or not MIN_ATTEMPTS <= max_attempts <= MAX_ATTEMPTS:
         raise Invalid(
@@ -273,7 +274,7 @@ def new_items(
     When any item is invalid, the message names every invalid item by its index.
     `prepare` turns an item into parsed JSON first (raising Invalid if it cannot).
     """
-    types = sorted(known_types)
+    types = frozenset(known_types)
     valid: list[NewJob] = []
     problems: list[str] = []
     for index, given in enumerate(items):
