@@ -68,7 +68,7 @@ class Calls:
             )
             if not answer.ok:
                 raise _in_chunk(answer.error(), offset, len(chunk))
-            for item, result in zip(chunk, answer.body["results"], strict=True):
+            for item, result in zip(chunk, _document(answer)["results"], strict=True):
                 key = item["idempotency_key"]
                 status = result["status"]
                 # A replay of a key made by this call is this call's own earlier try.
@@ -140,15 +140,12 @@ class Calls:
         if cursor is not None:
             params["cursor"] = cursor
         answer = yield from self._send(Request("GET", "/jobs", params=params))
-        if not answer.ok:
-            raise answer.error()
-        return [Job.from_json(job) for job in answer.body["jobs"]], answer.body["next_cursor"]
+        page = _document(answer)
+        return [Job.from_json(job) for job in page["jobs"]], page["next_cursor"]
 
     def queues(self) -> Flow[list[QueueDepth]]:
         answer = yield from self._send(Request("GET", "/queues"))
-        if not answer.ok:
-            raise answer.error()
-        return [QueueDepth.from_json(depth) for depth in answer.body["queues"]]
+        return [QueueDepth.from_json(depth) for depth in _document(answer)["queues"]]
 
 
 def new_key() -> str:
@@ -205,10 +202,22 @@ def _path(job_id: str | UUID, action: str | None = None) -> str:
     return path if action is None else f"{path}/{action}"
 
 
-def _job(answer: Answer, job_id: str | None) -> Job:
+def _document(answer: Answer, job_id: str | None = None) -> dict[str, Any]:
+    """A successful answer's JSON object; else the error it stands for."""
     if not answer.ok:
         raise answer.error(job_id)
-    return Job.from_json(answer.body)
+    if not isinstance(answer.body, dict):
+        raise ClientError(
+            f"the API answered {answer.status} without a JSON object: {str(answer.body)[:200]}",
+            status=answer.status,
+            job_id=job_id,
+            request_id=answer.headers.get("x-request-id"),
+        )
+    return answer.body
+
+
+def _job(answer: Answer, job_id: str | None) -> Job:
+    return Job.from_json(_document(answer, job_id))
 
 
 def _in_chunk(error: Exception, offset: int, size: int) -> Exception:

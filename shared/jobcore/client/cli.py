@@ -182,23 +182,23 @@ def _payload(text: str | None) -> Any:
 
 def _wait(client: Client, job_id: str, timeout: float | None, out: Output) -> int:
     """Wait for the job, with a status line on a terminal; 0 only if it completed."""
-    progress = None
     status = None
     if not out.as_json and sys.stderr.isatty():
         from jobcore.client import render
 
         status = render.progress(job_id)
-        progress = status.update
     try:
-        job = client.wait(job_id, timeout, progress=progress)
+        job = client.wait(job_id, timeout, progress=status.update if status else None)
     except WaitTimeout as exc:
         if status is not None:
             status.stop()
+            status = None
         out.job(exc.job)
         _error(str(exc))
         return FAILED
-    if status is not None:
-        status.stop()
+    finally:
+        if status is not None:
+            status.stop()
     out.job(job)
     return OK if job.status is Status.COMPLETED else FAILED
 
@@ -215,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
         raise Usage(str(exc)) from None
     with client:
         if args.command == "submit":
+            if args.wait_timeout is not None and not args.wait:
+                raise Usage("--wait-timeout goes with --wait")
             fields = {
                 name: value
                 for name, value in {

@@ -74,7 +74,7 @@ class Retries:
 @dataclass(frozen=True)
 class Answer:
     status: int
-    body: Any  # the JSON document; None when the body was not JSON
+    body: Any  # the JSON document; the text (None if empty) when the body was not JSON
     headers: httpx.Headers
     # An earlier try may have been applied although its answer was lost (the connection
     # broke after the request was sent, or the API answered 503).
@@ -118,10 +118,11 @@ NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 def _body(response: httpx.Response) -> Any:
+    """The JSON document; the text when the body is not JSON (a proxy's error page)."""
     try:
         return response.json()
     except ValueError:
-        return None
+        return response.text or None
 
 
 def send(request: Request, retries: Retries, base_url: str) -> Flow[Answer]:

@@ -163,6 +163,7 @@ def test_usage_errors_exit_2(jobqueue: Any, queue: str):
     assert (
         jobqueue("submit", "sleep", "--delay", "1s", "--run-at", "2100-01-01T00:00:00Z").code == 2
     )
+    assert jobqueue("submit", "sleep", "--wait-timeout", "1s").code == 2
     assert jobqueue("frobnicate").code == 2
     assert jobqueue().code == 2
     refused = jobqueue("submit", "sleep", "--queue", queue, "--priority", "1000")

@@ -15,6 +15,7 @@ import pytest
 from jobcore.client import (
     MAX_BATCH,
     Client,
+    ClientError,
     Conflict,
     Invalid,
     Job,
@@ -347,3 +348,14 @@ def test_retries_end_after_the_attempts_or_when_retry_after_exceeds_the_time_lef
 def test_a_url_without_http_is_refused_at_once():
     with pytest.raises(ValueError, match="must start with http"):
         Client("localhost:8080")
+
+
+def test_an_answer_that_is_not_the_apis_json_is_a_client_error_with_its_text(scripted: Any):
+    server = scripted((502, {"Content-Type": "text/html"}, b"<html>Bad Gateway</html>"))
+    with Client(server.url, retries=FAST) as client, pytest.raises(ClientError) as raised:
+        client.get("01a22aae-32d0-7c31-b68d-fb41a7ea06d6")
+    assert type(raised.value) is ClientError and raised.value.status == 502
+    assert "Bad Gateway" in raised.value.message and len(server.times) == 1  # not retried
+    server = scripted((200, {"Content-Type": "text/plain"}, b"hello"))
+    with Client(server.url, retries=FAST) as client, pytest.raises(ClientError, match="hello"):
+        client.queues()
