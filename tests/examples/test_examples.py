@@ -82,4 +82,3 @@ def test_submit_and_wait_submits_in_batches_and_sees_every_job_complete(
     assert _rows(database_url, "SELECT status, count(*) FROM jobs GROUP BY status") == [
         ("completed", 1200)
     ]
-
