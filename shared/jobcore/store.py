@@ -290,7 +290,7 @@ class Submitted(NamedTuple):
     job_id: UUID | None
 
 
-def _same_request(a: NewJob, b: NewJob) -> bool:
+def same_request(a: NewJob, b: NewJob) -> bool:
     """What the idempotency comparison compares (not when the job is due)."""
     return (a.type, a.max_attempts, a.queue, a.priority, a.timeout, _canonical(a.payload)) == (
         b.type,
@@ -361,11 +361,11 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
         if key is None:
             assert new.id in by_id
             out.append(Submitted("created", new.id))
-        elif key in by_key and _same_request(new, first[key]):
+        elif key in by_key and same_request(new, first[key]):
             job_id, created = by_key[key]
             fresh = created and first[key] is new
             out.append(Submitted("created" if fresh else "replayed", job_id))
-        elif key in stored and _same_request(new, stored[key]):
+        elif key in stored and same_request(new, stored[key]):
             out.append(Submitted("replayed", stored[key].id))
         else:
             out.append(Submitted("conflict", None))

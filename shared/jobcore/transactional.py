@@ -172,7 +172,7 @@ def _plan(items: Sequence[Any]) -> _Plan:
     for new, text in zip(new_jobs, texts, strict=True):
         key = new.idempotency_key
         if key is not None and key in first:
-            if not store._same_request(new, first[key]):
+            if not store.same_request(new, first[key]):
                 raise IdempotencyConflict(key)
             continue
         if key is not None:
