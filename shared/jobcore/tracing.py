@@ -12,6 +12,7 @@ may run long after the request, many times, in another process).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -87,13 +88,27 @@ def stop(tracer: Tracer | None) -> None:
 
 
 def traceparent(span: Span) -> str | None:
-    """The W3C `traceparent` of `span` (None if it is not recording)."""
+    """The W3C `traceparent` of `span`; None unless it is sampled (an attempt would link to
+    a span no collector ever received)."""
     from opentelemetry.trace import set_span_in_context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+    context = span.get_span_context()
+    if not (context.is_valid and context.trace_flags.sampled):
+        return None
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
     return carrier.get(TRACEPARENT)
+
+
+def current_traceparent() -> str | None:
+    """The `traceparent` of the caller's current span, when the caller traces (it has
+    imported OpenTelemetry, and a sampled span is current); else None, importing nothing."""
+    if "opentelemetry.trace" not in sys.modules:
+        return None
+    from opentelemetry import trace
+
+    return traceparent(trace.get_current_span())
 
 
 def extract(headers: Mapping[str, str]) -> Any:

@@ -32,7 +32,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore import store, validation
+from jobcore import store, tracing, validation
 from jobcore.errors import ConfigError, IdempotencyConflict
 from jobcore.registry import BUILTIN_MODULES, registered_types
 from jobcore.schema import jobs
@@ -183,8 +183,10 @@ def _plan(items: Sequence[Any]) -> _Plan:
 
 
 def _arrays(plan: _Plan) -> dict[str, list[Any]]:
-    """SUBMIT_MANY's parameters: one array per column."""
+    """SUBMIT_MANY's parameters: one array per column. The jobs carry the caller's current
+    span, when it traces, for their attempts to link to (docs/operations.md#tracing)."""
     rows = plan.rows
+    traceparent = tracing.current_traceparent()
     return {
         "ids": [new.id for new in rows],
         "types": [new.type for new in rows],
@@ -194,7 +196,7 @@ def _arrays(plan: _Plan) -> dict[str, list[Any]]:
         "queues": [new.queue for new in rows],
         "priorities": [new.priority for new in rows],
         "timeouts": [new.timeout for new in rows],
-        "traceparents": [new.traceparent for new in rows],
+        "traceparents": [traceparent] * len(rows),
         "not_befores": [new.run_at for new in rows],
         "delays": [new.delay for new in rows],
     }
@@ -249,7 +251,23 @@ class _Runner:
         return nullcontext()
 
 
+def _refuse_autocommit(conn: Any) -> None:
+    """A SQLAlchemy connection in AUTOCOMMIT commits each statement at once: the jobs would
+    be visible (and run) before the caller's transaction decided, and a conflict could not
+    be undone. (SQLAlchemy's own test, which reads the engine's isolation level too.)"""
+    if getattr(conn, "_is_autocommit_isolation", lambda: False)():
+        raise TypeError(
+            "cannot enqueue on a SQLAlchemy connection in AUTOCOMMIT: it holds no "
+            "transaction; pass one that does (engine.begin(), or engine.connect() without "
+            "isolation_level='AUTOCOMMIT')"
+        )
+
+
 class _SqlAlchemy(_Runner):
+    def __init__(self, conn: Any) -> None:
+        _refuse_autocommit(conn)
+        super().__init__(conn)
+
     def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
         result = self.conn.execute(statement, values)
         return list(result.all()) if result.returns_rows else []
@@ -257,6 +275,10 @@ class _SqlAlchemy(_Runner):
 
 class _SqlAlchemyAsync(_Runner):
     is_async = True
+
+    def __init__(self, conn: Any) -> None:
+        _refuse_autocommit(conn.sync_connection)
+        super().__init__(conn)
 
     async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
         result = await self.conn.execute(statement, values)

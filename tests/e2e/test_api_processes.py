@@ -1,6 +1,7 @@
 """API_PROCESSES with the real `jobqueue-api` (docs/configuration.md): one port served by
-that many processes, whose /metrics sums them all, all stopped gracefully by one SIGTERM; one that dies takes the others
-and the supervisor with it; a bad value exits 2 naming the variable."""
+that many processes, whose /metrics sums them all, all stopped gracefully by one SIGTERM;
+one that dies takes the others and the supervisor with it; a bad value exits 2 naming the
+variable."""
 
 from __future__ import annotations
 

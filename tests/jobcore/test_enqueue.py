@@ -376,6 +376,24 @@ async def test_outside_a_transaction_the_job_is_committed_at_once(
             await closed
 
 
+async def test_a_sqlalchemy_connection_in_autocommit_is_refused_and_writes_nothing(
+    database_url: str, engine: AsyncEngine
+):
+    sync = sa.create_engine(
+        database_url.replace("postgresql://", "postgresql+psycopg://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    with sync.connect() as conn, pytest.raises(TypeError, match="AUTOCOMMIT"):
+        enqueue(conn, "enqueue_test")
+    sync.dispose()
+    async with engine.connect() as conn:
+        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(TypeError, match="AUTOCOMMIT"):
+            await enqueue(autocommit, "enqueue_test")
+    async with engine.connect() as conn:
+        assert await conn.scalar(sa.select(sa.func.count()).select_from(jobs)) == 0
+
+
 def test_an_unknown_connection_is_refused_by_name():
     with pytest.raises(TypeError, match=r"cannot enqueue on a builtins\.object: pass a SQLAlchemy"):
         enqueue(object(), "enqueue_test")

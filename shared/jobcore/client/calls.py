@@ -3,9 +3,9 @@ answers into records or typed errors. `Client` and `AsyncClient` run these same 
 
 Safe to repeat: every submission carries an idempotency key (the caller's, or one made
 once per call and per item), so a retry after a lost answer replays the job instead of
-creating another. A retry or cancel whose earlier try may have been applied answers 409 on
-the next try (the job already moved); the flow then reads the job and returns it when it is
-where the call meant to put it: cancelled, or pending/processing after a retry.
+creating another. A cancel whose earlier try may have been applied answers 409 on the next
+try (the job already moved); the flow then reads the job and returns it when it is
+cancelled. A retry is not sent again once it may have been applied (see `retry`).
 """
 
 from __future__ import annotations
@@ -118,11 +118,11 @@ class Calls:
                 progress(last)
 
     def retry(self, job_id: str | UUID) -> Flow[Job]:
-        answer = yield from self._send(Request("POST", _path(job_id, "retry")))
-        if answer.status == 409 and answer.after_lost:
-            current = yield from self.get(job_id)
-            if current.status in (Status.PENDING, Status.PROCESSING):
-                return current
+        # Not sent again once it may have been applied: the job could have run and failed
+        # again in between, and a second retry would run it once more.
+        answer = yield from send(
+            Request("POST", _path(job_id, "retry")), self.retries, self.base_url, repeatable=False
+        )
         return _job(answer, str(job_id))
 
     def cancel(self, job_id: str | UUID) -> Flow[Job]:

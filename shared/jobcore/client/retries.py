@@ -99,7 +99,7 @@ def retry_after(value: str | None, now: datetime | None = None) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)
@@ -125,22 +125,36 @@ def _body(response: httpx.Response) -> Any:
         return response.text or None
 
 
-def send(request: Request, retries: Retries, base_url: str) -> Flow[Answer]:
+def send(
+    request: Request, retries: Retries, base_url: str, *, repeatable: bool = True
+) -> Flow[Answer]:
     """Send `request` until it gets an answer other than 429 or 503, or `retries` runs out.
 
     Returns the last answer (429 and 503 included, once retries ran out); raises
-    Unavailable when the last try got no answer.
+    Unavailable when the last try got no answer. A request that is not `repeatable` is sent
+    again only when the API cannot have acted on it (the connection failed before it was
+    sent, or a 429): after any other failure, Unavailable says it may have been applied.
+    The time allowed (`Retries.total`) counts from the first failure, so a long poll that
+    failed late is tried again too.
     """
-    started = time.monotonic()
+    started = 0.0
     failures = 0
     lost = False
     while True:
         outcome = yield request
+        if failures == 0:
+            started = time.monotonic()
         if isinstance(outcome, httpx.TransportError):
             failures += 1
             if not isinstance(outcome, RETRYABLE):
                 raise Unavailable(f"cannot call {base_url}: {describe(outcome)}") from outcome
             lost = lost or not isinstance(outcome, NOT_SENT)
+            if lost and not repeatable:
+                raise Unavailable(
+                    f"{request.method} {request.path} may or may not have been applied: the "
+                    f"connection to {base_url} broke after it was sent ({describe(outcome)}); "
+                    "read the job before trying again"
+                ) from outcome
             seconds = retries.wait(failures, None, started)
             if seconds is None:
                 raise Unavailable(
@@ -150,6 +164,8 @@ def send(request: Request, retries: Retries, base_url: str) -> Flow[Answer]:
             continue
         response: httpx.Response = outcome
         answer = Answer(response.status_code, _body(response), response.headers, lost)
+        if answer.status == 503 and not repeatable:
+            return answer
         if answer.status in (429, 503):
             failures += 1
             seconds = retries.wait(

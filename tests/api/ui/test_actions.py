@@ -189,3 +189,25 @@ async def _statuses(api, ids) -> dict[str, int]:
         status = (await record(api, job_id))["status"]
         counts[status] = counts.get(status, 0) + 1
     return counts
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},  # a sibling subdomain, which could set our cookies
+    ],
+)
+async def test_an_action_posted_from_another_site_is_refused_even_with_its_token(api, headers):
+    [job_id] = await add_jobs(engine_of(api), status="dead_letter")
+    csrf = await token(api)
+    refused = await api.post(f"/ui/jobs/{job_id}/retry", data={"csrf_token": csrf}, headers=headers)
+    assert refused.status_code == 403 and refused.headers["x-frame-options"] == "DENY"
+    assert (await record(api, job_id))["status"] == "dead_letter"
+    # From this site's own page (as a browser says it), it goes through.
+    same = {"Origin": "http://api", "Sec-Fetch-Site": "same-origin"}
+    allowed = await api.post(f"/ui/jobs/{job_id}/retry", data={"csrf_token": csrf}, headers=same)
+    assert allowed.status_code == 200
+    assert (await record(api, job_id))["status"] == "pending"

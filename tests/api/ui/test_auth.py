@@ -222,3 +222,19 @@ async def test_without_api_tokens_the_pages_are_open_and_there_is_no_sign_in(api
     assert "Sign out" not in (await api.get("/ui/")).text
     form = await api.get("/ui/sign-in")
     assert form.status_code == 303 and form.headers["location"] == "/ui/"
+
+
+@pytest.mark.parametrize("value", ["\u00b2.x", "1\u00b2.x", "..", "9" * 40, "abc"])
+async def test_a_malformed_session_cookie_is_no_session_and_no_error(make_api, value):
+    api = await make_api(API_TOKENS=TOKEN)
+    cookie = f"{SESSION_COOKIE}={value}".encode("latin-1")  # as a browser may send it
+    response = await api.get("/ui/", headers=[(b"cookie", cookie)])
+    assert response.status_code == 303 and response.headers["x-frame-options"] == "DENY"
+
+
+async def test_any_method_on_the_dashboards_root_carries_the_security_headers(make_api):
+    api = await make_api(API_TOKENS=TOKEN)
+    for method in ("POST", "PUT", "DELETE"):
+        response = await api.request(method, "/ui", follow_redirects=True)
+        assert response.status_code in (401, 403, 405), (method, response.status_code)
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
 
+import httpx
 import pytest
 
 from jobcore.client import (
@@ -26,6 +27,7 @@ from jobcore.client import (
     Unavailable,
     WaitTimeout,
 )
+from jobcore.client import retries as retries_module
 from jobcore.states import Status
 from tests.faultproxy import FaultProxy
 from tests.jobcore.client.conftest import TOKEN, Stack
@@ -271,22 +273,17 @@ def test_a_batch_retried_after_a_cut_connection_creates_each_job_once(stack: Sta
     assert stack.jobs_in(queue) == 50
 
 
-@pytest.mark.parametrize("action", ["cancel", "retry"])
-def test_a_cancel_or_retry_whose_answer_was_lost_returns_the_job_it_moved(
-    client: Client, stack: Stack, queue: str, action: str
-):
-    job = client.submit("sleep", queue=queue)
-    if action == "retry":
-        client.cancel(job.id)
-    target = "cancelled" if action == "cancel" else "pending"
+def _cut_once_applied(stack: Stack, call: Any, job_id: Any, target: str) -> Any:
+    """Run `call(job_id)` through a fault proxy and cut the connection once the database
+    shows the job `target` (the request was applied, its answer not yet sent); the future."""
     with FaultProxy(("127.0.0.1", stack.api.port)) as proxy:
         with Client(f"http://127.0.0.1:{proxy.port}", TOKEN, retries=FAST) as slow:
             proxy.add_latency(0.5)
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                future = pool.submit(getattr(slow, action), job.id)
+                future = pool.submit(getattr(slow, call), job_id)
                 wait_for(
                     lambda: stack.count(
-                        "SELECT count(*) FROM jobs WHERE id = %s AND status = %s", job.id, target
+                        "SELECT count(*) FROM jobs WHERE id = %s AND status = %s", job_id, target
                     ),
                     10,
                     f"the job to be {target}",
@@ -294,10 +291,58 @@ def test_a_cancel_or_retry_whose_answer_was_lost_returns_the_job_it_moved(
                 )
                 proxy.cut()
                 proxy.pass_through()
-                moved = future.result(30)
-        assert proxy.accepted >= 2
+                concurrent.futures.wait([future], 30)
+        return future, proxy.accepted
+
+
+def test_a_cancel_whose_answer_was_lost_returns_the_job_it_cancelled(
+    client: Client, stack: Stack, queue: str
+):
+    job = client.submit("sleep", queue=queue)
+    future, accepted = _cut_once_applied(stack, "cancel", job.id, "cancelled")
+    moved = future.result()
+    assert accepted >= 2
     # The retried request answered 409 (the job had moved already): the client read it back.
-    assert moved.id == job.id and moved.status == target
+    assert moved.id == job.id and moved.status == "cancelled"
+
+
+def test_a_retry_whose_answer_was_lost_is_not_sent_again(client: Client, stack: Stack, queue: str):
+    job = client.submit("sleep", queue=queue)
+    client.cancel(job.id)
+    future, accepted = _cut_once_applied(stack, "retry", job.id, "pending")
+    with pytest.raises(Unavailable, match="may or may not have been applied"):
+        future.result()
+    assert accepted == 1  # not sent again: had the job failed meanwhile, it would run twice
+    assert client.get(job.id).status == "pending"
+
+
+def test_a_retry_answered_503_is_not_sent_again_but_a_get_is(
+    client: Client, scripted: Any, queue: str
+):
+    record = _record(client, queue)
+    error = b'{"error":"database unavailable"}'
+    unavailable = (503, {"Retry-After": "0"}, error)
+    server = scripted(unavailable, unavailable, (200, {}, record))
+    with Client(server.url, retries=Retries(attempts=3, base=0.01, cap=0.02)) as fast:
+        with pytest.raises(Unavailable, match="database unavailable"):
+            fast.retry(json.loads(record)["id"])
+        assert len(server.times) == 1
+        assert fast.get(json.loads(record)["id"]).raw == json.loads(record)  # 503, then 200
+    assert len(server.times) == 3
+
+
+def test_the_time_allowed_for_retries_counts_from_the_first_failure(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(retries_module.time, "monotonic", lambda: now[0])
+    flow = retries_module.send(
+        retries_module.Request("GET", "/jobs/x", params={"wait": "60"}),
+        Retries(attempts=3, total=5.0, base=0.01, cap=0.02),
+        "http://api",
+    )
+    assert isinstance(next(flow), retries_module.Request)
+    now[0] += 45.0  # a long poll broke 45 s into its wait, past `total` from its start
+    retried = flow.send(httpx.ReadError("reset"))
+    assert isinstance(retried, retries_module.Sleep)  # tried again all the same
 
 
 def _record(client: Client, queue: str) -> bytes:

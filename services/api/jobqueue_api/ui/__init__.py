@@ -45,4 +45,6 @@ def routes() -> list[BaseRoute]:
         ],
         redirect_slashes=False,
     )
-    return [Route(ROOT, _home, methods=["GET"]), Mount(ROOT, app=Guard(inner))]
+    # Every method: a 308 keeps it, so what /ui/ says of it (a 405) carries the headers.
+    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    return [Route(ROOT, _home, methods=methods), Mount(ROOT, app=Guard(inner))]

@@ -6,6 +6,7 @@ traceback, and never a response without the headers)."""
 from __future__ import annotations
 
 import logging
+from urllib.parse import urlsplit
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -70,16 +71,34 @@ class Guard:
             await send(message)
 
         request = Request(scope, receive)
-        if not _open(path) and not access.is_signed_in(request):
-            await _sign_in_first(request)(scope, receive, with_headers)
-            return
         try:
+            if request.method == "POST" and not _same_origin(request):
+                await render.error(request, 403, "Refused: this form came from another site.")(
+                    scope, receive, with_headers
+                )
+                return
+            if not _open(path) and not access.is_signed_in(request):
+                await _sign_in_first(request)(scope, receive, with_headers)
+                return
             await self.app(scope, receive, with_headers)
         except Exception as exc:
             if started:
                 raise
             response = _error_page(request, exc)
             await response(scope, receive, with_headers)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a POST came from a page of this site, as far as the browser says (a request
+    without these headers, from a script or an old browser, still needs its CSRF token).
+    Defence in depth beside the CSRF token, whose secret a sibling site could set."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return urlsplit(origin).netloc == request.headers.get("host", "")
 
 
 def _sign_in_first(request: Request) -> Response:

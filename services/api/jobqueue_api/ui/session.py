@@ -47,7 +47,7 @@ def valid_session(value: str | None, tokens: Sequence[str], now: float) -> bool:
     if not value or not tokens:
         return False
     expires_text, _, presented = value.partition(".")
-    if not expires_text.isdigit() or len(expires_text) > 12:
+    if not (expires_text.isascii() and expires_text.isdigit()) or len(expires_text) > 12:
         return False
     expires = int(expires_text)
     if not now < expires <= now + SESSION_SECONDS:
