@@ -42,5 +42,8 @@ async def test_an_enqueued_job_carries_the_callers_current_span(engine):
             traced = await enqueue(conn, "sleep", {"duration": "0s"})
         untraced = await enqueue(conn, "sleep", {"duration": "0s"})
     async with engine.connect() as conn:
-        rows = dict((await conn.execute(sa.select(jobs.c.id, jobs.c.traceparent))).tuples().all())
+        rows = {
+            row.id: row.traceparent
+            for row in await conn.execute(sa.select(jobs.c.id, jobs.c.traceparent))
+        }
     assert rows == {traced: tracing.traceparent(span), untraced: None}
