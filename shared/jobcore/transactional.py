@@ -240,12 +240,11 @@ class _Runner:
     tuples; `atomic` makes the statements one transaction when none is open."""
 
     is_async = False
+    # Each kind's own: a plain function for the sync kinds, a coroutine function otherwise.
+    fetch: Callable[[Any, Mapping[str, Any]], Any]
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
-
-    def fetch(self, statement: Any, values: Mapping[str, Any]) -> Any:
-        raise NotImplementedError
 
     def atomic(self) -> Any:
         return nullcontext()
