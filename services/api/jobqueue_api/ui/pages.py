@@ -78,8 +78,13 @@ async def _finished_per_minute(conn: AsyncConnection) -> list[Any] | None:
         )
         return None
     finally:
-        # Back to the connection's own limit (the engine's STATEMENT_TIMEOUT).
-        await conn.execute(sa.text("RESET statement_timeout"))
+        # Back to the connection's own limit (the engine's STATEMENT_TIMEOUT). The RESET runs
+        # under the budget too: should even it run out, the connection keeps the budget and
+        # must serve nobody else.
+        try:
+            await conn.execute(sa.text("RESET statement_timeout"))
+        except DBAPIError:
+            await conn.invalidate()
 
 
 def _given(request: Request) -> list[tuple[str, str]]:
