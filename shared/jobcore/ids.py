@@ -8,11 +8,23 @@ import uuid
 
 
 def new_id() -> uuid.UUID:
+    return new_ids(1)[0]
+
+
+def new_ids(n: int) -> list[uuid.UUID]:
+    """`n` ids: the current millisecond, then 74 random bits each. One clock read and one
+    read of the random source for the lot, which is most of what an id costs."""
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | (0x7 << 76) | ((rand >> 62) & 0xFFF) << 64
-    value |= (0b10 << 62) | (rand & 0x3FFF_FFFF_FFFF_FFFF)
-    return uuid.UUID(int=value)
+    head = (ms & 0xFFFF_FFFF_FFFF) << 80 | (0x7 << 76) | (0b10 << 62)
+    rand = os.urandom(10 * n)
+    ids = []
+    for start in range(0, 10 * n, 10):
+        bits = int.from_bytes(rand[start : start + 10], "big")
+        ids.append(uuid.UUID(int=head | ((bits >> 62) & 0xFFF) << 64 | (bits & _LOW_62)))
+    return ids
+
+
+_LOW_62 = (1 << 62) - 1
 
 
 def parse_id(text: str) -> uuid.UUID | None:

@@ -80,10 +80,10 @@ class Claimed:
         return Lease(self.id, self.lease_token)
 
 
-@dataclass(frozen=True)
-class NewJob:
+class NewJob(NamedTuple):
     """A job to submit. `run_at` (a time) or `delay` (seconds from the database's now())
-    says when it is due, at the earliest now(); neither: now()."""
+    says when it is due, at the earliest now(); neither: now(). (A NamedTuple, not a
+    frozen dataclass: a batch builds one per item, and this is a third of the cost.)"""
 
     id: UUID
     type: str
@@ -250,37 +250,60 @@ _many = (
     .table_valued(*(sa.column(name, type_) for name, (_, type_) in _MANY_COLUMNS.items()))
     .render_derived(name="b")
 )
+_MANY_INTO = [
+    "id",
+    "type",
+    "payload",
+    "max_attempts",
+    "idempotency_key",
+    "queue",
+    "priority",
+    "timeout",
+    "traceparent",
+    "run_at",
+]
+_many_rows = sa.select(
+    _many.c.id,
+    _many.c.type,
+    sa.cast(_many.c.payload, pg.JSONB),
+    _many.c.max_attempts,
+    _many.c.key,
+    _many.c.queue,
+    _many.c.priority,
+    _many.c.timeout,
+    _many.c.traceparent,
+    _due_at(_many.c.not_before, _many.c.delay),
+)
 SUBMIT_MANY = _conflict_target(
     pg.insert(jobs).from_select(
-        [
-            "id",
-            "type",
-            "payload",
-            "max_attempts",
-            "idempotency_key",
-            "queue",
-            "priority",
-            "timeout",
-            "traceparent",
-            "run_at",
-        ],
-        sa.select(
-            _many.c.id,
-            _many.c.type,
-            sa.cast(_many.c.payload, pg.JSONB),
-            _many.c.max_attempts,
-            _many.c.key,
-            _many.c.queue,
-            _many.c.priority,
-            _many.c.timeout,
-            _many.c.traceparent,
-            _due_at(_many.c.not_before, _many.c.delay),
-        )
+        _MANY_INTO,
         # Concurrent batches sharing keys take the key locks in the same order,
         # so they wait for each other instead of deadlocking.
-        .order_by(_many.c.key),
+        _many_rows.order_by(_many.c.key),
     )
 ).returning(c.id, c.idempotency_key, _CREATED)
+# A batch in which no item has an idempotency key: nothing can conflict (each id is new),
+# so no arbiter, no sort and nothing returned; a third less work for the database per
+# job, and none for the driver (docs/performance.md#client). Same parameters.
+SUBMIT_MANY_KEYLESS = pg.insert(jobs).from_select(_MANY_INTO, _many_rows)
+
+
+def many_params(rows: Sequence[NewJob], payloads: Sequence[str]) -> dict[str, list[Any]]:
+    """SUBMIT_MANY's (and SUBMIT_MANY_KEYLESS's) parameters: one array per column, the
+    payloads as JSON text."""
+    return {
+        "ids": [new.id for new in rows],
+        "types": [new.type for new in rows],
+        "payloads": list(payloads),
+        "max_attempts": [new.max_attempts for new in rows],
+        "keys": [new.idempotency_key for new in rows],
+        "queues": [new.queue for new in rows],
+        "priorities": [new.priority for new in rows],
+        "timeouts": [new.timeout for new in rows],
+        "traceparents": [new.traceparent for new in rows],
+        "not_befores": [new.run_at for new in rows],
+        "delays": [new.delay for new in rows],
+    }
 
 
 class Submitted(NamedTuple):
@@ -327,22 +350,11 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
             rows.append(new)
             if new.idempotency_key is not None:
                 first[new.idempotency_key] = new
-    result = await conn.execute(
-        SUBMIT_MANY,
-        {
-            "ids": [new.id for new in rows],
-            "types": [new.type for new in rows],
-            "payloads": [json.dumps(new.payload) for new in rows],
-            "max_attempts": [new.max_attempts for new in rows],
-            "keys": [new.idempotency_key for new in rows],
-            "queues": [new.queue for new in rows],
-            "priorities": [new.priority for new in rows],
-            "timeouts": [new.timeout for new in rows],
-            "traceparents": [new.traceparent for new in rows],
-            "not_befores": [new.run_at for new in rows],
-            "delays": [new.delay for new in rows],
-        },
-    )
+    params = many_params(rows, [json.dumps(new.payload) for new in rows])
+    if not first:
+        await conn.execute(SUBMIT_MANY_KEYLESS, params)
+        return [Submitted("created", new.id) for new in new_jobs]
+    result = await conn.execute(SUBMIT_MANY, params)
     by_key: dict[str, tuple[UUID, bool]] = {}
     by_id: set[UUID] = set()
     for row in result:

@@ -13,10 +13,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from uuid import UUID
 
 from jobcore.durations import format_duration, parse_duration
 from jobcore.errors import Snooze
-from jobcore.ids import new_id
+from jobcore.ids import new_id, new_ids
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.store import NewJob
 
@@ -119,11 +120,13 @@ def new_job(
     default_max_attempts: int,
     idempotency_key: str | None = None,
     allowed: Iterable[str] = CREATE_FIELDS,
+    job_id: UUID | None = None,
 ) -> NewJob:
-    """Validate one create request (already parsed JSON) into a `NewJob` with a fresh id."""
-    if not isinstance(item, Mapping):
+    """Validate one create request (already parsed JSON) into a `NewJob` with `job_id`, or a
+    fresh id."""
+    if type(item) is not dict and not isinstance(item, Mapping):
         raise Invalid("request body must be a JSON object")
-    unknown = set(item).difference(allowed)
+    unknown = item.keys() - _as_set(allowed)
     if unknown:
         raise Invalid(f"unknown field(s): {_names(unknown)}; allowed: {', '.join(allowed)}")
     if "type" not in item:
@@ -141,13 +144,25 @@ def new_job(
             f"field 'max_attempts' must be an integer from {MIN_ATTEMPTS} to {MAX_ATTEMPTS}"
         )
     return NewJob(
-        id=new_id(),
+        id=new_id() if job_id is None else job_id,
         type=job_type,
         payload=item.get("payload", {}),
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
         **scheduling(item),
     )
+
+
+_SETS: dict[Iterable[str], frozenset[str]] = {}
+
+
+def _as_set(fields: Iterable[str]) -> frozenset[str]:
+    found = _SETS.get(fields) if isinstance(fields, tuple) else None
+    if found is None:
+        found = frozenset(fields)
+        if isinstance(fields, tuple):
+            _SETS[fields] = found
+    return found
 
 
 def scheduling(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,9 +290,11 @@ def new_items(
     `prepare` turns an item into parsed JSON first (raising Invalid if it cannot).
     """
     types = frozenset(known_types)
+    given_items = items if isinstance(items, list | tuple) else list(items)
+    ids = new_ids(len(given_items))
     valid: list[NewJob] = []
     problems: list[str] = []
-    for index, given in enumerate(items):
+    for index, given in enumerate(given_items):
         try:
             item = given if prepare is None else prepare(given)
             key = None
@@ -290,6 +307,7 @@ def new_items(
                     default_max_attempts=default_max_attempts,
                     idempotency_key=key,
                     allowed=BATCH_ITEM_FIELDS,
+                    job_id=ids[index],
                 )
             )
         except Invalid as exc:

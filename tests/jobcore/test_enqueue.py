@@ -327,11 +327,45 @@ def _nested(levels: int) -> Any:
         ({"a\x00": 1}, r"strings must not contain \\u0000"),
         ((("x\x00",),), r"strings must not contain \\u0000 \(found at \$\[0\]\[0\]\)"),
         (_nested(validation.MAX_DEPTH + 1), "nested deeper than 100 levels"),
+        ({"é": ["ü", "\ud800"]}, r"string at \$\.é\[1\] holds an unpaired surrogate"),
+        ({"k": ["x", "ascii\x00é"]}, r"strings must not contain \\u0000 \(found at \$\.k\[1\]\)"),
+        ({"[{" * 60: _nested(validation.MAX_DEPTH)}, "nested deeper than 100 levels"),
     ],
 )
 def test_payloads_jsonb_cannot_store_are_refused_before_any_statement(payload: Any, message: str):
     with pytest.raises(ValueError, match=message):
         enqueue(_NoDatabase(), "enqueue_test", payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _nested(validation.MAX_DEPTH - 1),  # 100 levels with the job's own object
+        {"text": "[{" * 200},  # brackets in strings are not nesting
+        {"é": "ü", "\\u0000": "a backslash, not U+0000"},
+    ],
+)
+def test_payloads_jsonb_can_store_are_taken_whatever_their_text_looks_like(payload: Any):
+    (job,) = transactional._plan([{"type": "enqueue_test", "payload": payload}]).rows
+    assert job.payload == payload
+
+
+def test_a_batch_without_idempotency_keys_is_written_by_the_keyless_statement():
+    """Nothing in it can conflict, so no arbiter and no RETURNING (docs/performance.md)."""
+    seen: list[Any] = []
+
+    class Spy(transactional._Runner):
+        def fetch(self, statement: Any, values: Any) -> list[Any]:
+            seen.append(statement)
+            return [(keyed.rows[0].id, "k", True)] if statement is store.SUBMIT_MANY else []
+
+    keyed = transactional._plan([{"type": "enqueue_test", "idempotency_key": "k"}])
+    plan = transactional._plan([{"type": "enqueue_test"}, {"type": "sleep"}])
+    assert transactional._run(Spy(None), plan) == [new.id for new in plan.rows]
+    assert seen == [store.SUBMIT_MANY_KEYLESS, store.NOTIFY]
+    seen.clear()
+    assert transactional._run(Spy(None), keyed) == [keyed.rows[0].id]
+    assert seen == [store.SUBMIT_MANY, store.NOTIFY]
 
 
 async def test_python_times_are_taken_for_run_at_delay_and_timeout(
@@ -416,8 +450,9 @@ def test_the_batch_statement_gets_exactly_the_parameters_it_takes():
     from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
     plan = transactional._plan([{"type": "enqueue_test", "payload": {1: ("a",)}}])
-    compiled = store.SUBMIT_MANY.compile(dialect=dialect())
-    required = {name for name, bind in compiled.binds.items() if bind.required}
     arrays = transactional._arrays(plan)
-    assert set(arrays) == required
+    for statement in (store.SUBMIT_MANY, store.SUBMIT_MANY_KEYLESS):
+        compiled = statement.compile(dialect=dialect())
+        required = {name for name, bind in compiled.binds.items() if bind.required}
+        assert set(arrays) == required
     assert arrays["payloads"] == ['{"1":["a"]}']

@@ -7,7 +7,6 @@ are."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,4 +84,4 @@ def _submit_span(tracer: Tracer, jobs: Sequence[NewJob]) -> Iterator[Sequence[Ne
         )
     with tracer.start_as_current_span("submit", attributes=attributes) as span:
         parent = tracing.traceparent(span)
-        yield [dataclasses.replace(new, traceparent=parent) for new in jobs]
+        yield [new._replace(traceparent=parent) for new in jobs]
