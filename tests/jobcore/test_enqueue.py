@@ -5,6 +5,7 @@ caller's transaction commits; a rollback leaves nothing; bad input writes nothin
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -350,6 +351,31 @@ def test_payloads_jsonb_can_store_are_taken_whatever_their_text_looks_like(paylo
     assert job.payload == payload
 
 
+@pytest.mark.parametrize(
+    ("payload", "text"),
+    [
+        (
+            {"n": 1, "s": "é", "f": 1.5, "b": [True, None]},
+            '{"n":1,"s":"é","f":1.5,"b":[true,null]}',
+        ),
+        ({"big": 2**70}, '{"big":1180591620717411303424}'),  # beyond orjson's 64 bits
+        ({1: "a", None: "b"}, '{"1":"a","null":"b"}'),  # keys as json.dumps writes them
+        ({"x": {"s": "\ud800"}}, None),  # a lone surrogate: refused (by check_storable)
+        ({"x": float("inf")}, None),  # orjson would write null
+        ({"x": [float("nan")]}, None),
+    ],
+)
+def test_a_payload_is_encoded_or_refused_as_the_standard_encoder_would(
+    payload: Any, text: str | None
+):
+    if text is None:
+        with pytest.raises(ValueError):
+            transactional._plan([{"type": "enqueue_test", "payload": payload}])
+        return
+    (encoded,) = transactional._plan([{"type": "enqueue_test", "payload": payload}]).payloads
+    assert json.loads(encoded) == json.loads(text)
+
+
 def test_a_batch_without_idempotency_keys_is_written_by_the_keyless_statement():
     """Nothing in it can conflict, so no arbiter and no RETURNING (docs/performance.md)."""
     seen: list[Any] = []
@@ -389,6 +415,32 @@ async def test_python_times_are_taken_for_run_at_delay_and_timeout(
     assert rows[later].run_at == datetime(2100, 1, 1, 1, tzinfo=UTC)
     assert rows[later].timeout == 120.0
     assert timedelta(minutes=59) < rows[soon].run_at - rows[soon].created_at <= timedelta(hours=1)
+
+
+async def test_a_keyless_batch_stores_each_items_own_fields_shared_or_not(
+    tx: Tx, engine_: AsyncEngine
+):
+    """SUBMIT_MANY_KEYLESS sends a value every item shares once: the shared and the per-item
+    columns must both land on the right rows."""
+    await tx.begin()
+    items: list[dict[str, Any]] = [
+        {"type": "enqueue_test", "payload": {"i": i}, "queue": "q", "max_attempts": 5}
+        for i in range(3)
+    ]
+    items[1] |= {"type": "sleep", "priority": 7, "timeout": "90s", "delay": 3600}
+    items[2] |= {"run_at": "2100-01-01T00:00:00Z", "priority": -1}
+    ids = await tx.enqueue_many(items)
+    await tx.commit()
+    rows = {row.id: row for row in await _rows(engine_)}
+    got = [rows[job_id] for job_id in ids]
+    assert [row.type for row in got] == ["enqueue_test", "sleep", "enqueue_test"]
+    assert [row.payload for row in got] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert {(row.queue, row.max_attempts, row.idempotency_key) for row in got} == {("q", 5, None)}
+    assert [row.priority for row in got] == [0, 7, -1]
+    assert [row.timeout for row in got] == [None, 90.0, None]
+    assert got[0].run_at <= got[0].created_at + timedelta(seconds=1)
+    assert timedelta(minutes=59) < got[1].run_at - got[1].created_at <= timedelta(hours=1)
+    assert got[2].run_at == datetime(2100, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("kind", ["asyncpg", "psycopg"])
@@ -444,15 +496,24 @@ def test_importing_jobcore_stays_cheap_until_enqueue_is_used():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_batch_statement_gets_exactly_the_parameters_it_takes():
-    """enqueue builds SUBMIT_MANY's arrays itself: a column added to the statement must
-    fail here, not in production."""
+def _required(statement: Any) -> set[str]:
     from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
-    plan = transactional._plan([{"type": "enqueue_test", "payload": {1: ("a",)}}])
-    arrays = transactional._arrays(plan)
-    for statement in (store.SUBMIT_MANY, store.SUBMIT_MANY_KEYLESS):
-        compiled = statement.compile(dialect=dialect())
-        required = {name for name, bind in compiled.binds.items() if bind.required}
-        assert set(arrays) == required
-    assert arrays["payloads"] == ['{"1":["a"]}']
+    compiled = statement.compile(dialect=dialect())
+    return {name for name, bind in compiled.binds.items() if bind.required}
+
+
+def test_the_batch_statements_get_exactly_the_parameters_they_take():
+    """enqueue builds the statements' parameters itself: a column added to a statement must
+    fail here, not in production."""
+    keyed = transactional._plan(
+        [{"type": "enqueue_test", "payload": {1: ("a",)}, "idempotency_key": "k"}]
+    )
+    statement, params = transactional._write(keyed)
+    assert statement is store.SUBMIT_MANY
+    assert set(params) == _required(store.SUBMIT_MANY)
+    assert params["payloads"] == ['{"1":["a"]}']
+    keyless = transactional._plan([{"type": "enqueue_test"}])
+    statement, params = transactional._write(keyless)
+    assert statement is store.SUBMIT_MANY_KEYLESS
+    assert set(params) == _required(store.SUBMIT_MANY_KEYLESS)
