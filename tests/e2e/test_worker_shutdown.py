@@ -4,6 +4,7 @@ immediate."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -86,3 +87,49 @@ async def test_a_second_signal_stops_the_worker_at_once(database_url, engine, tm
     assert time.monotonic() - started < 5
     # The job was abandoned, not lost: it is still leased, and recovery takes it back later.
     assert (await count_by_status(engine)) == {"processing": 1}
+
+
+async def test_a_sigterm_to_the_whole_process_group_is_one_graceful_shutdown(
+    database_url, engine, tmp_path
+):
+    # As a terminal or a process manager signals a group: the fork server the worker
+    # processes come from gets it too, and must stay up to report their exits.
+    worker = start_worker(database_url, tmp_path, WORKER_PROCESSES="2", SHUTDOWN_TIMEOUT="30s")
+    await until(lambda: len(worker.child_pids()) == 2, 60, "two worker processes")
+    (job,) = await submit(engine, "test.record", {"seconds": 2})
+    await until(lambda: _started(worker, [job]), 60, "the job running")
+
+    os.killpg(worker.proc.pid, signal.SIGTERM)
+    assert worker.wait(60) == 0
+
+    assert (await fetch(engine, [job]))[job].status == "completed"
+    exited = worker.messages("worker process exited")
+    assert sorted(line["pid"] for line in exited) == sorted(worker.child_pids())
+    assert [line["exitcode"] for line in exited] == [0, 0]
+    assert len(worker.messages("worker process stopped")) == 2
+
+
+async def test_worker_processes_stop_gracefully_when_the_supervisor_is_killed(
+    database_url, engine, tmp_path
+):
+    worker = start_worker(database_url, tmp_path, WORKER_PROCESSES="2", SHUTDOWN_TIMEOUT="30s")
+    await until(lambda: len(worker.child_pids()) == 2, 60, "two worker processes")
+    (job,) = await submit(engine, "test.record", {"seconds": 2})
+    await until(lambda: _started(worker, [job]), 60, "the job running")
+
+    worker.proc.kill()  # the supervisor alone
+    worker.proc.wait(10)
+    await until(
+        lambda: len(worker.messages("worker process stopped")) == 2, 30, "both processes stopped"
+    )
+    assert len(worker.messages("supervisor is gone, shutting down")) == 2
+    assert (await fetch(engine, [job]))[job].status == "completed"
+    await until(lambda: not any(_alive(pid) for pid in worker.child_pids()), 10, "their exit")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -104,10 +104,12 @@ async def test_a_run_whose_statement_fails_records_nothing(engine, pg):
 
 
 # A worker process's side, in prometheus-client's multiprocess mode: "run" records a run; every
-# line is answered "ok" once done (the first answer: the metrics module is loaded).
+# line is answered "ok" once done (the first answer: the metrics are made, as a worker process
+# makes them at start).
 _CHILD = """
 import sys
 from jobqueue_worker import metrics
+metrics.initialise()
 for line in sys.stdin:
     if line.strip() == "run":
         metrics.retention_ran()

@@ -1,7 +1,8 @@
 """One worker process: an asyncio loop with a dispatcher, WORKERS job slots, a completer and
 the recovery loop, and the graceful shutdown that ties them together.
 
-The supervisor starts it with the spawn method and stops it with SIGTERM:
+The supervisor starts it (forked from a fork server, `jobqueue_worker.launch`) and stops it
+with SIGTERM:
 stop claiming, give running jobs SHUTDOWN_TIMEOUT to finish and record, release
 the rest (attempt not consumed), flush the completer, exit 0. SIGINT is
 ignored (a Ctrl-C reaches the whole process group; the supervisor decides), and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -37,6 +39,7 @@ from jobqueue_worker.database import POOL_SIZE, PgJobStore
 from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
 from jobqueue_worker.heartbeat import Heartbeat
+from jobqueue_worker.launch import RECYCLE_EXIT
 from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
 from jobqueue_worker.maintenance import QueueGauges, Retention, TakingTurns, retention_ages
@@ -45,26 +48,24 @@ from jobqueue_worker.recovery import Recovery
 
 log = logging.getLogger("jobqueue.worker")
 
-# How often a child checks that its supervisor is still alive.
-_PARENT_CHECK = 1.0
 # Outcomes do not wait for company: a write takes what arrived while the last one ran,
 # which under load is a full batch anyway, and a lone job is recorded at once.
 _LINGER = 0.0
-# Exit status of a process that recycled itself (too many abandoned handlers).
-RECYCLE_EXIT = 3
+# The process a SIGTERM reached before the event loop took the signal over. A pid, not a
+# flag: the fork server runs this handler too (jobqueue_worker.preload), and what it notes
+# for itself must not stop the processes forked from it later.
+_stop_requested_in = 0
 
-_stop_requested = False
 
-
-def _early_stop(signum: int, frame: FrameType | None) -> None:
-    global _stop_requested
-    _stop_requested = True
+def early_stop(signum: int, frame: FrameType | None) -> None:
+    global _stop_requested_in
+    _stop_requested_in = os.getpid()
 
 
 def main(settings: Settings, index: int, beacon: Beacon) -> None:
     """Entry point of a spawned worker process; never returns."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _early_stop)  # until the loop installs its own handler
+    signal.signal(signal.SIGTERM, early_stop)  # until the loop installs its own handler
     logs.configure(settings.log_level)
     code = 1
     try:
@@ -88,7 +89,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    if _stop_requested:
+    if _stop_requested_in == os.getpid():
         stop.set()
     stop_heartbeat = start_heartbeat(beacon)
 
@@ -239,9 +240,20 @@ class _Recycle:
 
 
 async def _watch_parent(stop: asyncio.Event) -> None:
-    parent = os.getppid()
-    while not stop.is_set():
-        await asyncio.sleep(_PARENT_CHECK)
-        if os.getppid() != parent:
-            log.warning("supervisor is gone, shutting down")
-            stop.set()
+    """Stop once the supervisor is gone. The process's parent is the fork server, which
+    outlives the supervisor while worker processes run: what tells is multiprocessing's
+    sentinel of the process that started this one (the end of a pipe the supervisor holds
+    open), readable once the supervisor has exited."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not started by multiprocessing (a test): nothing to watch
+        return
+    loop = asyncio.get_running_loop()
+    gone = asyncio.Event()
+    loop.add_reader(parent.sentinel, gone.set)
+    try:
+        await gone.wait()
+    finally:
+        loop.remove_reader(parent.sentinel)
+    if not stop.is_set():
+        log.warning("supervisor is gone, shutting down")
+        stop.set()

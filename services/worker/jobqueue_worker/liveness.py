@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import BaseContext
 from typing import Any
 
 log = logging.getLogger("jobqueue.worker")
@@ -41,7 +41,7 @@ _REPORT_BYTES = 4096
 class Beacon:
     """One child's heartbeat, state, abandoned handlers and stall report, in shared memory."""
 
-    def __init__(self, context: SpawnContext) -> None:
+    def __init__(self, context: BaseContext) -> None:
         # Unlocked: each value has one writer, and an aligned double is written whole.
         self._values: Any = context.RawArray("d", 3)
         self._report: Any = context.RawArray("c", _REPORT_BYTES)

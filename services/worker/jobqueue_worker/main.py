@@ -3,21 +3,27 @@
 Invalid configuration prints one JSON line naming the variable and exits 2. A
 schema that is not at head exits 1 with a line telling the operator to run
 `alembic upgrade head`.
+
+The fork server the worker processes come from (`jobqueue_worker.launch`) is started
+first, so it imports the worker while this process imports its own modules: those are
+imported inside the functions below, after it (docs/performance.md, "Start-up").
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
-from jobcore import logs, tracing
-from jobcore.errors import ConfigError
-from jobcore.registry import load_handlers
-from jobcore.settings import Settings, load_settings
+from jobqueue_worker import launch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from jobcore.settings import Settings
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -25,21 +31,8 @@ METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def main() -> None:
-    try:
-        settings = load_settings()
-        logs.configure(settings.log_level)
-        load_handlers(settings.handler_modules)
-        tracing.check()  # each worker process starts its own tracer
-    except ConfigError as exc:
-        logs.configure("info")
-        log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
-        sys.exit(2)
-    sys.exit(run(settings))
-
-
-def run(settings: Settings) -> int:
     # prometheus_client picks its storage when first imported: the directory must be set
-    # before this process or any child imports it, so every child writes to files there.
+    # before this process or the fork server imports it, so every child writes files there.
     metrics_dir = os.environ.get(METRICS_DIR_VARIABLE)
     created = not metrics_dir
     if not metrics_dir:
@@ -50,22 +43,47 @@ def run(settings: Settings) -> int:
         if created:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
+    try:
+        launch.start_server()
+        sys.exit(_configured_run(metrics_dir, cleanup))
+    finally:
+        cleanup()
+
+
+def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
+    from jobcore import logs, tracing
+    from jobcore.errors import ConfigError
+    from jobcore.registry import load_handlers
+    from jobcore.settings import load_settings
+
+    try:
+        settings = load_settings()
+        logs.configure(settings.log_level)
+        load_handlers(settings.handler_modules)
+        tracing.check()  # each worker process starts its own tracer
+    except ConfigError as exc:
+        logs.configure("info")
+        log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
+        return 2
+    return run(settings, metrics_dir, cleanup)
+
+
+def run(settings: Settings, metrics_dir: str, cleanup: Callable[[], None]) -> int:
+    import asyncio
+
     from jobqueue_worker import server
     from jobqueue_worker.supervisor import Supervisor
 
     try:
-        try:
-            sock = server.listen(settings.metrics_addr)
-        except OSError as exc:
-            log.error(
-                f"cannot listen on METRICS_ADDR {settings.metrics_addr}: {exc.strerror or exc}",
-                extra={"variable": "METRICS_ADDR"},
-            )
-            return 1
-        log.info(
-            "worker starting",
-            extra={"pid": os.getpid(), "metrics_addr": settings.metrics_addr},
+        sock = server.listen(settings.metrics_addr)
+    except OSError as exc:
+        log.error(
+            f"cannot listen on METRICS_ADDR {settings.metrics_addr}: {exc.strerror or exc}",
+            extra={"variable": "METRICS_ADDR"},
         )
-        return asyncio.run(Supervisor(settings, metrics_dir, cleanup).run(sock))
-    finally:
-        cleanup()
+        return 1
+    log.info(
+        "worker starting",
+        extra={"pid": os.getpid(), "metrics_addr": settings.metrics_addr},
+    )
+    return asyncio.run(Supervisor(settings, metrics_dir, cleanup).run(sock))

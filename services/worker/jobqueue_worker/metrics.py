@@ -22,65 +22,85 @@ from prometheus_client import Counter, Gauge, Histogram
 from jobcore.search import DEPTH_STATUSES, QueueDepth
 from jobcore.states import ATTEMPT_OUTCOMES, FINISHED, Operation, Status
 
-JOBS_COMPLETED = Counter("jobs_completed_total", "Jobs completed (outcome recorded).")
-JOBS_FAILED = Counter(
-    "jobs_failed_total",
-    "Jobs that ended failed (permanent error) or dead_letter (attempts exhausted).",
-    ["status"],
-)
-JOBS_RETRIED = Counter("jobs_retried_total", "Attempts that failed and were scheduled again.")
-JOBS_SNOOZED = Counter(
-    "jobs_snoozed_total", "Attempts whose handler snoozed the job (attempt given back)."
-)
-JOBS_CANCELLED = Counter(
-    "jobs_cancelled_total",
-    "Running jobs that ended cancelled: their attempt was stopped on a cancel request, or"
-    " their lease expired after one.",
-)
-JOBS_LEASE_LOST = Counter(
-    "jobs_lease_lost_total",
-    "Leases found lost: by a heartbeat (the attempt was stopped, nothing written) or by an"
-    " outcome write (rejected by the fence).",
-)
-JOBS_RECOVERED = Counter(
-    "jobs_recovered_total",
-    "Jobs whose lease expired, put back to pending or dead_letter (cancelled when a cancel"
-    " was requested).",
-)
-JOB_DURATION = Histogram(
-    "job_processing_duration_seconds",
-    "Time a handler ran, by the attempt's outcome.",
-    ["outcome"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-)
-JOBS_PRUNED = Counter(
-    "jobs_pruned_total", "Finished jobs deleted by retention, by their status.", ["status"]
-)
-# "mostrecent": the supervisor shows the time a child set last, kept after that child exits;
-# a series no child has set yet (timestamp 0) is left out, so the gauge is absent until the
-# first complete run and where retention is off (the alert on a stalled retention needs both).
-RETENTION_LAST_RUN = Gauge(
-    "jobs_retention_last_run_timestamp_seconds",
-    "Unix time at which a retention run last went through every status it prunes.",
-    multiprocess_mode="mostrecent",
-)
-# The queue gauges: set only by the worker process leading them (jobqueue_worker.maintenance).
-# "livemostrecent": the supervisor's /metrics shows, per series, the value its children set
-# last, and forgets a child's values when the child exits.
-JOBS_QUEUED = Gauge(
-    "jobs_queued",
-    "Jobs of a queue by status (pending: due; scheduled: pending, not due yet), exported by"
-    " the one worker process that leads the queue gauges.",
-    ["queue", "status"],
-    multiprocess_mode="livemostrecent",
-)
-JOBS_OLDEST_PENDING_AGE = Gauge(
-    "jobs_oldest_pending_age_seconds",
-    "Seconds since the oldest due pending job of a queue became due (0: none), exported by"
-    " the one worker process that leads the queue gauges.",
-    ["queue"],
-    multiprocess_mode="livemostrecent",
-)
+
+class _Series:
+    """The metric objects. Made on first use, in the process that writes them: with
+    PROMETHEUS_MULTIPROC_DIR set, making one opens that process's metric file, which the
+    fork server the worker processes come from (jobqueue_worker.launch) must not do."""
+
+    def __init__(self) -> None:
+        self.JOBS_COMPLETED = Counter("jobs_completed_total", "Jobs completed (outcome recorded).")
+        self.JOBS_FAILED = Counter(
+            "jobs_failed_total",
+            "Jobs that ended failed (permanent error) or dead_letter (attempts exhausted).",
+            ["status"],
+        )
+        self.JOBS_RETRIED = Counter(
+            "jobs_retried_total", "Attempts that failed and were scheduled again."
+        )
+        self.JOBS_SNOOZED = Counter(
+            "jobs_snoozed_total", "Attempts whose handler snoozed the job (attempt given back)."
+        )
+        self.JOBS_CANCELLED = Counter(
+            "jobs_cancelled_total",
+            "Running jobs that ended cancelled: their attempt was stopped on a cancel request, or"
+            " their lease expired after one.",
+        )
+        self.JOBS_LEASE_LOST = Counter(
+            "jobs_lease_lost_total",
+            "Leases found lost: by a heartbeat (the attempt was stopped, nothing written) or by an"
+            " outcome write (rejected by the fence).",
+        )
+        self.JOBS_RECOVERED = Counter(
+            "jobs_recovered_total",
+            "Jobs whose lease expired, put back to pending or dead_letter (cancelled when a cancel"
+            " was requested).",
+        )
+        self.JOB_DURATION = Histogram(
+            "job_processing_duration_seconds",
+            "Time a handler ran, by the attempt's outcome.",
+            ["outcome"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
+        self.JOBS_PRUNED = Counter(
+            "jobs_pruned_total", "Finished jobs deleted by retention, by their status.", ["status"]
+        )
+        # "mostrecent": the supervisor shows the time a child set last, kept after that child
+        # exits; a series no child has set yet (timestamp 0) is left out, so the gauge is absent
+        # until the first complete run and where retention is off (the alert on a stalled
+        # retention needs both).
+        self.RETENTION_LAST_RUN = Gauge(
+            "jobs_retention_last_run_timestamp_seconds",
+            "Unix time at which a retention run last went through every status it prunes.",
+            multiprocess_mode="mostrecent",
+        )
+        # The queue gauges: set only by the worker process leading them
+        # (jobqueue_worker.maintenance). "livemostrecent": the supervisor's /metrics shows, per
+        # series, the value its children set last, and forgets a child's values when it exits.
+        self.JOBS_QUEUED = Gauge(
+            "jobs_queued",
+            "Jobs of a queue by status (pending: due; scheduled: pending, not due yet), exported by"
+            " the one worker process that leads the queue gauges.",
+            ["queue", "status"],
+            multiprocess_mode="livemostrecent",
+        )
+        self.JOBS_OLDEST_PENDING_AGE = Gauge(
+            "jobs_oldest_pending_age_seconds",
+            "Seconds since the oldest due pending job of a queue became due (0: none), exported by"
+            " the one worker process that leads the queue gauges.",
+            ["queue"],
+            multiprocess_mode="livemostrecent",
+        )
+
+
+_made: _Series | None = None
+
+
+def _series() -> _Series:
+    global _made
+    if _made is None:
+        _made = _Series()
+    return _made
 
 
 # The counter each applied outcome adds to; a release counts nowhere (the attempt was given
@@ -92,18 +112,18 @@ def initialise() -> None:
     """Create every labelled series at zero, so dashboards see them before the first job."""
     _COUNTED.update(
         {
-            Operation.COMPLETE: JOBS_COMPLETED,
-            Operation.FAIL: JOBS_FAILED.labels(status=Status.FAILED),
-            Operation.DEAD_LETTER: JOBS_FAILED.labels(status=Status.DEAD_LETTER),
-            Operation.RETRY_LATER: JOBS_RETRIED,
-            Operation.SNOOZE: JOBS_SNOOZED,
-            Operation.CANCEL_ATTEMPT: JOBS_CANCELLED,
+            Operation.COMPLETE: _series().JOBS_COMPLETED,
+            Operation.FAIL: _series().JOBS_FAILED.labels(status=Status.FAILED),
+            Operation.DEAD_LETTER: _series().JOBS_FAILED.labels(status=Status.DEAD_LETTER),
+            Operation.RETRY_LATER: _series().JOBS_RETRIED,
+            Operation.SNOOZE: _series().JOBS_SNOOZED,
+            Operation.CANCEL_ATTEMPT: _series().JOBS_CANCELLED,
         }
     )
     for op in ATTEMPT_OUTCOMES:
-        JOB_DURATION.labels(outcome=op.outcome)
+        _series().JOB_DURATION.labels(outcome=op.outcome)
     for status in sorted(FINISHED):
-        JOBS_PRUNED.labels(status=status)
+        _series().JOBS_PRUNED.labels(status=status)
 
 
 # Attempts finished in this turn of the event loop: (kind, applied, duration).
@@ -133,10 +153,10 @@ def flush() -> None:
         if applied:
             applied_kinds[kind] = applied_kinds.get(kind, 0) + 1
     for kind, values in durations.items():
-        observe_many(JOB_DURATION.labels(outcome=kind.outcome), values)
+        observe_many(_series().JOB_DURATION.labels(outcome=kind.outcome), values)
     lost = sum(1 for _, applied, _ in finished if not applied)
     if lost:
-        JOBS_LEASE_LOST.inc(lost)
+        _series().JOBS_LEASE_LOST.inc(lost)
     if not _COUNTED:
         initialise()
     for kind, n in applied_kinds.items():
@@ -164,25 +184,25 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
 
 
 def jobs_recovered(dead_lettered: int, total: int, cancelled: int = 0) -> None:
-    JOBS_RECOVERED.inc(total)
+    _series().JOBS_RECOVERED.inc(total)
     if dead_lettered:
-        JOBS_FAILED.labels(status=Status.DEAD_LETTER).inc(dead_lettered)
+        _series().JOBS_FAILED.labels(status=Status.DEAD_LETTER).inc(dead_lettered)
     if cancelled:
-        JOBS_CANCELLED.inc(cancelled)
+        _series().JOBS_CANCELLED.inc(cancelled)
 
 
 def lease_lost(n: int) -> None:
     """Count leases a heartbeat found lost (their attempts were stopped)."""
-    JOBS_LEASE_LOST.inc(n)
+    _series().JOBS_LEASE_LOST.inc(n)
 
 
 def jobs_pruned(status: Status, n: int) -> None:
-    JOBS_PRUNED.labels(status=status).inc(n)
+    _series().JOBS_PRUNED.labels(status=status).inc(n)
 
 
 def retention_ran() -> None:
     """Record that a retention run has just gone through every status."""
-    RETENTION_LAST_RUN.set_to_current_time()
+    _series().RETENTION_LAST_RUN.set_to_current_time()
 
 
 # Queues whose gauges this process exports now.
@@ -195,8 +215,12 @@ def show_queue_depths(depths: Sequence[QueueDepth]) -> None:
     for depth in depths:
         queues.add(depth.queue)
         for status in DEPTH_STATUSES:
-            JOBS_QUEUED.labels(queue=depth.queue, status=status).set(getattr(depth, status))
-        JOBS_OLDEST_PENDING_AGE.labels(queue=depth.queue).set(depth.oldest_pending_age_seconds)
+            _series().JOBS_QUEUED.labels(queue=depth.queue, status=status).set(
+                getattr(depth, status)
+            )
+        _series().JOBS_OLDEST_PENDING_AGE.labels(queue=depth.queue).set(
+            depth.oldest_pending_age_seconds
+        )
     for queue in _shown_queues - queues:
         _hide_queue(queue)
     _shown_queues.clear()
@@ -212,8 +236,8 @@ def hide_queue_depths() -> None:
 
 def _hide_queue(queue: str) -> None:
     for status in DEPTH_STATUSES:
-        _hide(JOBS_QUEUED, queue, status)
-    _hide(JOBS_OLDEST_PENDING_AGE, queue)
+        _hide(_series().JOBS_QUEUED, queue, status)
+    _hide(_series().JOBS_OLDEST_PENDING_AGE, queue)
 
 
 def _hide(gauge: Gauge, *labels: str) -> None:

@@ -1,11 +1,12 @@
 """The supervisor: runs WORKER_PROCESSES worker processes and the worker's HTTP endpoints.
 
-It waits for the database schema to be at head, starts the children (spawn
-method), and restarts one that dies unexpectedly after a delay that grows with
-each quick death (a `jobcore.backoff.Retry`, reset once a child has lived
-STABLE_AFTER seconds), so a crash loop cannot spin. The first SIGTERM/SIGINT
-makes `/readyz` answer 503 and is forwarded to the children as SIGTERM (graceful shutdown); the
-supervisor exits 0 when all of them have. A second signal kills them at once.
+It waits for the database schema to be at head, starts the children (forked
+from the fork server of `jobqueue_worker.launch`), and restarts one that dies
+unexpectedly after a delay that grows with each quick death (a
+`jobcore.backoff.Retry`, reset once a child has lived STABLE_AFTER seconds), so a
+crash loop cannot spin. The first SIGTERM/SIGINT makes `/readyz` answer 503 and
+is forwarded to the children as SIGTERM (graceful shutdown); the supervisor
+exits 0 when all of them have. A second signal kills them at once.
 
 Each child's event loop turns a heartbeat (`jobqueue_worker.liveness`). A child
 whose loop has not turned for STALL_LIMIT (a handler blocks it) is killed and
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
 import socket
@@ -37,8 +37,7 @@ from jobcore.backoff import Retry
 from jobcore.db import check_schema, make_engine
 from jobcore.errors import SchemaNotAtHead, describe
 from jobcore.settings import Settings
-from jobqueue_worker import child as child_process
-from jobqueue_worker import server
+from jobqueue_worker import launch, server
 from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, Beacon
 
 log = logging.getLogger("jobqueue.worker")
@@ -82,7 +81,7 @@ class Supervisor:
         self.settings = settings
         self.metrics_dir = metrics_dir
         self._cleanup = cleanup
-        self._spawn = multiprocessing.get_context("spawn")
+        self._context = launch.context()
         self._children = [_Child(i) for i in range(settings.worker_processes)]
         self.restarts = 0
         self.stalls = 0
@@ -197,13 +196,22 @@ class Supervisor:
         child.restart = None
         if self.shutting_down:
             return
-        beacon = Beacon(self._spawn)
-        process = self._spawn.Process(
-            target=child_process.main,
+        beacon = Beacon(self._context)
+        process = self._context.Process(
+            target=launch.entry,
             args=(self.settings, child.index, beacon),
             name=f"jobqueue-worker-{child.index}",
         )
-        process.start()
+        try:
+            process.start()
+        except Exception as exc:  # the fork server could not be started or reached
+            delay = child.deaths.failed()
+            log.error(
+                "worker process could not be started, retrying",
+                extra={"worker_process": child.index, "error": describe(exc), "restart_in": delay},
+            )
+            child.restart = asyncio.get_running_loop().call_later(delay, self._start, child)
+            return
         child.process, child.started_at = process, time.monotonic()
         child.beacon, child.seen_stopped, child.killed_for_stall = beacon, 0.0, False
         asyncio.get_running_loop().add_reader(process.sentinel, self._exited, child)
@@ -228,7 +236,7 @@ class Supervisor:
             child.deaths.succeeded()
         delay = child.deaths.failed()
         self.restarts += 1
-        if code == child_process.RECYCLE_EXIT:
+        if code == launch.RECYCLE_EXIT:
             self.recycles += 1
             message = "worker process recycled, restarting"
         else:
