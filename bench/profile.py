@@ -37,17 +37,29 @@ def available() -> bool:
 
 
 def worker_children(supervisor: int) -> list[int]:
-    """The supervisor's job-running children (not multiprocessing's resource tracker)."""
-    found = subprocess.run(["pgrep", "-P", str(supervisor)], capture_output=True, text=True)
+    """The supervisor's job-running processes: the children of its fork server (a worker of
+    an earlier commit: its spawned children), not the fork server itself nor
+    multiprocessing's resource tracker."""
     pids = []
-    for pid in (int(p) for p in found.stdout.split()):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
+    for pid in _children(supervisor):
+        cmdline = _cmdline(pid)
         if b"spawn_main" in cmdline:
             pids.append(pid)
+        elif b"multiprocessing.forkserver" in cmdline:
+            pids.extend(_children(pid))
     return pids
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def start(pids: list[int], workdir: Path) -> list[tuple[subprocess.Popen[bytes], Path]]:

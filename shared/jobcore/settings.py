@@ -210,6 +210,10 @@ class Settings(BaseSettings):
     # most every 5000/RETENTION_RATE seconds), so a backlog of old jobs costs the queue
     # little; raise it where more jobs than this finish per second for hours.
     retention_rate: int = Field(default=5_000, ge=100, le=1_000_000)
+    # Worker: "off" lets the worker's own commits (claims, outcomes, heartbeats, maintenance)
+    # return before their WAL is flushed; a PostgreSQL crash may then undo the last of them
+    # (docs/worker.md, "Commit latency"). Submits are never affected.
+    worker_synchronous_commit: Literal["on", "off"] = "on"
 
     @field_validator("queues")
     @classmethod
@@ -235,7 +239,7 @@ class Settings(BaseSettings):
         parse_type_rate(value)
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "worker_synchronous_commit", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value

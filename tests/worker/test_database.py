@@ -387,3 +387,21 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
             await conn.execute(sa.select(jobs.c.status, jobs.c.attempts).where(jobs.c.id.in_(ids)))
         ).all()
     assert rows == [("pending", 0)] * 3
+
+
+@pytest.mark.parametrize(("synchronous_commit", "expected"), [(True, "on"), (False, "off")])
+async def test_worker_synchronous_commit_applies_to_the_stores_connections_only(
+    engine, synchronous_commit, expected
+):
+    """WORKER_SYNCHRONOUS_COMMIT=off reaches the store's own writes; another connection of the
+    same engine (the periodic scheduler's submits) keeps the server's default."""
+    store = PgJobStore(engine, synchronous_commit=synchronous_commit)
+    try:
+        assert await store.recover_expired() == []
+        (held,) = store._idle
+        assert await held[1].fetchval("SHOW synchronous_commit") == expected
+        async with engine.connect() as conn:
+            default = await conn.scalar(sa.text("SHOW synchronous_commit"))
+        assert default == "on"
+    finally:
+        await store.close()

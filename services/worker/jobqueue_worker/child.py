@@ -106,7 +106,9 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     )
     tracer = tracing.start("jobqueue-worker")
     limits = TypeLimits(settings.type_concurrency_limits, settings.type_rate_limits)
-    store = PgJobStore(engine, limits=limits)
+    store = PgJobStore(
+        engine, limits=limits, synchronous_commit=settings.worker_synchronous_commit == "on"
+    )
     recycle = _Recycle(beacon, sum(settings.queue_slots.values()), stop)
     # The slots record through the completer, the completer claims for the dispatcher, the
     # dispatcher fills the slots: a cycle, closed by the two late-bound callbacks below.
@@ -170,6 +172,9 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
             "queues": settings.queue_slots,
             **({"type_concurrency": dict(limits.concurrency)} if limits.concurrency else {}),
             **({"type_rate": settings.type_rate} if limits.rate else {}),
+            **(
+                {"synchronous_commit": "off"} if settings.worker_synchronous_commit == "off" else {}
+            ),
         },
     )
     dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")

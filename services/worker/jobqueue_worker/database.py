@@ -64,6 +64,11 @@ _SESSION = (
     f"SET lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
     f"SET client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"
 )
+# WORKER_SYNCHRONOUS_COMMIT=off (docs/worker.md, "Commit latency"): the store's commits
+# (claims, outcomes, heartbeats, recovery, maintenance) return before their WAL is flushed.
+# Set on the store's connections only: the periodic scheduler's submits, which share the
+# engine but never these connections, stay synchronous like every other submit.
+_ASYNC_COMMIT = "; SET synchronous_commit = off"
 
 
 class JobStore(Protocol):
@@ -137,8 +142,11 @@ class PgJobStore:
         engine: AsyncEngine,
         availability: Availability | None = None,
         limits: TypeLimits | None = None,
+        *,
+        synchronous_commit: bool = True,
     ) -> None:
         self.engine = engine
+        self._session = _SESSION if synchronous_commit else _SESSION + _ASYNC_COMMIT
         self.availability = availability or Availability()
         # TYPE_CONCURRENCY / TYPE_RATE: the ordinary claims skip these types, which only
         # `claim_limited` takes. Empty: the claims are exactly those of a worker without limits.
@@ -229,7 +237,7 @@ class PgJobStore:
         driver = raw.driver_connection
         assert driver is not None  # a checked-out connection has one
         try:
-            await driver.execute(_SESSION)
+            await driver.execute(self._session)
         except BaseException:
             await _discard((conn, driver))
             raise
