@@ -14,8 +14,12 @@ what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains), a
 what a list page and the queue depths cost on a table of a million jobs
 (`bench.listing`), how soon a waiting request is answered and what waiting costs
 (`bench.waiting`), and what retention costs (`bench.retention`: drains while pruning, a
-table millions of jobs passed through). A progress bar goes to stderr, the table to
-stdout, everything measured to bench-results/<timestamp>.json.
+table millions of jobs passed through). One more system joins the round-robin: our drain
+with its features on (`bench.features`: two queues, mixed priorities, heartbeats renewing,
+a type under TYPE_CONCURRENCY, retention pruning), set against the plain drain and the
+peers'. A progress bar goes to stderr, the table to stdout ending with every performance
+target (met, missed or not measured), everything measured to
+bench-results/<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from bench import (
     backlog,
     client,
     costs,
+    features,
     listing,
     measure,
     pg,
@@ -59,6 +64,7 @@ from bench.beacon import Receiver
 from bench.procs import ROOT
 from bench.progress import Progress
 from bench.report import render, summarize
+from bench.webhooks import cpu_seconds
 
 PEERS = ("procrastinate", "pgqueuer")
 # bench.costs: the result kind and its two runs, with the feature and without.
@@ -91,6 +97,8 @@ class Config:
     schedule_polls: list[str] = field(default_factory=lambda: ["1s", "5s"])
     two_queues: bool = True
     costs: bool = True
+    features: bool = True
+    features_prefill: int = 100_000
     list_rows: int = 1_000_000
     list_samples: int = 200
     wait_samples: int = 1_000
@@ -128,6 +136,7 @@ QUICK = {
     "retention_churn": 200_000,
     "retention_cycled": 100_000,
     "client_jobs": 20_000,
+    "features_prefill": 50_000,
 }
 
 
@@ -207,7 +216,17 @@ class Run:
                 figures["pickup"] = await measure.pickup_latency(
                     adapter, self.rx, config.latency_samples
                 )
+            # Our worker's CPU per job, which the drain with the features on is set against.
+            pids = (
+                features.worker_pids(adapter.worker_procs[0].pid)
+                if isinstance(adapter, Ours)
+                else []
+            )
+            cpu = cpu_seconds(pids)
             figures.update(await measure.drain(adapter, config.jobs, _timeout(config.jobs)))
+            if pids:
+                used = cpu_seconds(pids) - cpu
+                figures["worker_cpu_us_per_job"] = used / config.jobs * 1e6
             if full:
                 figures.update(
                     await measure.end_to_end(
@@ -239,6 +258,22 @@ class Run:
         finally:
             result = await profile.stop(spies)
         return result
+
+    async def features_session(self, rep: int) -> None:
+        c = self.config
+        assert self.rx is not None
+        self.systems.setdefault(features.SYSTEM, features.describe(c.workers))
+        figures = await features.session(
+            c.server,
+            self.workdir,
+            self.rx,
+            c.workers,
+            max(c.processes),
+            c.jobs,
+            c.features_prefill,
+            _timeout(c.jobs),
+        )
+        self.results.append({**figures, "repeat": rep})
 
     async def api_session(self, rep: int) -> None:
         ours = Ours(self.config.server, self.workdir, self.config.workers)
@@ -465,10 +500,20 @@ class Run:
         try:
             for name in await pg.drop_stale(c.server):
                 print(f"dropped stale benchmark database {name}", file=sys.stderr)
-            systems = ["jobqueue", *(PEERS if c.compare else ())]
+            systems = [
+                "jobqueue",
+                *([features.SYSTEM] if c.features else ()),
+                *(PEERS if c.compare else ()),
+            ]
             for rep in range(c.repeat):
                 shift = rep % len(systems)
                 for system in systems[shift:] + systems[:shift]:
+                    if system == features.SYSTEM:
+                        await self.step(
+                            f"{rep + 1}/{c.repeat} {system}: {max(c.processes)} worker process(es)",
+                            lambda r=rep: self.features_session(r),
+                        )
+                        continue
                     for processes in c.processes:
                         # Latency and end-to-end are measured once per repeat, with the most
                         # processes: the production-like setting.
@@ -564,6 +609,7 @@ def total_steps(c: Config) -> int:
     systems = 1 + (len(PEERS) if c.compare else 0)
     sweep = len([w for w in c.sweep if w != c.workers])
     per_repeat = (systems + sweep) * len(c.processes) + 1 + (1 if c.webhook_jobs else 0)
+    per_repeat += int(c.features)
     per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
     per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
     listed = 1 if c.list_rows else 0
@@ -631,6 +677,18 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--no-costs",
         action="store_true",
         help="skip the drains that measure what heartbeats and per-type limits cost",
+    )
+    parser.add_argument(
+        "--no-features",
+        action="store_true",
+        help="skip our drain with the features on (queues, priorities, heartbeats, a type "
+        "limit, retention)",
+    )
+    parser.add_argument(
+        "--features-prefill",
+        type=int,
+        help="old completed jobs retention prunes during the drain with the features on "
+        f"(default {d.features_prefill:,})",
     )
     parser.add_argument(
         "--list-rows",
@@ -714,6 +772,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "retention_churn",
         "retention_cycled",
         "client_jobs",
+        "features_prefill",
         "server",
         "output_dir",
     ):
@@ -730,6 +789,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         config.two_queues = False
     if args.no_costs:
         config.costs = False
+    if args.no_features:
+        config.features = False
     config.keep_logs = args.keep_logs
     config.profile = args.profile
     if config.profile and not profile.available():
@@ -739,6 +800,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     config.server = config.server or pg.server_url()
     if config.repeat < 1 or config.jobs < 1:
         parser.error("--repeat and --jobs must be at least 1")
+    if config.features and config.features_prefill < 1:
+        parser.error("--features-prefill must be at least 1: retention needs jobs to prune")
     return config
 
 

@@ -1,10 +1,16 @@
-"""From raw results to medians, ratios and target verdicts (`summarize`), and the text table."""
+"""From raw results to medians, ratios and target verdicts (`summarize`), and the text table.
+
+The targets are gathered into one list (`summary["targets"]`, the table that ends the
+report): those computed here from the systems' figures, and each step's own (its module's
+`targets()`), in the order of `EXPECTED`; a target whose figures the run did not measure
+(a step skipped, no peers) is listed as "not measured" rather than left out.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench import client, costs, listing, retention, scheduling, waiting, webhooks
+from bench import client, costs, features, listing, retention, scheduling, waiting, webhooks
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -54,6 +60,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
         ]
         summary["systems"][name] = _system(rows)
 
+    e2e = [r["processes"] for r in sessions if r["system"] == OURS and "e2e_jobs_per_s" in r]
+    if e2e:
+        summary["e2e_processes"] = max(e2e)
     ours = summary["systems"].get(OURS)
     if ours is not None:
         sweep: dict[str, dict[str, float]] = {}
@@ -80,7 +89,7 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
             ours["http_batch_jobs_per_s"] = _med(batch, "jobs_per_s")
 
         for peer in names:
-            if peer == OURS:
+            if peer in (OURS, features.SYSTEM):
                 continue
             theirs = summary["systems"][peer]
             ratios = {
@@ -115,6 +124,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     routed = scheduling.summarize(results, summary["systems"].get(OURS, {}))
     if routed:
         summary["scheduling"] = routed
+    featured = features.summarize(results, summary["systems"])
+    if featured:
+        summary["features"] = featured
     priced = costs.summarize(results)
     if priced:
         summary["costs"] = priced
@@ -166,55 +178,187 @@ def _backlog(rows: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, An
     return out
 
 
+PEER_NAMES = {"pgqueuer": "PgQueuer", "procrastinate": "Procrastinate"}
+PICKUP_TARGETS = (("p50", 1.5), ("p99", 5.0))
+E2E_TARGET = 2.0  # our end to end over PgQueuer's, at least
+BATCH_TARGET = 40_000.0  # jobs/s through POST /jobs/batch
+
+
+def _versus(
+    name: str, goal: str, ours: float | None, theirs: float | None, bound: float
+) -> dict[str, Any] | None:
+    """A target on the ratio of our rate to a peer's: both rates and the ratio."""
+    if ours is None or not theirs:
+        return None
+    ratio = ours / theirs
+    return {
+        "target": name,
+        "goal": goal,
+        "measured": ours,
+        "versus": theirs,
+        "ratio": ratio,
+        "met": ratio >= bound,
+    }
+
+
+def _systems_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets on the figures of `summary["systems"]`: drains and end to end against the
+    peers, idle pickup, bulk submit over HTTP."""
+    systems = summary["systems"]
+    ours = systems.get(OURS, {})
+    out: list[dict[str, Any] | None] = []
+    for peer, bound in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
+        out.append(
+            _versus(
+                f"drain 2 procs vs {PEER_NAMES[peer]} (jobs/s)",
+                f">= {bound:g}x",
+                ours.get("drain_2proc_jobs_per_s"),
+                systems.get(peer, {}).get("drain_2proc_jobs_per_s"),
+                bound,
+            )
+        )
+    for p, bound in PICKUP_TARGETS:
+        value = ours.get(f"pickup_from_commit_{p}_ms")
+        if value is not None:
+            out.append(
+                {
+                    "target": f"idle pickup {p} from commit (ms)",
+                    "goal": f"<= {bound:g}",
+                    "measured": value,
+                    "met": value <= bound,
+                }
+            )
+    e2e = summary.get("e2e_processes")
+    out.append(
+        _versus(
+            f"end to end, HTTP submit to completed, {e2e} procs, vs PgQueuer's in-process "
+            "producer (jobs/s)",
+            f">= {E2E_TARGET:g}x" + ("" if e2e == 2 else " (stated for 2 procs)"),
+            ours.get("e2e_jobs_per_s"),
+            systems.get("pgqueuer", {}).get("e2e_jobs_per_s"),
+            E2E_TARGET,
+        )
+    )
+    batch = ours.get("http_batch_jobs_per_s")
+    if batch is not None:
+        out.append(
+            {
+                "target": "bulk submit via POST /jobs/batch (jobs/s)",
+                "goal": f">= {BATCH_TARGET:.0f}",
+                "measured": batch,
+                "met": batch >= BATCH_TARGET,
+            }
+        )
+    return [t for t in out if t is not None]
+
+
+# Every target of the run, in the order of the table: a part of the name each target's line
+# holds (the modules name theirs with the figures of the run), and the name and goal of its
+# line when it was not measured.
+EXPECTED = [
+    ("drain 2 procs vs PgQueuer", "drain 2 procs vs PgQueuer (jobs/s)", ">= 2x"),
+    ("drain 2 procs vs Procrastinate", "drain 2 procs vs Procrastinate (jobs/s)", ">= 10x"),
+    (
+        "with the features on vs PgQueuer",
+        features.target_name(features.STATED_PROCESSES, "pgqueuer"),
+        f">= {features.PEERS['pgqueuer'][1]:g}x",
+    ),
+    (
+        "with the features on vs Procrastinate",
+        features.target_name(features.STATED_PROCESSES, "procrastinate"),
+        f">= {features.PEERS['procrastinate'][1]:g}x",
+    ),
+    ("idle pickup p50 from commit", "idle pickup p50 from commit (ms)", "<= 1.5"),
+    ("idle pickup p99 from commit", "idle pickup p99 from commit (ms)", "<= 5"),
+    (
+        "scheduled-job lateness p99",
+        "scheduled-job lateness p99 (ms)",
+        f"<= {scheduling.LATENESS_TARGET_MS:.0f}",
+    ),
+    (
+        "scheduled jobs never start early",
+        "scheduled jobs never start early (earliest lateness, ms)",
+        ">= 0",
+    ),
+    (
+        "?wait= answered after the finishing commit",
+        "GET /jobs/{id}?wait= answered after the finishing commit, p99 (ms)",
+        f"<= {waiting.LATENCY_TARGET_MS:g}",
+    ),
+    (
+        "list page of",
+        f"list page of {listing.LIMIT} p99, every filter, first and deep page, "
+        f"{listing.TARGET_ROWS:,} jobs (ms)",
+        f"< {listing.TARGET_P99_MS:g}",
+    ),
+    (
+        "end to end, HTTP submit to completed",
+        "end to end, HTTP submit to completed, 2 procs, vs PgQueuer's in-process producer (jobs/s)",
+        f">= {E2E_TARGET:g}x",
+    ),
+    (
+        "bulk submit via POST /jobs/batch",
+        "bulk submit via POST /jobs/batch (jobs/s)",
+        f">= {BATCH_TARGET:.0f}",
+    ),
+    (
+        "concurrent waiters on one API process",
+        "concurrent waiters on one API process all answered, its database connections "
+        "within its pool (answered)",
+        "= waiters",
+    ),
+    (
+        "drain over two queues",
+        "drain over two queues, mixed priorities, vs one queue (ratio)",
+        f">= {scheduling.RATIO_TARGET:.2f}",
+    ),
+    (
+        "drain with heartbeats renewing",
+        "drain with heartbeats renewing vs none due, no lease lost (ratio)",
+        f">= {costs.HEARTBEAT_TARGET:.2f}",
+    ),
+    (
+        "under TYPE_CONCURRENCY",
+        "drain with a type under TYPE_CONCURRENCY vs no limits (ratio)",
+        f">= {costs.LIMITS_TARGET:.2f}",
+    ),
+    (
+        "drain while retention prunes",
+        "drain while retention prunes old jobs vs retention off (ratio)",
+        f">= {retention.PRUNE_TARGET:.2f}",
+    ),
+    (
+        "passed through with retention on",
+        "a table jobs passed through with retention on vs a fresh one, within "
+        f"{retention.CHURN_TARGET_PCT:g}%",
+        "claim p50/p99 and drain",
+    ),
+    ("backlog within 20%", "backlog within 20% of empty table", "claim p50/p99 and drain"),
+    (
+        "transactional enqueue_many",
+        "transactional enqueue_many on asyncpg, several connections (jobs/s)",
+        f">= {client.ENQUEUE_TARGET:,.0f}",
+    ),
+    (
+        "webhooks to a local sink",
+        "webhooks to a local sink, per worker process (jobs/s)",
+        f">= {webhooks.TARGET_PER_PROCESS:.0f}, no retries",
+    ),
+]
+
+
 def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    ours = summary["systems"].get(OURS, {})
-    ratios = summary["ratios"]
-    checks = [
-        (
-            "drain 2 procs vs PgQueuer",
-            ">= 2x",
-            ratios.get("pgqueuer", {}).get("drain_2proc"),
-            2.0,
-            True,
-        ),
-        (
-            "drain 2 procs vs Procrastinate",
-            ">= 10x",
-            ratios.get("procrastinate", {}).get("drain_2proc"),
-            10.0,
-            True,
-        ),
-        (
-            "idle pickup p50 from commit (ms)",
-            "<= 1.5",
-            ours.get("pickup_from_commit_p50_ms"),
-            1.5,
-            False,
-        ),
-        (
-            "idle pickup p99 from commit (ms)",
-            "<= 5",
-            ours.get("pickup_from_commit_p99_ms"),
-            5.0,
-            False,
-        ),
-        (
-            "bulk submit via POST /jobs/batch (jobs/s)",
-            ">= 40000",
-            ours.get("http_batch_jobs_per_s"),
-            40_000,
-            True,
-        ),
-    ]
-    out = []
-    for name, goal, value, bound, higher in checks:
-        if value is None:
-            continue
-        met = value >= bound if higher else value <= bound
-        out.append({"target": name, "goal": goal, "measured": value, "met": met})
+    gathered = _systems_targets(summary)
+    gathered += features.targets(summary.get("features", {}))
+    gathered += scheduling.targets(summary.get("scheduling", {}))
+    gathered += waiting.targets(summary.get("waiting", {}))
+    gathered += listing.targets(summary.get("listing", {}))
+    gathered += costs.targets(summary.get("costs", {}))
+    gathered += retention.targets(summary.get("retention", {}))
+    gathered += client.targets(summary.get("client", {}))
     hooks = summary.get("webhooks")
     if hooks:
-        out.append(
+        gathered.append(
             {
                 "target": "webhooks to a local sink, per worker process (jobs/s)",
                 "goal": f">= {webhooks.TARGET_PER_PROCESS:.0f}, no retries",
@@ -222,15 +366,9 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": hooks["target_met"],
             }
         )
-    out += scheduling.targets(summary.get("scheduling", {}))
-    out += costs.targets(summary.get("costs", {}))
-    out += listing.targets(summary.get("listing", {}))
-    out += waiting.targets(summary.get("waiting", {}))
-    out += retention.targets(summary.get("retention", {}))
-    out += client.targets(summary.get("client", {}))
     backlog = summary.get("backlog", {})
     if "within_20pct" in backlog:
-        out.append(
+        gathered.append(
             {
                 "target": "backlog within 20% of empty table",
                 "goal": "claim p50/p99 and drain",
@@ -238,7 +376,26 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": backlog["within_20pct"],
             }
         )
-    return out
+    out: list[dict[str, Any]] = []
+    taken: set[int] = set()
+    for part, name, goal in EXPECTED:
+        found = [i for i, t in enumerate(gathered) if i not in taken and part in t["target"]]
+        taken.update(found)
+        out += [gathered[i] for i in found]
+        if not found:
+            out.append({"target": name, "goal": goal, "measured": None, "met": None})
+    # A target of a step that EXPECTED does not know yet still gets its line, at the end.
+    out += [t for i, t in enumerate(gathered) if i not in taken]
+    return [_verdict(t) for t in out]
+
+
+def _verdict(target: dict[str, Any]) -> dict[str, Any]:
+    """The target with its `status` (met, missed, not measured) and, for a ratio, `ratio`."""
+    status = "not measured" if target["met"] is None else "met" if target["met"] else "missed"
+    ratio = target.get("ratio")
+    if ratio is None and target["target"].endswith("(ratio)"):
+        ratio = target["measured"]
+    return {**target, "ratio": ratio, "status": status}
 
 
 # --- text ------------------------------------------------------------------------
@@ -325,6 +482,7 @@ def render(document: dict[str, Any]) -> str:
             rows,
         )
     )
+    out += features.lines(summary.get("features", {}))
     ours = systems.get(OURS, {})
     sweep = ours.get("drain_by_workers", {})
     if sweep:
@@ -399,17 +557,49 @@ def render(document: dict[str, Any]) -> str:
         out += [f"  {pct:5.1f}%  {area}" for area, pct in prof["areas_pct"].items()]
         out += ["  functions with the most samples of their own:"]
         out += [f"  {pct:5.1f}%  {name}" for name, pct in prof["top_self_pct"].items()]
-    if summary["targets"]:
-        out += ["", "Targets"]
-        for t in summary["targets"]:
-            measured = t["measured"]
-            shown = (
-                ", ".join(f"{k} {v:+.1f}%" for k, v in measured.items())
-                if isinstance(measured, dict)
-                else _n(measured, 2)
-            )
-            out.append(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']} {t['goal']}: {shown}")
     if document["errors"]:
         out += ["", "Steps that failed or could not run"]
         out += [f"  {e['step']}: {e['error']}" for e in document["errors"]]
+    out += ["", "Targets", *targets_table(summary["targets"])]
     return "\n".join(out)
+
+
+def _measured(target: dict[str, Any]) -> str:
+    value = target["measured"]
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:+.1f}%" for k, v in value.items())
+    if target.get("versus") is not None:
+        return f"{value:,.0f} vs {target['versus']:,.0f}"
+    if value == target.get("ratio"):
+        return ""  # the ratio column shows it
+    # Latencies to the hundredth of a millisecond (a p99 of 100.5 misses <= 100); rates and
+    # counts whole.
+    if not target["target"].endswith("ms)") and (isinstance(value, int) or abs(value) >= 100):
+        return f"{value:,.0f}"
+    return f"{value:,.2f}"
+
+
+def targets_table(targets: list[dict[str, Any]]) -> list[str]:
+    """One line per target: verdict, target, goal, what was measured, the ratio if any."""
+    rows = [
+        [
+            "MISSED" if t["status"] == "missed" else t["status"],
+            t["target"],
+            t["goal"],
+            _measured(t),
+            "" if t["ratio"] is None else f"{t['ratio']:.2f}x",
+        ]
+        for t in targets
+    ]
+    header = ["verdict", "target", "goal", "measured", "ratio"]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  "
+        + "  ".join(
+            cell.rjust(w) if i >= 3 else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, ["-" * w for w in widths], *rows]
+    ]

@@ -17,7 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from bench import features
 from bench.listing import COMBOS, PAGES
+from bench.report import EXPECTED
 from tests.pg import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +50,7 @@ TINY = [
     "--retention-churn", "3000",
     "--retention-cycled", "1500",
     "--client-jobs", "2000",
+    "--features-prefill", "50000",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -189,6 +192,25 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
         assert enqueued[kind]["jobs"] == 2000 and enqueued[kind]["jobs_per_s"] > 0, kind
     assert 0 < enqueued["enqueue_one"]["batch_p50_ms"] <= enqueued["enqueue_one"]["batch_p99_ms"]
     assert "Client: enqueueing from Python" in run.stdout
+
+    featured = summary["features"]
+    assert (featured["processes"], featured["workers"], featured["jobs"]) == (1, 10, 200)
+    assert featured["jobs_per_s"] > 0 and featured["worker_cpu_us_per_job"] >= 0
+    assert featured["versus"]["jobqueue"]["ratio"] > 0
+    assert featured["prefill"] == 50_000 and featured["pruning_throughout"]
+    assert featured["leases_lost"] == 0 and featured["database_outages"] == 0
+    assert summary["systems"][features.SYSTEM]["drain_1proc_jobs_per_s"] > 0
+    assert f"{features.SYSTEM}: drain of 200 no-op jobs, 1 process(es)" in run.stdout
+
+    # Every target has its line; only those against a peer (none ran here) were not measured.
+    targets = summary["targets"]
+    for part, _, _ in EXPECTED:
+        assert [t for t in targets if part in t["target"]], part
+    unmeasured = [t["target"] for t in targets if t["status"] == "not measured"]
+    peers = [t["target"] for t in targets if "PgQueuer" in t["target"] or "Procr" in t["target"]]
+    assert unmeasured == peers
+    table = run.stdout.split("\nTargets\n", 1)[1]
+    assert table.count("\n  not measured  ") == sum(t["status"] == "not measured" for t in targets)
 
     figures = numbers(ours) + numbers({k: backlog[k] for k in ("empty", "backlog")})
     assert len(figures) >= 20

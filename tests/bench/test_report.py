@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from bench import features
 from bench.queues import parse_args, total_steps
-from bench.report import render, summarize
+from bench.report import EXPECTED, render, summarize
 from bench.stats import percentile
 
 
@@ -49,6 +50,14 @@ CONFIG = {
 }
 
 
+def target_line(text: str, name: str) -> list[str]:
+    """The cells of the Targets table's line for the target `name` (verdict first)."""
+    table = text.split("\nTargets\n", 1)[1].splitlines()
+    (line,) = [line for line in table if f"  {name}  " in line]
+    verdict, rest = line.strip().split("  ", 1)
+    return [verdict, *(cell.strip() for cell in rest.split("  ") if cell.strip())]
+
+
 def document(results: list[dict[str, Any]]) -> dict[str, Any]:
     doc = {
         "config": CONFIG,
@@ -83,9 +92,18 @@ def test_figures_are_medians_over_repeats_and_ratios_are_ours_over_peer() -> Non
     assert summary["systems"]["jobqueue"]["pickup_from_commit_p50_ms"] == 2.0
     assert summary["ratios"]["pgqueuer"]["drain_2proc"] == 2.0
     assert summary["ratios"]["pgqueuer"]["pickup_from_commit_p50"] == 0.5
-    (target,) = [t for t in summary["targets"] if "PgQueuer" in t["target"]]
-    assert target["met"] is True
-    assert "ratio jobqueue/pgqueuer" in render(doc)
+    (target,) = [t for t in summary["targets"] if t["target"].startswith("drain 2 procs vs PgQ")]
+    assert (target["measured"], target["versus"], target["ratio"]) == (10_000, 5_000, 2.0)
+    assert (target["met"], target["status"]) == (True, "met")
+    text = render(doc)
+    assert "ratio jobqueue/pgqueuer" in text
+    assert target_line(text, "drain 2 procs vs PgQueuer (jobs/s)") == [
+        "met",
+        "drain 2 procs vs PgQueuer (jobs/s)",
+        ">= 2x",
+        "10,000 vs 5,000",
+        "2.00x",
+    ]
 
 
 def test_backlog_counts_only_slowdowns_against_the_20_percent_bound() -> None:
@@ -158,7 +176,12 @@ def test_scheduled_lateness_meets_its_target_only_if_p99_within_250ms_and_never_
     assert not met["scheduled jobs never start early, POLL_INTERVAL=5s (earliest lateness, ms)"]
     text = render(doc)
     assert "Scheduled jobs: lateness after run_at" in text
-    assert "[MISSED] scheduled-job lateness p99, POLL_INTERVAL=5s" in text
+    assert target_line(text, "scheduled-job lateness p99, POLL_INTERVAL=5s (ms)") == [
+        "MISSED",
+        "scheduled-job lateness p99, POLL_INTERVAL=5s (ms)",
+        "<= 250",
+        "260.00",
+    ]
 
 
 def test_two_queue_drain_is_set_against_the_single_queue_drain_of_the_same_run() -> None:
@@ -236,7 +259,7 @@ def test_heartbeat_cost_is_renewing_over_idle_medians_and_a_lost_lease_misses_th
         " (0 lease(s) lost)"
     ) in text
     assert "    worker CPU per job 52 µs vs 50 µs" in text
-    assert f"[met] {HEARTBEATS} >= 0.95: 0.95" in text
+    assert target_line(text, HEARTBEATS) == ["met", HEARTBEATS, ">= 0.95", "0.95x"]
 
     slower = document([heartbeat_row("renewing", 1_880), heartbeat_row("idle", 2_000)])
     assert verdicts(slower)[HEARTBEATS] is False
@@ -259,7 +282,7 @@ def test_type_limit_cost_is_the_limited_drain_over_the_unlimited_one_of_the_same
 
     slower = document([limits_row("limited", 7_900), limits_row("unlimited", 10_000)])
     assert verdicts(slower)[LIMITS] is False
-    assert f"[MISSED] {LIMITS} >= 0.80: 0.79" in render(slower)
+    assert target_line(render(slower), LIMITS) == ["MISSED", LIMITS, ">= 0.80", "0.79x"]
     # Half a pair has nothing to be set against: no figure, no target.
     alone = document([limits_row("limited", 7_900)])
     assert "costs" not in alone["summary"]
@@ -271,3 +294,125 @@ def test_no_costs_flag_skips_the_four_cost_drains_of_each_repeat() -> None:
     skipped = parse_args(["--quick", "--no-costs", "--server", "postgresql://unused"])
     assert (config.costs, skipped.costs) == (True, False)
     assert total_steps(config) - total_steps(skipped) == 4 * config.repeat
+
+
+def featured(drain: float, rep: int = 0, **more: Any) -> dict[str, Any]:
+    return {
+        "kind": "session",
+        "system": features.SYSTEM,
+        "repeat": rep,
+        "processes": 2,
+        "workers": 50,
+        "drain_jobs_per_s": drain,
+        "drain_seconds": 20_000 / drain,
+        "bulk_enqueue_jobs_per_s": 40_000.0,
+        "worker_cpu_us_per_job": 30.0,
+        "prefill": 100_000,
+        "pruned_before_drain": 5_000,
+        "pruned_during_drain": 10_000,
+        "prefill_left_after_drain": 80_000,
+        "leases_lost": 0,
+        "database_outages": 0,
+        **more,
+    }
+
+
+FEATURED_PGQ = "drain 2 procs with the features on vs PgQueuer (jobs/s)"
+FEATURED_PROC = "drain 2 procs with the features on vs Procrastinate (jobs/s)"
+
+
+def test_the_drain_with_the_features_on_is_set_against_ours_and_the_peers_of_its_run() -> None:
+    doc = document(
+        [
+            session("jobqueue", 2, 30_000, worker_cpu_us_per_job=20.0),
+            session("jobqueue", 1, 18_000, worker_cpu_us_per_job=19.0),
+            session("pgqueuer", 2, 9_000),
+            session("procrastinate", 2, 1_000),
+            featured(20_000),
+            featured(24_000, rep=1),
+            featured(10_000, rep=2),
+        ]
+    )
+    section = doc["summary"]["features"]
+    assert section["jobs_per_s"] == 20_000  # the median of the repeats
+    assert section["versus"]["jobqueue"] == {"jobs_per_s": 30_000, "ratio": pytest.approx(2 / 3)}
+    assert section["versus"]["pgqueuer"]["ratio"] == pytest.approx(20 / 9)
+    assert section["versus"]["procrastinate"]["ratio"] == 20.0
+    # Set against our 2-process drain, not the 1-process one.
+    assert (section["worker_cpu_us_per_job"], section["plain_worker_cpu_us_per_job"]) == (30, 20)
+    assert section["pruning_throughout"] and section["leases_lost"] == 0
+    # Not a peer of ours: no ratio row of its own, but a row in the systems' table.
+    assert features.SYSTEM not in doc["summary"]["ratios"]
+    assert doc["summary"]["systems"][features.SYSTEM]["drain_2proc_jobs_per_s"] == 20_000
+    met = verdicts(doc)
+    assert met[FEATURED_PGQ] is True and met[FEATURED_PROC] is True
+    text = render(doc)
+    assert "  20,000 jobs/s (repeats 20,000 / 24,000 / 10,000); 10,000 rows pruned" in text
+    assert "  vs our plain drain: 30,000 jobs/s, 0.67x" in text
+    assert "  vs PgQueuer: 9,000 jobs/s, 2.22x" in text
+    assert "  worker CPU per job 30 µs vs 20 µs in our plain drain" in text
+    assert target_line(text, FEATURED_PGQ) == [
+        "met",
+        FEATURED_PGQ,
+        ">= 2x",
+        "20,000 vs 9,000",
+        "2.22x",
+    ]
+
+    slow = document([session("pgqueuer", 2, 9_000), featured(17_000)])
+    assert verdicts(slow)[FEATURED_PGQ] is False
+    # A lost lease, a drain retention did not run through, an outage: the run is void.
+    for spoilt in (
+        {"leases_lost": 1},
+        {"prefill_left_after_drain": 0},
+        {"pruned_before_drain": 0},
+        {"database_outages": 1},
+    ):
+        void = document([session("pgqueuer", 2, 9_000), featured(30_000, **spoilt)])
+        assert verdicts(void)[FEATURED_PGQ] is False, spoilt
+
+
+def test_every_target_a_run_did_not_measure_is_listed_as_not_measured() -> None:
+    doc = document([])
+    targets = doc["summary"]["targets"]
+    assert [t["target"] for t in targets] == [name for _, name, _ in EXPECTED]
+    assert all(t["status"] == "not measured" and t["met"] is None for t in targets)
+    text = render(doc)
+    for _, name, goal in EXPECTED:
+        assert target_line(text, name) == ["not measured", name, goal, "-"]
+
+    # Only the peers missing: ours is measured, every target against a peer is not.
+    ours = document([session("jobqueue", 2, 30_000, e2e_jobs_per_s=1_000.0), featured(20_000)])
+    status = {t["target"]: t["status"] for t in ours["summary"]["targets"]}
+    assert status[FEATURED_PGQ] == status[FEATURED_PROC] == "not measured"
+    assert status["drain 2 procs vs PgQueuer (jobs/s)"] == "not measured"
+    e2e = "end to end, HTTP submit to completed, 2 procs, vs PgQueuer's in-process producer"
+    assert status[f"{e2e} (jobs/s)"] == "not measured"
+
+
+def test_end_to_end_must_reach_twice_pgqueuers_in_the_same_run() -> None:
+    e2e = "end to end, HTTP submit to completed, 2 procs, vs PgQueuer's in-process producer"
+    doc = document(
+        [
+            session("jobqueue", 2, 30_000, e2e_jobs_per_s=4_000.0),
+            session("pgqueuer", 2, 9_000, e2e_jobs_per_s=2_000.0),
+        ]
+    )
+    assert verdicts(doc)[f"{e2e} (jobs/s)"] is True
+    slower = document(
+        [
+            session("jobqueue", 2, 30_000, e2e_jobs_per_s=1_000.0),
+            session("pgqueuer", 2, 9_000, e2e_jobs_per_s=2_000.0),
+        ]
+    )
+    (target,) = [t for t in slower["summary"]["targets"] if t["target"].startswith(e2e)]
+    assert (target["ratio"], target["status"]) == (0.5, "missed")
+
+
+def test_no_features_flag_skips_the_drain_with_the_features_on_each_repeat() -> None:
+    config = parse_args(["--quick", "--server", "postgresql://unused"])
+    skipped = parse_args(["--quick", "--no-features", "--server", "postgresql://unused"])
+    assert (config.features, skipped.features) == (True, False)
+    assert total_steps(config) - total_steps(skipped) == config.repeat
+    with pytest.raises(SystemExit):
+        parse_args(["--features-prefill", "0", "--server", "postgresql://unused"])

@@ -6,6 +6,7 @@ from typing import Any
 
 from bench.queues import parse_args, total_steps
 from bench.report import render, summarize
+from tests.bench.test_report import target_line
 
 SERVER = ["--server", "postgresql://unused"]
 
@@ -91,7 +92,8 @@ def test_the_wait_target_is_the_p99_from_the_finishing_commit_at_most_100_ms() -
     late = document([waiting_row(100.5)])
     assert verdicts(late, "GET /jobs/{id}?wait=") == [False]
     text = render(late)
-    assert "[MISSED] GET /jobs/{id}?wait= answered after the finishing commit, p99" in text
+    name = "GET /jobs/{id}?wait= answered after the finishing commit, p99 (ms)"
+    assert target_line(text, name) == ["MISSED", name, "<= 100", "100.50"]
     assert "p99 100.50 ms" in text and "(1,000 waits, 998 of them answered through the" in text
 
 
