@@ -102,8 +102,9 @@ class Process:
         return self.proc.poll() is None
 
     def children(self) -> list[int]:
-        """Pids of the worker processes (spawned children) running under this one."""
-        found = []
+        """Pids of the worker processes running under this one: the children of its fork
+        server (docs/worker.md, "Start"), or its own spawned children (an earlier worker)."""
+        processes = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -112,10 +113,17 @@ class Process:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
-            if ppid == self.pid and b"spawn_main" in cmdline:
-                found.append(int(entry.name))
-        return sorted(found)
+            processes[int(entry.name)] = (int(stat[stat.rfind(b")") + 2 :].split()[1]), cmdline)
+        servers = {
+            pid
+            for pid, (ppid, cmdline) in processes.items()
+            if ppid == self.pid and b"multiprocessing.forkserver" in cmdline
+        }
+        return sorted(
+            pid
+            for pid, (ppid, cmdline) in processes.items()
+            if ppid in servers or (ppid == self.pid and b"spawn_main" in cmdline)
+        )
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
