@@ -1,4 +1,5 @@
-"""`make bench-api`: POST /jobs throughput and latency of a real `jobqueue-api` process.
+"""`make bench-api`: POST /jobs CPU, throughput and latency of a real `jobqueue-api` process,
+against an empty handler measured in the same run.
 
 Creates a throwaway database on the local PostgreSQL (or BENCH_DATABASE_URL's
 server), migrates it, starts `jobqueue-api` with its default settings on a free
@@ -7,11 +8,19 @@ port, and loads it from this process: C keep-alive connections, each sending
 HTTP/1.1 on asyncio so that it costs far less CPU than the server it measures.
 Afterwards the job count in the database must equal the number of 201s.
 
-    python -m bench.api [--concurrency 8 32] [--duration 10] [--idempotency-keys]
-                        [--max-pending 1000000]
+Each run is repeated against an empty handler (`--serve-empty`: a Starlette POST route
+that reads the body and answers a small JSON document, on Hypercorn with the API's own
+configuration), started alongside the API: the ratio of the two processes' CPU per
+request (from /proc, which depends much less on how busy the machine is than the rates
+do) is what the API itself adds to HTTP.
+
+    python -m bench.api [--concurrency 8 16 32] [--duration 10] [--idempotency-keys]
+                        [--max-pending 1000000] [--profile]
 
 `--max-pending` starts the API with that MAX_PENDING (admission control), to measure what
 the depth check costs per request; a cap the run reaches measures the 429 path instead.
+`--profile` adds one unmeasured run at 16 clients with `py-spy` (`make bench-install`)
+sampling the API, and splits its CPU per request by area (raw samples in bench-results/).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from alembic.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b'{"type":"sleep","payload":{"duration":"1s","note":"bench"}}'
+PROFILE_CLIENTS = 16
+PROFILE_RATE = 250  # samples per second
 
 
 def _server_url() -> str:
@@ -155,27 +166,53 @@ async def load(
 
 
 def _start_api(
-    url: str, port: int, log_path: Path, max_pending: str | None
+    url: str, port: int, log_path: Path, max_pending: str | None, empty: bool = False
 ) -> subprocess.Popen[bytes]:
+    """`jobqueue-api`, or with `empty` this module's empty handler, on `port`."""
     env = {**os.environ, "DATABASE_URL": url, "HTTP_ADDR": f"127.0.0.1:{port}"}
     env.pop("MAX_PENDING", None)
     if max_pending is not None:
         env["MAX_PENDING"] = max_pending
+    argv = [str(ROOT / ".venv" / "bin" / "jobqueue-api")]
+    if empty:
+        env["PYTHONPATH"] = str(ROOT)
+        argv = [sys.executable, "-m", "bench.api", "--serve-empty"]
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "jobqueue-api")],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+def serve_empty() -> None:
+    """The empty handler: `POST /jobs` reads the body and answers 201 with a small JSON
+    document; `/readyz` answers 200. Hypercorn is configured as `jobqueue-api` configures
+    it (HTTP_ADDR from the environment); no database, no middleware, no access log."""
+    from hypercorn.asyncio import serve
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from jobcore.settings import load_settings
+    from jobqueue_api.main import hypercorn_config
+
+    async def submit(request: Request) -> Response:
+        await request.body()
+        return Response(b'{"id":"0"}', status_code=201, media_type="application/json")
+
+    async def ready(request: Request) -> Response:
+        return Response(b'{"status":"ready"}', media_type="application/json")
+
+    app = Starlette(routes=[Route("/jobs", submit, methods=["POST"]), Route("/readyz", ready)])
+    config = hypercorn_config(load_settings())
+    asyncio.run(serve(app, config))  # type: ignore[arg-type]  # ASGI app, other protocol
 
 
 async def _wait_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 60) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"jobqueue-api exited with status {proc.returncode} at startup")
+            raise RuntimeError(f"{proc.args!r} exited with status {proc.returncode} at startup")
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /readyz HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
@@ -186,7 +223,16 @@ async def _wait_ready(port: int, proc: subprocess.Popen[bytes], limit: float = 6
         except (OSError, IndexError):
             pass
         await asyncio.sleep(0.2)
-    raise TimeoutError("jobqueue-api did not become ready")
+    raise TimeoutError(f"{proc.args!r} did not become ready")
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,6 +242,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = _with_database(server, name)
     proc: subprocess.Popen[bytes] | None = None
+    empty: subprocess.Popen[bytes] | None = None
     log_path = ROOT / "bench-results" / f"api-{name}.log"
     log_path.parent.mkdir(exist_ok=True)
     try:
@@ -204,36 +251,133 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         config.attributes["database_url"] = url
         config.attributes["skip_logging"] = True
         await asyncio.to_thread(command.upgrade, config, "head")  # env.py runs its own loop
-        port = _free_port()
+        port, empty_port = _free_port(), _free_port()
         proc = _start_api(url, port, log_path, args.max_pending)
+        empty = _start_api(url, empty_port, log_path.with_suffix(".empty.log"), None, True)
         await _wait_ready(port, proc)
-        await load(port, 4, 2.0, args.idempotency_keys, proc.pid)  # warm-up: pools, caches
+        await _wait_ready(empty_port, empty)
+        # Warm-up: pools, caches.
+        await load(port, 4, 2.0, args.idempotency_keys, proc.pid)
+        await load(empty_port, 4, 1.0, False, empty.pid)
         jobs_before = await _job_count(url)
-        runs = [
-            await load(port, c, args.duration, args.idempotency_keys, proc.pid)
-            for c in args.concurrency
-        ]
+        runs = []
+        for c in args.concurrency:
+            # Back to back, so both see about the same machine.
+            api = await load(port, c, args.duration, args.idempotency_keys, proc.pid)
+            bare = await load(empty_port, c, args.duration, False, empty.pid)
+            api["empty_cpu_ms_per_request"] = bare["server_cpu_ms_per_request"]
+            api["empty_p99_ms"] = bare["p99_ms"]
+            api["cpu_ratio_to_empty"] = round(
+                api["server_cpu_ms_per_request"] / bare["server_cpu_ms_per_request"], 2
+            )
+            runs.append(api)
         created = sum(r["statuses"].get("201", 0) for r in runs)
         stored = await _job_count(url) - jobs_before
         if stored != created:
             raise AssertionError(f"{created} jobs acknowledged with 201 but {stored} stored")
-        return {
-            "what": "POST /jobs against one jobqueue-api process (default settings)",
+        result: dict[str, Any] = {
+            "what": "POST /jobs against one jobqueue-api process (default settings), "
+            "and against an empty Starlette handler on the same Hypercorn configuration",
             "idempotency_keys": args.idempotency_keys,
             "max_pending": args.max_pending,
             "cpus": os.cpu_count(),
             "load_average_before": os.getloadavg(),
             "runs": runs,
         }
+        if args.profile:
+            result["profile"] = await _profile(port, proc.pid, args)
+        return result
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        _stop(proc)
+        _stop(empty)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+# --- profile -----------------------------------------------------------------------
+
+# Where a sample's CPU goes, by the frames of its stack: the first of these areas any
+# frame falls in (logging before JSON, SQLAlchemy before asyncpg), else the package of
+# the innermost frame that has one.
+_HELD_AREAS = [
+    ("logging (access log, submit line)", ("logging/__init__.py", "jobcore/logs.py")),
+    ("metrics", ("prometheus_client/",)),
+    ("SQLAlchemy", ("sqlalchemy/",)),
+    ("request validation", ("jobqueue_api/validation.py", "jobcore/validation.py")),
+    ("JSON", ("json/", "orjson", "jobqueue_api/records.py")),
+]
+_INNERMOST = [
+    ("asyncpg", "asyncpg/"),
+    ("Hypercorn and h11 (HTTP)", "hypercorn/"),
+    ("Hypercorn and h11 (HTTP)", "h11/"),
+    ("Starlette (routing, request, response)", "starlette/"),
+    ("jobqueue_api (middleware, routes, calls)", "jobqueue_api/"),
+    ("jobcore", "jobcore/"),
+    ("asyncio event loop", "asyncio/"),
+]
+_IDLE = ("select (selectors.py", "epoll")
+
+
+def _area(frames: list[str]) -> str:
+    if any(idle in frames[-1] for idle in _IDLE):
+        return "idle"
+    for area, needles in _HELD_AREAS:
+        if any(needle in frame for frame in frames for needle in needles):
+            return area
+    for frame in reversed(frames):
+        for area, needle in _INNERMOST:
+            if needle in frame:
+                return area
+    return "other (interpreter, uuid, stdlib)"
+
+
+def summarize(raw: Path, cpu_ms_per_request: float) -> dict[str, Any]:
+    """Busy samples of `raw` (py-spy's raw format) by area, as ms of CPU per request."""
+    areas: dict[str, int] = {}
+    own: dict[str, int] = {}
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        area = _area(frames)
+        if area == "idle":
+            continue
+        areas[area] = areas.get(area, 0) + int(count)
+        own[frames[-1].strip()] = own.get(frames[-1].strip(), 0) + int(count)
+    busy = sum(areas.values()) or 1
+    ranked = sorted(areas.items(), key=lambda kv: -kv[1])
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:15]
+    return {
+        "busy_samples": busy,
+        "cpu_ms_per_request": cpu_ms_per_request,
+        "areas_ms_per_request": {k: round(v / busy * cpu_ms_per_request, 3) for k, v in ranked},
+        "top_self_pct": {k: round(v / busy * 100, 1) for k, v in top},
+    }
+
+
+def _sample(spy: Path, pid: int, raw: Path) -> subprocess.Popen[bytes]:
+    argv = [str(spy), "record", "--nonblocking", "-p", str(pid), "-r", str(PROFILE_RATE)]
+    argv += ["-f", "raw", "-o", str(raw)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def _profile(port: int, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One more run at PROFILE_CLIENTS clients, not measured, with py-spy sampling the API."""
+    spy = ROOT / ".venv" / "bin" / "py-spy"
+    if not spy.exists():
+        raise RuntimeError("--profile needs py-spy: make bench-install")
+    raw = ROOT / "bench-results" / f"api-profile-{time.strftime('%Y%m%dT%H%M%SZ')}.txt"
+    sampler = _sample(spy, pid, raw)
+    try:
+        await asyncio.sleep(1.0)  # py-spy attaches
+        run = await load(port, PROFILE_CLIENTS, args.duration, args.idempotency_keys, pid)
+    finally:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+        await asyncio.to_thread(sampler.wait, 30)
+    summary = summarize(raw, run["server_cpu_ms_per_request"])
+    summary["raw"] = str(raw.relative_to(ROOT))
+    return summary
 
 
 async def _job_count(url: str) -> int:
@@ -246,25 +390,43 @@ async def _job_count(url: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--idempotency-keys", action="store_true", help="a unique key per job")
     parser.add_argument("--max-pending", help="MAX_PENDING for the API (default: unset)")
+    parser.add_argument("--profile", action="store_true", help="py-spy the API, one more run")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--serve-empty", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_empty:
+        serve_empty()
+        return
     result = asyncio.run(run(args))
     print(f"load average before: {result['load_average_before']}")
     print(f"MAX_PENDING: {result['max_pending'] or 'unset'}")
     print(
         f"{'conc':>5} {'requests':>9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
-        f" {'server CPU ms/req':>18}"
+        f" {'API CPU ms/req':>15} {'empty ms/req':>13} {'API/empty':>10}"
     )
     for r in result["runs"]:
         print(
             f"{r['concurrency']:>5} {r['requests']:>9} {r['throughput_rps']:>8} "
             f"{r['p50_ms']:>8} {r['p99_ms']:>8} {r['max_ms']:>8}"
-            f" {r['server_cpu_ms_per_request']:>18}  statuses {r['statuses']}"
+            f" {r['server_cpu_ms_per_request']:>15} {r['empty_cpu_ms_per_request']:>13}"
+            f" {r['cpu_ratio_to_empty']:>10}  statuses {r['statuses']}"
         )
+    at16 = [r for r in result["runs"] if r["concurrency"] == PROFILE_CLIENTS]
+    if at16:
+        r = at16[0]
+        print(
+            f"at {PROFILE_CLIENTS} clients: API/empty CPU {r['cpu_ratio_to_empty']} "
+            f"(target <= 1.5), p99 {r['p99_ms']} ms (target <= 25)"
+        )
+    if "profile" in result:
+        profile = result["profile"]
+        print(f"profile at {PROFILE_CLIENTS} clients ({profile['raw']}), ms of CPU per request:")
+        for area, ms in profile["areas_ms_per_request"].items():
+            print(f"  {ms:>7.3f}  {area}")
     out = args.json or ROOT / "bench-results" / f"api-{time.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
