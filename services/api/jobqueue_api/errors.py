@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from jobcore.errors import describe
 from jobqueue_api.database import is_unavailable
+from jobqueue_api.records import JSONBody
 
 log = logging.getLogger("jobqueue.api")
 
@@ -26,7 +27,7 @@ class BodyTooLarge(Exception):
 def error_response(
     status: int, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONBody({"error": message}, status_code=status, headers=headers)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -48,6 +48,7 @@ from jobcore.validation import (
     scheduling,
     shown,
 )
+from jobqueue_api import jsonio
 
 __all__ = [
     "BATCH_ITEM_FIELDS",
@@ -97,7 +98,21 @@ def _no_constant(name: str) -> Any:
 
 
 def parse_json(body: bytes) -> Any:
-    """The JSON document in `body` (UTF-8), checked to be storable as jsonb."""
+    """The JSON document in `body` (UTF-8), checked to be storable as jsonb.
+
+    Read with orjson (`jsonio.parse`) whenever that gives the very value `json` gives;
+    any other document, and any document found wanting, goes through `parse_json_stdlib`,
+    so that every value and every error message is the standard library's."""
+    try:
+        value = jsonio.parse(body)
+        check_storable(value)
+    except (jsonio.Fallback, Invalid):
+        return parse_json_stdlib(body)
+    return value
+
+
+def parse_json_stdlib(body: bytes) -> Any:
+    """`parse_json` with the standard library alone: the reference for its values and errors."""
     if not body.strip():
         raise Invalid("request body is empty; expected a JSON object")
     try:
