@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
+from jobqueue_api import calls
 from tests.api.conftest import LogCapture, MakeApi, app_of, job_count
 
 GENERATED_ID = re.compile(r"[0-9a-f]{32}")
@@ -113,7 +113,7 @@ async def test_an_unexpected_error_is_a_json_500_without_traceback(
     async def broken(*args: object) -> None:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(store, "get", broken)
+    monkeypatch.setattr(calls, "get", broken)
     r = await api.get("/jobs/01890000-0000-7000-8000-000000000000", headers={"X-Request-ID": "e1"})
     assert r.status_code == 500
     assert r.json() == {"error": "internal error"}
@@ -128,7 +128,7 @@ async def test_a_connection_error_is_a_json_503(
     async def unreachable(*args: object, **kwargs: object) -> None:
         raise ConnectionRefusedError("connect call failed")
 
-    monkeypatch.setattr(store, "submit", unreachable)
+    monkeypatch.setattr(calls, "submit", unreachable)
     r = await api.post("/jobs", json={"type": "sleep"})
     assert r.status_code == 503
     assert r.json() == {"error": "database unavailable"}

@@ -1,4 +1,6 @@
-"""The API's engine and the line between "the database is unavailable" (503) and a bug (500).
+"""The API's engine, its pooled connections taken in turn (through SQLAlchemy, or as the
+asyncpg connections the hot calls run on: `on_driver`), and the line between "the database
+is unavailable" (503) and a bug (500).
 
 Every bound here is short on purpose: a client waiting on a dead database
 should get a 503 within seconds, not hang until a TCP timeout.
@@ -9,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
+import asyncpg
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import PoolProxiedConnection
 
+from jobcore.compiled import Driver
 from jobcore.db import make_engine
+from jobqueue_api import jsonio
 
 # Not a setting (docs/api.md, "Database connections"): one API process rarely benefits
 # from more, and PostgreSQL's connection budget is shared with every worker.
@@ -24,9 +30,9 @@ POOL_SIZE = 10
 CONNECT_TIMEOUT = 2.0
 # Server-side bound on one statement; API statements take milliseconds.
 STATEMENT_TIMEOUT = 2.5
-# Client-side bound on every round trip, including the pool's pre-ping and
-# ROLLBACK: a half-open connection (no RST, no answer) ends here. Longer than
-# the statement timeout, so a merely slow statement is cancelled by the server.
+# Client-side bound on every round trip, including ROLLBACK: a half-open connection (no
+# RST, no answer) ends here. Longer than the statement timeout, so a merely slow
+# statement is cancelled by the server.
 COMMAND_TIMEOUT = 3.0
 # Hard bound on the database part of one request, whatever the above missed.
 REQUEST_DEADLINE = 5.0
@@ -34,26 +40,47 @@ REQUEST_DEADLINE = 5.0
 
 def open_engine(url: str) -> AsyncEngine:
     """The API's engine. Every API request runs single statements (each store
-    operation is one), so connections autocommit: no BEGIN/COMMIT round trips,
-    one round trip per statement plus the pool's pre-ping."""
+    operation is one), so connections autocommit: no BEGIN/COMMIT round trips, one
+    round trip per statement.
+
+    No pre-ping (a round trip per checkout): a pooled connection whose server end is
+    known to be gone (the server restarted, or the backend was terminated) is replaced at
+    checkout at no cost, and the hot calls retry once a call whose connection died under
+    it (`on_driver`)."""
     engine = make_engine(
         url,
         pool_size=POOL_SIZE,
         connect_timeout=CONNECT_TIMEOUT,
         statement_timeout=STATEMENT_TIMEOUT,
+        pre_ping=False,
         application_name="jobqueue-api",
         isolation_level="AUTOCOMMIT",
         # Waiting for a pooled connection is queueing behind busy requests, not an
         # outage: under a burst it may outlast CONNECT_TIMEOUT, so only the request
         # deadline bounds it.
         pool_timeout=REQUEST_DEADLINE,
+        # jsonb values (payloads, results) decoded with orjson, to the same values.
+        json_deserializer=jsonio.loads,
     )
 
     @event.listens_for(engine.sync_engine, "do_connect")
     def _command_timeout(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
         cparams["command_timeout"] = COMMAND_TIMEOUT
 
+    @event.listens_for(engine.sync_engine.pool, "checkout")
+    def _alive(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        if closed(dbapi_connection.driver_connection):
+            # The pool replaces it with a new connection (a connect, never a 503).
+            raise sa_exc.DisconnectionError("the pooled connection was closed by the server")
+
     return engine
+
+
+def closed(conn: asyncpg.Connection) -> bool:
+    """Whether a pooled connection is known to be gone (its server end closed it, and the
+    event loop has seen that); checked at every checkout, it costs no round trip."""
+    gone: bool = conn.is_closed()
+    return gone
 
 
 _turns: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
@@ -77,6 +104,68 @@ async def in_turn(engine: AsyncEngine) -> AsyncIterator[None]:
         yield
 
 
+_T = TypeVar("_T")
+# A call that ended with one of these (or was cancelled) may have left its connection
+# mid-exchange.
+_UNKNOWN_STATE = (TimeoutError, OSError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+
+async def on_driver(
+    engine: AsyncEngine, call: Callable[[Driver, bool], Awaitable[_T]], *, retry: bool
+) -> _T:
+    """`call(conn, again)` on the asyncpg connection of one of `engine`'s pooled
+    connections, taken in turn (`in_turn`): the same pool and budget as every other
+    request, without SQLAlchemy's per-statement work.
+
+    A connection the call may have left mid-exchange (cut short by a timeout or a
+    cancellation, or broken) is discarded, never reused. With
+    `retry`, a call whose connection turned out dead (closed when it failed: the server
+    restarted, the backend was terminated) runs once more on a fresh connection, with
+    `again` True; only for calls that are safe to repeat even if the first one applied
+    (a read; a submit, which finds its own job again by its id).
+    """
+    async with in_turn(engine):
+        again = False
+        while True:
+            pooled = await _checkout(engine)
+            conn: asyncpg.Connection = pooled.driver_connection
+            try:
+                result = await call(conn, again)
+            except BaseException as exc:
+                dead = conn.is_closed()
+                if dead:
+                    # What SQLAlchemy does when one of its connections finds the server gone:
+                    # every connection made before now is replaced at its next checkout, as
+                    # the server that held them may be gone too (a restart).
+                    engine.sync_engine.pool._invalidate(pooled, exc)
+                elif not isinstance(exc, Exception) or isinstance(exc, _UNKNOWN_STATE):
+                    pooled.invalidate(exc)  # closes it and gives its slot back
+                else:  # an error the server reported, or the call's own: the exchange ended
+                    pooled.close()
+                if retry and dead and not again and isinstance(exc, Exception):
+                    again = True
+                    continue
+                raise
+            pooled.close()
+            return result
+
+
+async def _checkout(engine: AsyncEngine) -> PoolProxiedConnection:
+    """A pooled connection; a failure to connect raised as `engine.connect()` raises it."""
+    dialect = engine.dialect
+    try:
+        return await engine.raw_connection()
+    except dialect.loaded_dbapi.Error as exc:
+        raise sa_exc.DBAPIError.instance(
+            None,
+            None,
+            exc,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=dialect.is_disconnect(exc, None, None),
+            dialect=dialect,
+        ) from exc
+
+
 # Errors that mean the statement reached the database and was wrong: a bug, not an outage.
 _BUGS = (
     sa_exc.IntegrityError,
@@ -84,10 +173,21 @@ _BUGS = (
     sa_exc.ProgrammingError,
     sa_exc.NotSupportedError,
 )
+# asyncpg's errors (the hot calls, `on_driver`), classified as they are when SQLAlchemy's
+# asyncpg dialect wraps them: these become IntegrityError, ProgrammingError and
+# NotSupportedError; every other one an error that counts as an outage.
+_DRIVER_BUGS = (
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.SyntaxOrAccessError,
+    asyncpg.InvalidCachedStatementError,
+)
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 def is_unavailable(exc: BaseException) -> bool:
     """True when `exc` means the database could not be reached or did not answer in time."""
     if isinstance(exc, sa_exc.DBAPIError):
         return exc.connection_invalidated or not isinstance(exc, _BUGS)
+    if isinstance(exc, _DRIVER_ERRORS):
+        return not isinstance(exc, _DRIVER_BUGS)
     return isinstance(exc, OSError | asyncio.TimeoutError | sa_exc.TimeoutError)

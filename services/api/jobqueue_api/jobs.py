@@ -2,7 +2,8 @@
 `jobcore.control` (create, read and wait, status, retry, cancel).
 
 `submit()` is the one path by which the API creates jobs; the routes only
-parse, call jobcore, and shape JSON (`records`).
+parse, call jobcore, and shape JSON (`records`). Submits and the read of one job run
+`jobcore.store`'s statements compiled, on asyncpg (`calls`, `database.on_driver`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from functools import partial
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -17,22 +19,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from jobcore import control, store
+from jobcore import control, logs, store
+from jobcore.compiled import Driver
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import parse_id
 from jobcore.registry import registered_types
 from jobcore.settings import Settings
 from jobcore.states import Operation, Status
-from jobqueue_api import metrics, validation
+from jobqueue_api import calls, metrics, validation
 from jobqueue_api.admission import REFRESH, Admission
-from jobqueue_api.database import REQUEST_DEADLINE, in_turn
+from jobqueue_api.database import REQUEST_DEADLINE, in_turn, on_driver
 from jobqueue_api.errors import error_response
 from jobqueue_api.notify import Notifier
-from jobqueue_api.records import job_json, status_json
+from jobqueue_api.records import JSONBody, job_json, status_json
 from jobqueue_api.tracing import submitting
 from jobqueue_api.waiters import Waiters
 
 log = logging.getLogger("jobqueue.api")
+_NO_FIELDS = logs.Fields()
 
 
 def _within(deadline: float | None) -> asyncio.Timeout:
@@ -48,15 +52,23 @@ async def submit(
     Raises IdempotencyConflict. The job exists once this returns (committed).
     """
     inline = notifier.inline()
-    async with _within(deadline), in_turn(engine), engine.begin() as conn:
-        job, created = await store.submit(conn, new, notify=inline)
+
+    async def call(conn: Driver, again: bool) -> tuple[store.Job, bool]:
+        return await calls.submit(conn, new, notify=inline, again=again)
+
+    async with _within(deadline):
+        # Retried on a fresh connection if the first one was dead: the job's id makes
+        # the second try find the job the first one may have written.
+        job, created = await on_driver(engine, call, retry=True)
     if created:
         if not inline:
             notifier.jobs_due()
         metrics.SUBMITTED.inc()
-    log.info(
+    logs.line(
+        log,
         "job submitted" if created else "job replayed",
-        extra={"job_id": str(job.id), "job_type": job.type},
+        _NO_FIELDS,
+        {"job_id": str(job.id), "job_type": job.type},
     )
     return job, created
 
@@ -68,8 +80,12 @@ async def submit_many(
     deadline: float | None = None,
 ) -> list[store.Submitted]:
     """Create every job of `batch` in one statement; per-item results in input order."""
-    async with _within(deadline), in_turn(engine), engine.begin() as conn:
-        results = await store.submit_many(conn, batch)
+    async with _within(deadline):
+        # Not retried: a batch that may have been written cannot be told apart from one
+        # that was not (a connection known dead is replaced at checkout).
+        results = await on_driver(
+            engine, lambda conn, again: calls.submit_many(conn, batch), retry=False
+        )
     created = sum(1 for r in results if r.result == "created")
     if created:
         notifier.jobs_due()
@@ -126,8 +142,8 @@ async def create_job(request: Request) -> Response:
     if created:
         if admission is not None:
             admission.created(new.queue)
-        return JSONResponse(job_json(job), status_code=201, headers={"Location": f"/jobs/{job.id}"})
-    return JSONResponse(job_json(job), status_code=200)
+        return JSONBody(job_json(job), status_code=201, headers={"Location": f"/jobs/{job.id}"})
+    return JSONBody(job_json(job), status_code=200)
 
 
 async def create_many(request: Request) -> Response:
@@ -156,7 +172,7 @@ async def create_many(request: Request) -> Response:
         for result, new in zip(results, batch, strict=True):
             if result.result == "created":
                 admission.created(new.queue)
-    return JSONResponse({"results": [_many_result(result, new) for result, new in pairs]})
+    return JSONBody({"results": [_many_result(result, new) for result, new in pairs]})
 
 
 def _refused(admission: Admission, queue: str) -> Response:
@@ -182,9 +198,12 @@ async def _read(request: Request) -> store.Job | None:
     job_id = _job_id(request)
     if job_id is None:
         return None
-    engine = _engine(request)
-    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
-        return await store.get(conn, job_id)
+    async with asyncio.timeout(REQUEST_DEADLINE):
+        return await on_driver(_engine(request), partial(_get, job_id), retry=True)
+
+
+async def _get(job_id: UUID, conn: Driver, again: bool) -> store.Job | None:
+    return await calls.get(conn, job_id)
 
 
 async def get_job(request: Request) -> Response:
@@ -206,7 +225,7 @@ async def get_job(request: Request) -> Response:
             )
     if job is None:
         return _not_found(request)
-    return JSONResponse(job_json(job))
+    return JSONBody(job_json(job))
 
 
 _T = TypeVar("_T")
@@ -239,7 +258,7 @@ async def get_status(request: Request) -> Response:
     job = await _read(request)
     if job is None:
         return _not_found(request)
-    return JSONResponse(status_json(job))
+    return JSONBody(status_json(job))
 
 
 # The statuses an operator's retry and cancel start from (the dashboard offers them there).

@@ -1,0 +1,184 @@
+"""The API's hot calls: submit, submit_many and the read of one job, as `jobcore.store`'s
+constructs compiled once (`jobcore.compiled.Compiled`) and run on asyncpg.
+
+A submit through a SQLAlchemy connection spent more CPU in SQLAlchemy (execution
+context, result processing, the greenlet hop) than in everything else it does
+(docs/performance.md, "API submit"). These calls run the very statements `store.submit`,
+`store.submit_many` and `store.get` run, compiled at import, on the asyncpg connection
+under a pooled one (`database.on_driver` checks it out, in turn, and retries a call whose
+connection turned out dead). There is no SQL here: `tests/api/test_calls.py` pins every
+statement to its construct, and the results to those of the store's calls.
+
+The connection must come from the API's engine (`database.open_engine`): SQLAlchemy sets
+its jsonb codec, which takes JSON text and decodes with orjson (`jsonio.loads`).
+Outside a transaction, each statement commits on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from jobcore import store
+from jobcore.compiled import Compiled, Driver
+from jobcore.errors import IdempotencyConflict
+from jobcore.states import Status
+from jobqueue_api.jsonio import dumps_text
+
+STATEMENTS: dict[str, Compiled] = {
+    "submit": Compiled(store.SUBMIT),
+    "submit_and_notify": Compiled(store.SUBMIT_AND_NOTIFY),
+    "submit_many": Compiled(store.SUBMIT_MANY),
+    "submit_many_keyless": Compiled(store.SUBMIT_MANY_KEYLESS),
+    "get_by_keys": Compiled(store.GET_BY_KEYS),
+    "get": Compiled(store.GET),
+}
+_SUBMIT = STATEMENTS["submit"]
+_SUBMIT_AND_NOTIFY = STATEMENTS["submit_and_notify"]
+_SUBMIT_MANY = STATEMENTS["submit_many"]
+_SUBMIT_MANY_KEYLESS = STATEMENTS["submit_many_keyless"]
+_GET_BY_KEYS = STATEMENTS["get_by_keys"]
+_GET = STATEMENTS["get"]
+
+# A job is built from its row by position: SUBMIT's and GET's columns are Job's fields, in
+# order (SUBMIT then adds `created`).
+_JOB_FIELDS = list(store.Job.__dataclass_fields__)
+_WIDTH = len(_JOB_FIELDS)
+_STATUS = _JOB_FIELDS.index("status")
+for _columns in (
+    store.SUBMIT.returning_column_descriptions,
+    store.SUBMIT_AND_NOTIFY.column_descriptions,
+    store.GET.column_descriptions,
+):
+    if [c["name"] for c in _columns][: _WIDTH + 1] != [*_JOB_FIELDS, "created"][: len(_columns)]:
+        raise RuntimeError("SUBMIT's and GET's columns must be Job's fields (then `created`)")
+
+
+def _job(row: Any) -> store.Job:
+    values = list(row[:_WIDTH])
+    values[_STATUS] = Status(values[_STATUS])
+    return store.Job(*values)
+
+
+def _submit_values(new: store.NewJob) -> dict[str, Any]:
+    return {
+        "id": new.id,
+        "type": new.type,
+        "payload": dumps_text(new.payload),
+        "max_attempts": new.max_attempts,
+        "idempotency_key": new.idempotency_key,
+        "queue": new.queue,
+        "priority": new.priority,
+        "timeout": new.timeout,
+        "traceparent": new.traceparent,
+        "not_before": new.run_at,
+        "delay": new.delay,
+    }
+
+
+async def submit(
+    conn: Driver, new: store.NewJob, *, notify: bool = False, again: bool = False
+) -> tuple[store.Job, bool]:
+    """`store.submit`: insert a job, or return the job already bound to its idempotency
+    key; (job, created). Raises IdempotencyConflict.
+
+    `again`: this is a second try after a first whose connection died, which may have
+    inserted the job. The id is the request's own, so the job is found again by it: as the
+    primary key the retried insert runs into (read back), or as the job its key names.
+    """
+    statement = _SUBMIT_AND_NOTIFY if notify else _SUBMIT
+    try:
+        rows = await conn.fetch(statement.sql, *statement.args(_submit_values(new)))
+    except asyncpg.UniqueViolationError:
+        stored = await get(conn, new.id) if again else None
+        if stored is None:
+            raise
+        return stored, True
+    if not rows:
+        assert new.idempotency_key is not None
+        raise IdempotencyConflict(new.idempotency_key)
+    row = rows[0]
+    job = _job(row)
+    return job, bool(row[_WIDTH]) or (again and job.id == new.id)
+
+
+async def get(conn: Driver, job_id: UUID) -> store.Job | None:
+    """`store.get`: the job, or None."""
+    rows = await conn.fetch(_GET.sql, *_GET.args({"id": job_id}))
+    return _job(rows[0]) if rows else None
+
+
+async def submit_many(conn: Driver, new_jobs: Sequence[store.NewJob]) -> list[store.Submitted]:
+    """`store.submit_many`: every job in one statement; per-item results in input order.
+
+    An idempotency key repeated inside the batch behaves as if the items were sent one
+    after another: the first one decides, later ones are replays of it or conflicts.
+    """
+    first: dict[str, store.NewJob] = {}
+    rows: list[store.NewJob] = []
+    for new in new_jobs:
+        key = new.idempotency_key
+        if key is None or key not in first:
+            rows.append(new)
+            if key is not None:
+                first[key] = new
+    payloads = [dumps_text(new.payload) for new in rows]
+    if not first:
+        values = store.keyless_params(rows, payloads)
+        await conn.fetch(_SUBMIT_MANY_KEYLESS.sql, *_SUBMIT_MANY_KEYLESS.args(values))
+        return [store.Submitted("created", new.id) for new in new_jobs]
+    values = store.many_params(rows, payloads)
+    by_key: dict[str, tuple[UUID, bool]] = {}
+    for job_id, key, created in await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values)):
+        if key is not None:
+            by_key[key] = (job_id, bool(created))
+    # A key whose first item conflicted names a stored job that differs from that item; a
+    # later item with the same key may still match it (a replay), so those are compared
+    # with the stored job.
+    repeated = {key for key in first if key not in by_key} & _repeated_keys(new_jobs)
+    stored = await _by_keys(conn, repeated) if repeated else {}
+    out: list[store.Submitted] = []
+    for new in new_jobs:
+        key = new.idempotency_key
+        if key is None:
+            out.append(store.Submitted("created", new.id))
+        elif key in by_key and store.same_request(new, first[key]):
+            job_id, created = by_key[key]
+            fresh = created and first[key] is new
+            out.append(store.Submitted("created" if fresh else "replayed", job_id))
+        elif key in stored and store.same_request(new, stored[key]):
+            out.append(store.Submitted("replayed", stored[key].id))
+        else:
+            out.append(store.Submitted("conflict", None))
+    return out
+
+
+def _repeated_keys(new_jobs: Sequence[store.NewJob]) -> set[str]:
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for new in new_jobs:
+        key = new.idempotency_key
+        if key is not None:
+            (repeated if key in seen else seen).add(key)
+    return repeated
+
+
+async def _by_keys(conn: Driver, keys: set[str]) -> dict[str, store.NewJob]:
+    """The stored requests bound to `keys`."""
+    rows = await conn.fetch(_GET_BY_KEYS.sql, *_GET_BY_KEYS.args({"keys": sorted(keys)}))
+    return {
+        key: store.NewJob(
+            job_id,
+            job_type,
+            payload,
+            max_attempts,
+            key,
+            queue=queue,
+            priority=priority,
+            timeout=timeout,
+        )
+        for job_id, job_type, payload, max_attempts, key, queue, priority, timeout in rows
+    }

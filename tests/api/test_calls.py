@@ -1,0 +1,181 @@
+"""jobqueue_api.calls: the API's hot statements are jobcore.store's constructs compiled, with
+no second copy to drift, and they answer as the store's own calls do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobcore import store
+from jobcore.ids import new_id
+from jobqueue_api import calls, jsonio
+from jobqueue_api.database import on_driver, open_engine
+from tests.pg import driver
+
+
+def test_every_statement_the_api_runs_on_asyncpg_is_its_jobcore_construct_compiled():
+    dialect = postgresql.asyncpg.dialect()
+    constructs = {
+        "submit": store.SUBMIT,
+        "submit_and_notify": store.SUBMIT_AND_NOTIFY,
+        "submit_many": store.SUBMIT_MANY,
+        "submit_many_keyless": store.SUBMIT_MANY_KEYLESS,
+        "get_by_keys": store.GET_BY_KEYS,
+        "get": store.GET,
+    }
+    assert set(calls.STATEMENTS) == set(constructs)
+    for name, construct in constructs.items():
+        assert calls.STATEMENTS[name].sql == construct.compile(dialect=dialect).string, name
+
+
+def test_a_submit_supplies_every_parameter_its_statements_take():
+    new = store.NewJob(new_id(), "sleep", {"a": 1}, 3)
+    for name in ("submit", "submit_and_notify"):
+        supplied = set(calls._submit_values(new))
+        assert calls.STATEMENTS[name].parameters == supplied, name
+
+
+@pytest.fixture
+async def api_engine(database_url: str):
+    engine = open_engine(database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def _store_submit(engine: AsyncEngine, new: store.NewJob, notify: bool = False):
+    async with engine.begin() as conn:
+        return await store.submit(conn, new, notify=notify)
+
+
+@pytest.mark.parametrize("notify", [False, True])
+async def test_submit_answers_as_store_submit_does(api_engine: AsyncEngine, notify: bool):
+    payload = {"big": 2**70, "float": 0.1, "text": "é", "nested": [1, {"b": None}]}
+    new = store.NewJob(new_id(), "sleep", payload, 3, "k", queue="q", priority=2, timeout=1.5)
+    job, created = await on_driver(
+        api_engine, lambda conn, again: calls.submit(conn, new, notify=notify), retry=False
+    )
+    assert created and job.id == new.id and job.payload == payload
+    # The store's call sees the very same job, and so does the API's read.
+    replay = store.NewJob(new_id(), "sleep", payload, 3, "k", queue="q", priority=2, timeout=1.5)
+    assert await _store_submit(api_engine, replay) == (job, False)
+    assert (
+        await on_driver(api_engine, lambda conn, again: calls.get(conn, new.id), retry=False) == job
+    )
+    again, created = await on_driver(
+        api_engine, lambda conn, again: calls.submit(conn, replay), retry=False
+    )
+    assert (again, created) == (job, False)
+    missing = await on_driver(
+        api_engine, lambda conn, again: calls.get(conn, new_id()), retry=False
+    )
+    assert missing is None
+
+
+async def test_a_conflicting_submit_raises_as_store_submit_does(api_engine: AsyncEngine):
+    await _store_submit(api_engine, store.NewJob(new_id(), "sleep", {}, 3, "k"))
+    other = store.NewJob(new_id(), "sleep", {"other": True}, 3, "k")
+    with pytest.raises(store.IdempotencyConflict):
+        await on_driver(api_engine, lambda conn, again: calls.submit(conn, other), retry=False)
+
+
+def _batch(prefix: str) -> list[store.NewJob]:
+    """Keyless items, a key repeated with the same and with a different request, a key
+    that replays a stored job and one that conflicts with it."""
+
+    def job(key: str | None, payload: object, **fields: object) -> store.NewJob:
+        return store.NewJob(new_id(), "sleep", payload, 3, key and f"{prefix}{key}", **fields)
+
+    return [
+        job(None, {"n": 1}),
+        job("a", {"n": 2}),
+        job("a", {"n": 2}),
+        job("a", {"n": 3}),
+        job("stored", {"s": 1}),
+        job("clash", {"s": 2}),
+        job("clash", {"s": 1}),
+        job(None, {"n": 4}, queue="other"),
+        job("b", [1, 2], priority=3),
+    ]
+
+
+async def _seed(engine: AsyncEngine, prefix: str) -> dict[str, object]:
+    stored = {}
+    for key in ("stored", "clash"):
+        job, _ = await _store_submit(
+            engine, store.NewJob(new_id(), "sleep", {"s": 1}, 3, f"{prefix}{key}")
+        )
+        stored[key] = job.id
+    return stored
+
+
+def _shape(results: list[store.Submitted], batch: list[store.NewJob], stored: dict) -> list:
+    """Each result, its id told by what it names: the item's own, a stored job, an
+    earlier item's."""
+    own = {new.id: i for i, new in enumerate(batch)}
+    seeded = {job_id: key for key, job_id in stored.items()}
+    shown = []
+    for result in results:
+        job_id = result.job_id
+        named = None if job_id is None else own.get(job_id, seeded.get(job_id, "?"))
+        shown.append((result.result, named))
+    return shown
+
+
+async def test_submit_many_answers_item_by_item_as_store_submit_many_does(
+    api_engine: AsyncEngine,
+):
+    stored = await _seed(api_engine, "s-")
+    batch = _batch("s-")
+    async with api_engine.begin() as conn:
+        expected = _shape(await store.submit_many(conn, batch), batch, stored)
+    stored = await _seed(api_engine, "c-")
+    batch = _batch("c-")
+    results = await on_driver(
+        api_engine, lambda conn, again: calls.submit_many(conn, batch), retry=False
+    )
+    assert _shape(results, batch, stored) == expected
+    assert [r for r, _ in expected] == [
+        "created",
+        "created",
+        "replayed",
+        "conflict",
+        "replayed",
+        "conflict",
+        "replayed",
+        "created",
+        "created",
+    ]
+
+
+async def test_a_keyless_batch_is_written_whole(api_engine: AsyncEngine):
+    batch = [store.NewJob(new_id(), "sleep", {"n": n}, 3) for n in range(50)]
+    results = await on_driver(
+        api_engine, lambda conn, again: calls.submit_many(conn, batch), retry=False
+    )
+    assert results == [store.Submitted("created", new.id) for new in batch]
+    async with api_engine.connect() as conn:
+        for new in batch[::7]:
+            assert (await store.get(conn, new.id)).payload == new.payload
+
+
+async def test_payloads_are_written_and_read_as_the_standard_library_would(
+    api_engine: AsyncEngine,
+):
+    payload = {"int": 2**64 + 1, "neg": -(2**63) - 1, "f": 1e-7, "e": 1e16, "s": "\u2028\x7f"}
+    new = store.NewJob(new_id(), "sleep", payload, 3)
+    job, _ = await on_driver(api_engine, lambda conn, again: calls.submit(conn, new), retry=False)
+    assert job.payload == payload
+    async with api_engine.connect() as conn:
+        raw = await driver(conn)
+        text = await raw.fetchval("SELECT payload::text FROM jobs WHERE id = $1", new.id)
+    # The same values, of the same types (jsonb writes 1e16 as an integer: both read an int).
+    assert _typed(jsonio.loads(text)) == _typed(json.loads(text)) == _typed(job.payload)
+
+
+def _typed(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
