@@ -91,7 +91,8 @@ def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = 
         middleware=[
             Middleware(RequestContext, routes=routes),
             *([Middleware(TraceRequests, tracer=tracer, routes=routes)] if tracer else []),
-            Middleware(Authenticate, tokens=settings.tokens),
+            # Without API_TOKENS it would let everything through: not installed at all.
+            *([Middleware(Authenticate, tokens=settings.tokens)] if settings.tokens else []),
             Middleware(
                 LimitBody, limit=settings.max_body_bytes, timeout=settings.request_body_timeout
             ),

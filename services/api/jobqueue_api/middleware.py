@@ -19,11 +19,12 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jobcore.logs import bind
+from jobcore import logs
 from jobqueue_api import metrics
 from jobqueue_api.errors import BodyTooLarge, error_response, response_for
 
 log = logging.getLogger("jobqueue.api.access")
+_NO_FIELDS = logs.Fields()
 
 # The status logged (never sent) when the client disconnects mid-request, as nginx does.
 CLIENT_CLOSED = 499
@@ -59,6 +60,12 @@ class RequestContext:
     def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.routes = routes
+        self._paths = {id(route): str(getattr(route, "path", "unmatched")) for route in routes}
+
+    def _route(self, scope: Scope) -> str:
+        """`route_template`, read off the route the router chose when it was one of ours."""
+        path = self._paths.get(id(scope.get("route")))
+        return path if path is not None else route_template(self.routes, scope)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,7 +86,7 @@ class RequestContext:
                 message = {**message, "headers": headers}
             await send(message)
 
-        with bind(request_id=rid):
+        with logs.bind(request_id=rid):
             try:
                 await self.app(scope, receive, send_with_id)
             except ClientDisconnect:
@@ -92,17 +99,19 @@ class RequestContext:
                 await response_for(exc)(scope, receive, send_with_id)
             finally:
                 seconds = time.perf_counter() - started
-                log.info(
+                # The line `log.info("request", extra=...)` writes, without its LogRecord.
+                logs.line(
+                    log,
                     "request",
-                    extra={
+                    _NO_FIELDS,
+                    {
                         "method": scope["method"],
                         "path": scope["path"],
                         "status": status,
                         "duration_ms": round(seconds * 1000, 3),
                     },
                 )
-                route = route_template(self.routes, scope)
-                metrics.observe_request(scope["method"], route, status, seconds)
+                metrics.observe_request(scope["method"], self._route(scope), status, seconds)
 
 
 # What API_TOKENS protects: every path under these (health, metrics and the document stay open).
