@@ -168,6 +168,7 @@ async def session(
         "system": SYSTEM,
         "processes": processes,
         "workers": workers,
+        "jobs": n,
         **figures,
         "worker_cpu_us_per_job": used / n * 1e6,
         "prefill": prefill,
@@ -208,7 +209,7 @@ def summarize(results: list[dict[str, Any]], systems: dict[str, Any]) -> dict[st
     return {
         "processes": processes,
         "workers": workers,
-        "jobs": round(rows[0]["drain_jobs_per_s"] * rows[0]["drain_seconds"]),
+        "jobs": rows[0]["jobs"],
         "settings": SETTINGS,
         "limited_share": 1 / costs.LIMITED_EVERY,
         "jobs_per_s": rate,

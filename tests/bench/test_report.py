@@ -303,6 +303,7 @@ def featured(drain: float, rep: int = 0, **more: Any) -> dict[str, Any]:
         "repeat": rep,
         "processes": 2,
         "workers": 50,
+        "jobs": 20_000,
         "drain_jobs_per_s": drain,
         "drain_seconds": 20_000 / drain,
         "bulk_enqueue_jobs_per_s": 40_000.0,
@@ -347,6 +348,7 @@ def test_the_drain_with_the_features_on_is_set_against_ours_and_the_peers_of_its
     met = verdicts(doc)
     assert met[FEATURED_PGQ] is True and met[FEATURED_PROC] is True
     text = render(doc)
+    assert f"{features.SYSTEM}: drain of 20,000 no-op jobs, 2 process(es), WORKERS=50" in text
     assert "  20,000 jobs/s (repeats 20,000 / 24,000 / 10,000); 10,000 rows pruned" in text
     assert "  vs our plain drain: 30,000 jobs/s, 0.67x" in text
     assert "  vs PgQueuer: 9,000 jobs/s, 2.22x" in text
