@@ -12,7 +12,7 @@ SQLAlchemy connection; the worker's statements are run by `jobcore.compiled`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -402,42 +402,60 @@ def _canonical(value: Any) -> Any:
     return ("v", value)
 
 
-async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list[Submitted]:
-    """Insert many jobs in one statement; results in input order.
-
-    Idempotency works as in `submit`. An idempotency key repeated inside the
-    batch behaves as if the items were sent one after another: the first one
-    decides, later ones are replays of it or conflicts.
-    """
+def batch_rows(new_jobs: Sequence[NewJob]) -> tuple[list[NewJob], dict[str, NewJob]]:
+    """What a batch inserts: every item without an idempotency key and the first item of
+    each key (later ones are replays of it or conflicts); and those first items by key."""
     first: dict[str, NewJob] = {}
     rows: list[NewJob] = []
     for new in new_jobs:
-        if new.idempotency_key is None or new.idempotency_key not in first:
+        key = new.idempotency_key
+        if key is None or key not in first:
             rows.append(new)
-            if new.idempotency_key is not None:
-                first[new.idempotency_key] = new
-    payloads = [json.dumps(new.payload) for new in rows]
-    if not first:
-        await conn.execute(SUBMIT_MANY_KEYLESS, keyless_params(rows, payloads))
-        return [Submitted("created", new.id) for new in new_jobs]
-    result = await conn.execute(SUBMIT_MANY, many_params(rows, payloads))
-    by_key: dict[str, tuple[UUID, bool]] = {}
-    by_id: set[UUID] = set()
-    for row in result:
-        if row.idempotency_key is None:
-            by_id.add(row.id)
-        else:
-            by_key[row.idempotency_key] = (row.id, bool(row.created))
-    # A key whose first item conflicted names a stored job that differs from that item; a
-    # later item of the batch with the same key may still match it (a replay, as it would be
-    # if the items were sent one after another), so those are compared with the stored job.
-    repeated = {key for key in first if key not in by_key} & _repeated_keys(new_jobs)
-    stored = await _by_keys(conn, repeated) if repeated else {}
+            if key is not None:
+                first[key] = new
+    return rows, first
+
+
+def returned_by_key(returned: Iterable[Sequence[Any]]) -> dict[str, tuple[UUID, bool]]:
+    """SUBMIT_MANY's rows (id, idempotency_key, created): each key's job and whether this
+    statement created it."""
+    return {row[1]: (row[0], bool(row[2])) for row in returned if row[1] is not None}
+
+
+def keys_to_compare(
+    new_jobs: Sequence[NewJob], first: Mapping[str, NewJob], by_key: Mapping[str, Any]
+) -> list[str]:
+    """Keys whose first item conflicted (the statement returned no row for it) and that
+    later items repeat: those may still match the stored job (a replay, as they would be if
+    sent one after another), so that job is read (GET_BY_KEYS) and compared."""
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for new in new_jobs:
+        key = new.idempotency_key
+        if key is not None:
+            (repeated if key in seen else seen).add(key)
+    return sorted(key for key in repeated if key in first and key not in by_key)
+
+
+def stored_requests(rows: Iterable[Sequence[Any]]) -> dict[str, NewJob]:
+    """GET_BY_KEYS's rows as the requests they stored, by key."""
+    return {
+        key: NewJob(job_id, job_type, payload, max_attempts, key, queue, priority, timeout=timeout)
+        for job_id, job_type, payload, max_attempts, key, queue, priority, timeout in rows
+    }
+
+
+def batch_results(
+    new_jobs: Sequence[NewJob],
+    first: Mapping[str, NewJob],
+    by_key: Mapping[str, tuple[UUID, bool]],
+    stored: Mapping[str, NewJob],
+) -> list[Submitted]:
+    """Each item's result, in input order: created, replayed or conflict."""
     out: list[Submitted] = []
     for new in new_jobs:
         key = new.idempotency_key
         if key is None:
-            assert new.id in by_id
             out.append(Submitted("created", new.id))
         elif key in by_key and same_request(new, first[key]):
             job_id, created = by_key[key]
@@ -450,37 +468,28 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
     return out
 
 
-def _repeated_keys(new_jobs: Sequence[NewJob]) -> set[str]:
-    seen: set[str] = set()
-    repeated: set[str] = set()
-    for new in new_jobs:
-        key = new.idempotency_key
-        if key is not None:
-            (repeated if key in seen else seen).add(key)
-    return repeated
+async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list[Submitted]:
+    """Insert many jobs in one statement; results in input order.
+
+    Idempotency works as in `submit`. An idempotency key repeated inside the
+    batch behaves as if the items were sent one after another: the first one
+    decides, later ones are replays of it or conflicts. (The API runs the same steps on
+    asyncpg: jobqueue_api.calls.submit_many.)
+    """
+    rows, first = batch_rows(new_jobs)
+    payloads = [json.dumps(new.payload) for new in rows]
+    if not first:
+        await conn.execute(SUBMIT_MANY_KEYLESS, keyless_params(rows, payloads))
+        return [Submitted("created", new.id) for new in new_jobs]
+    by_key = returned_by_key(await conn.execute(SUBMIT_MANY, many_params(rows, payloads)))
+    keys = keys_to_compare(new_jobs, first, by_key)
+    stored = stored_requests(await conn.execute(GET_BY_KEYS, {"keys": keys})) if keys else {}
+    return batch_results(new_jobs, first, by_key, stored)
 
 
 GET_BY_KEYS = sa.select(
     c.id, c.type, c.payload, c.max_attempts, c.idempotency_key, c.queue, c.priority, c.timeout
 ).where(c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text))))
-
-
-async def _by_keys(conn: AsyncConnection, keys: set[str]) -> dict[str, NewJob]:
-    """The stored requests bound to `keys`, as NewJob values."""
-    rows = await conn.execute(GET_BY_KEYS, {"keys": sorted(keys)})
-    return {
-        row.idempotency_key: NewJob(
-            row.id,
-            row.type,
-            row.payload,
-            row.max_attempts,
-            row.idempotency_key,
-            queue=row.queue,
-            priority=row.priority,
-            timeout=row.timeout,
-        )
-        for row in rows
-    }
 
 
 # --- reads ----------------------------------------------------------------

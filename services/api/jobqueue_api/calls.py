@@ -112,73 +112,19 @@ async def get(conn: Driver, job_id: UUID) -> store.Job | None:
 
 
 async def submit_many(conn: Driver, new_jobs: Sequence[store.NewJob]) -> list[store.Submitted]:
-    """`store.submit_many`: every job in one statement; per-item results in input order.
-
-    An idempotency key repeated inside the batch behaves as if the items were sent one
-    after another: the first one decides, later ones are replays of it or conflicts.
-    """
-    first: dict[str, store.NewJob] = {}
-    rows: list[store.NewJob] = []
-    for new in new_jobs:
-        key = new.idempotency_key
-        if key is None or key not in first:
-            rows.append(new)
-            if key is not None:
-                first[key] = new
+    """`store.submit_many`'s steps: every job in one statement; per-item results in input
+    order (a key repeated inside the batch: the first item decides)."""
+    rows, first = store.batch_rows(new_jobs)
     payloads = [dumps_text(new.payload) for new in rows]
     if not first:
         values = store.keyless_params(rows, payloads)
         await conn.fetch(_SUBMIT_MANY_KEYLESS.sql, *_SUBMIT_MANY_KEYLESS.args(values))
         return [store.Submitted("created", new.id) for new in new_jobs]
     values = store.many_params(rows, payloads)
-    by_key: dict[str, tuple[UUID, bool]] = {}
-    for job_id, key, created in await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values)):
-        if key is not None:
-            by_key[key] = (job_id, bool(created))
-    # A key whose first item conflicted names a stored job that differs from that item; a
-    # later item with the same key may still match it (a replay), so those are compared
-    # with the stored job.
-    repeated = {key for key in first if key not in by_key} & _repeated_keys(new_jobs)
-    stored = await _by_keys(conn, repeated) if repeated else {}
-    out: list[store.Submitted] = []
-    for new in new_jobs:
-        key = new.idempotency_key
-        if key is None:
-            out.append(store.Submitted("created", new.id))
-        elif key in by_key and store.same_request(new, first[key]):
-            job_id, created = by_key[key]
-            fresh = created and first[key] is new
-            out.append(store.Submitted("created" if fresh else "replayed", job_id))
-        elif key in stored and store.same_request(new, stored[key]):
-            out.append(store.Submitted("replayed", stored[key].id))
-        else:
-            out.append(store.Submitted("conflict", None))
-    return out
-
-
-def _repeated_keys(new_jobs: Sequence[store.NewJob]) -> set[str]:
-    seen: set[str] = set()
-    repeated: set[str] = set()
-    for new in new_jobs:
-        key = new.idempotency_key
-        if key is not None:
-            (repeated if key in seen else seen).add(key)
-    return repeated
-
-
-async def _by_keys(conn: Driver, keys: set[str]) -> dict[str, store.NewJob]:
-    """The stored requests bound to `keys`."""
-    rows = await conn.fetch(_GET_BY_KEYS.sql, *_GET_BY_KEYS.args({"keys": sorted(keys)}))
-    return {
-        key: store.NewJob(
-            job_id,
-            job_type,
-            payload,
-            max_attempts,
-            key,
-            queue=queue,
-            priority=priority,
-            timeout=timeout,
-        )
-        for job_id, job_type, payload, max_attempts, key, queue, priority, timeout in rows
-    }
+    by_key = store.returned_by_key(await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values)))
+    keys = store.keys_to_compare(new_jobs, first, by_key)
+    stored: dict[str, store.NewJob] = {}
+    if keys:
+        found = await conn.fetch(_GET_BY_KEYS.sql, *_GET_BY_KEYS.args({"keys": keys}))
+        stored = store.stored_requests(found)
+    return store.batch_results(new_jobs, first, by_key, stored)
