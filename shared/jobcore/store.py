@@ -476,6 +476,8 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
     decides, later ones are replays of it or conflicts. (The API runs the same steps on
     asyncpg: jobqueue_api.calls.submit_many.)
     """
+    if not new_jobs:  # SUBMIT_MANY_KEYLESS's shared values need a first item
+        return []
     rows, first = batch_rows(new_jobs)
     payloads = [json.dumps(new.payload) for new in rows]
     if not first:

@@ -91,3 +91,9 @@ async def test_concurrent_bulk_submissions_with_shared_keys_create_each_job_once
     assert len(created) == 200 and len(replayed) == 7 * 200
     assert {r.job_id for r in created} == {r.job_id for r in replayed}
     assert await _count(engine) == 200
+
+
+async def test_an_empty_batch_writes_nothing_and_answers_no_results(engine):
+    async with engine.begin() as conn:
+        assert await store.submit_many(conn, []) == []
+    assert await _count(engine) == 0
