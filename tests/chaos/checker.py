@@ -70,6 +70,8 @@ EARLY_MARGIN = 0.003
 # How long after its resume a paused holder may still run, beyond one renewal interval: the
 # heartbeat that was due during the pause runs at once, but a loaded machine is slow.
 RESUME_MARGIN = 2.0
+# From a claim's commit to its handler's first record, on a loaded machine.
+CLAIM_TO_START = 0.5
 # The job type of the long jobs (tests.chaos.handlers): they outlive the lease many times.
 LONG_TYPE = "chaos-long"
 
@@ -427,7 +429,10 @@ def _check_resumed_holders(
             if end is not None and end <= paused_at:
                 continue
             newer = per_job[e.job_id]
-            if not any(b.lease_token > e.lease_token and b.start <= resumed_at for b in newer):
+            # The injector resumes the holder once it sees the newer claim committed; that
+            # claim's handler may log its start a moment later.
+            claimed_by = resumed_at + CLAIM_TO_START
+            if not any(b.lease_token > e.lease_token and b.start <= claimed_by for b in newer):
                 continue
             ran_on = (end if end is not None else float("inf")) - f.healed_at
             if ran_on > limit:

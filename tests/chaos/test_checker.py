@@ -166,6 +166,19 @@ def test_an_execution_paused_past_its_lease_does_not_overlap_a_later_claim() -> 
     assert report.summary["leases_lost_on_renewal"] == 1
 
 
+def test_a_paused_holder_whose_successor_logged_its_start_just_after_the_resume_counts() -> None:
+    # Re-claimed (committed) before the resume at 10, but the new handler's first record
+    # came 0.2 s after it: still a holder superseded during its pause, stopped by renewal.
+    report = checked(
+        [row("a", "completed", attempts=2, token=2)],
+        [*run("a", 1, 0, 10.1, "cancelled", pid=7), *run("a", 2, 10.2, 10.5, "ok", pid=8)],
+        [finished("a", 2, 10.6, "completed"), renew_lost("a", 1, 10.05)],
+        [paused(7)],
+    )  # fmt: skip
+    assert report.violations == []
+    assert report.summary["paused_holders_stopped_by_renewal"] == 1
+
+
 def test_a_rerun_without_crash_pause_or_lost_lease_is_unexplained() -> None:
     rows = [row("a", "completed", attempts=2, token=2)]
     records = [*run("a", 1, 0, 0.1, "ok", pid=7), *run("a", 2, 9.0, 9.1, "ok", pid=8)]

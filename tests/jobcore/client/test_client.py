@@ -363,7 +363,8 @@ def test_503_and_429_are_retried_no_sooner_than_retry_after_with_the_same_key(
     keys = [headers["Idempotency-Key"] for headers in server.headers]
     assert keys[0] == keys[1] and keys[0].startswith("jqc-")
 
-    later = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
+    # An HTTP date has whole seconds: 3 s ahead is at least 2 s ahead once truncated.
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=3), usegmt=True)
     full = b'{"error":"queue is full"}'
     server = scripted((429, {"Retry-After": later}, full), (201, {}, record))
     with Client(server.url, retries=Retries(attempts=3, base=0.01, cap=0.02)) as fast:
