@@ -2,11 +2,12 @@
 exactly what it gives.
 
 orjson is several times faster, but it differs from `json` at the edges: it reads an
-integer beyond 64 bits as a float (silently), refuses lone surrogates, NaN and integers
-beyond 64 bits on output, and writes some floats differently (1e-7, not 1e-07; the same
-number). So every reader here hands anything with a run of 19 or more digits (the only
-way to spell an integer beyond 64 bits) to `json`, and every writer falls back to `json`
-where orjson refuses: the values are always those `json` would give.
+integer beyond 64 bits as a float (silently), refuses lone surrogates and integers beyond
+64 bits on output, writes NaN and the infinities as null (`json` refuses them), and writes
+some floats differently (1e-7, not 1e-07; the same number). So every reader here hands
+anything with a run of 19 or more digits (the only way to spell an integer beyond 64 bits)
+to `json`, and every writer falls back to `json` where orjson refuses. No value the API
+writes can hold a NaN or an infinity: request bodies refuse them and jsonb cannot store them.
 """
 
 from __future__ import annotations
