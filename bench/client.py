@@ -5,8 +5,9 @@ connection, and the client's `submit_many` through a real `jobqueue-api`.
                            (also a step of `make bench`)
 
 One fresh database migrated to head; no worker runs, so what is measured is the writing
-of jobs alone (they stay pending). Jobs are the no-op `bench-noop` with a small payload
-(`{"n": i}`); each run's items are built before its clock starts.
+of jobs alone (they stay pending); each run starts from an empty table, after a checkpoint.
+Jobs are the no-op `bench-noop` with a small payload (`{"n": i}`); each run's items are
+built before its clock starts.
 
 - enqueue: on one asyncpg connection of this process, as an application holds one,
   `jobs` jobs in batches of `BATCH`, each batch `jobcore.enqueue_many` in a transaction
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,23 +127,36 @@ async def session(
             await submit_run(url, MAX_BATCH, 1, 0)
             first = BATCH * connections + MAX_BATCH
             for _ in range(repeat):
-                for kind, run in (
-                    ("enqueue_one", enqueue_run(conns[:1], jobs, first)),
-                    ("enqueue_many", enqueue_run(conns, jobs, first + jobs)),
-                    ("submit_one", submit_run(url, jobs, 1, first + 2 * jobs)),
-                    ("submit_many", submit_run(url, jobs, clients, first + 3 * jobs)),
-                ):
-                    runs[kind].append(await run)
+                plan: list[tuple[str, Callable[..., Awaitable[dict[str, Any]]], tuple[Any, ...]]]
+                plan = [
+                    ("enqueue_one", enqueue_run, (conns[:1], jobs, first)),
+                    ("enqueue_many", enqueue_run, (conns, jobs, first + jobs)),
+                    ("submit_one", submit_run, (url, jobs, 1, first + 2 * jobs)),
+                    ("submit_many", submit_run, (url, jobs, clients, first + 3 * jobs)),
+                ]
+                for kind, run, args in plan:
+                    await _empty_queue(conns[0])
+                    runs[kind].append(await run(*args))
+                    stored = await conns[0].fetchval("SELECT count(*) FROM jobs")
+                    if stored != jobs:
+                        raise RuntimeError(f"{kind}: {stored} jobs stored, {jobs} written")
                 first += 4 * jobs
-            stored = await conns[0].fetchval("SELECT count(*) FROM jobs")
         finally:
             for conn in conns:
                 await conn.close()
     finally:
         await to_the_end(ours.cleanup())
-    if stored != first:
-        raise RuntimeError(f"{stored} jobs stored, {first} written")
     return {"kind": "client", **runs}
+
+
+async def _empty_queue(conn: asyncpg.Connection) -> None:
+    """Every run writes into an empty table, after a checkpoint: otherwise each run would
+    pay for the ones before it (the autovacuum of their rows, the first writes of pages
+    after a checkpoint they caused), and the figures would depend on the run order."""
+    await conn.execute("TRUNCATE jobs")
+    # A role without pg_checkpoint: the runs still start from an empty table.
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+        await conn.execute("CHECKPOINT")
 
 
 # --- summary -------------------------------------------------------------------------
