@@ -25,6 +25,13 @@ def test_an_id_carries_the_millisecond_it_was_made_in_so_later_batches_sort_afte
     assert max(first) < min(later)
 
 
+def test_a_batchs_ids_increase_so_its_rows_append_at_the_right_of_each_index():
+    for _ in range(20):
+        ids = new_ids(1_000)
+        assert ids == sorted(ids)
+        assert str(ids[0]) < str(ids[-1])  # as PostgreSQL orders uuid: by its bytes
+
+
 def test_the_random_bits_differ_within_one_millisecond():
     ids = new_ids(1_000)
     assert len({i.int & ((1 << 62) - 1) for i in ids}) == len(ids)
