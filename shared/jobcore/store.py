@@ -198,11 +198,13 @@ SUBMIT_AND_NOTIFY = sa.select(
 )
 
 
-def _one(new: NewJob) -> dict[str, Any]:
+def submit_params(new: NewJob, payload: Any) -> dict[str, Any]:
+    """SUBMIT's (and SUBMIT_AND_NOTIFY's) parameters; `payload` as the driver takes it (the
+    value for SQLAlchemy's JSONB type, JSON text for a raw asyncpg call)."""
     return {
         "id": new.id,
         "type": new.type,
-        "payload": new.payload,
+        "payload": payload,
         "max_attempts": new.max_attempts,
         "idempotency_key": new.idempotency_key,
         "queue": new.queue,
@@ -222,7 +224,7 @@ async def submit(conn: AsyncConnection, new: NewJob, *, notify: bool = False) ->
     timeout. With `notify`, a created job also wakes listening workers (at commit).
     """
     statement = SUBMIT_AND_NOTIFY if notify else SUBMIT
-    row = (await conn.execute(statement, _one(new))).mappings().first()
+    row = (await conn.execute(statement, submit_params(new, new.payload))).mappings().first()
     if row is None:
         assert new.idempotency_key is not None
         raise IdempotencyConflict(new.idempotency_key)

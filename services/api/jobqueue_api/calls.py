@@ -63,22 +63,6 @@ def _job(row: Any) -> store.Job:
     return store.Job(*values)
 
 
-def _submit_values(new: store.NewJob) -> dict[str, Any]:
-    return {
-        "id": new.id,
-        "type": new.type,
-        "payload": dumps_text(new.payload),
-        "max_attempts": new.max_attempts,
-        "idempotency_key": new.idempotency_key,
-        "queue": new.queue,
-        "priority": new.priority,
-        "timeout": new.timeout,
-        "traceparent": new.traceparent,
-        "not_before": new.run_at,
-        "delay": new.delay,
-    }
-
-
 async def submit(
     conn: Driver, new: store.NewJob, *, notify: bool = False, again: bool = False
 ) -> tuple[store.Job, bool]:
@@ -91,7 +75,9 @@ async def submit(
     """
     statement = _SUBMIT_AND_NOTIFY if notify else _SUBMIT
     try:
-        rows = await conn.fetch(statement.sql, *statement.args(_submit_values(new)))
+        rows = await conn.fetch(
+            statement.sql, *statement.args(store.submit_params(new, dumps_text(new.payload)))
+        )
     except asyncpg.UniqueViolationError:
         stored = await get(conn, new.id) if again else None
         if stored is None:
