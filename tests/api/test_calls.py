@@ -34,7 +34,7 @@ def test_every_statement_the_api_runs_on_asyncpg_is_its_jobcore_construct_compil
 def test_a_submit_supplies_every_parameter_its_statements_take():
     new = store.NewJob(new_id(), "sleep", {"a": 1}, 3)
     for name in ("submit", "submit_and_notify"):
-        supplied = set(calls._submit_values(new))
+        supplied = set(store.submit_params(new, "{}"))
         assert calls.STATEMENTS[name].parameters == supplied, name
 
 
