@@ -24,14 +24,13 @@ from typing import Any
 
 import asyncpg
 
-from bench import measure, pg, profile
+from bench import costs, pg
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE
 from bench.beacon import Receiver
 from bench.procs import ROOT
 from bench.stats import median
-from bench.webhooks import cpu_seconds
 from jobcore import store
 from jobcore.ids import new_id
 
@@ -40,10 +39,10 @@ PROCESSES = 2
 WORKERS = 50
 
 
-async def _wal_syncs(server: str) -> int:
+async def _wal_syncs(server: str) -> float:
     conn = await asyncpg.connect(server)
     try:
-        return int(await conn.fetchval("SELECT wal_sync FROM pg_stat_wal"))
+        return float(await conn.fetchval("SELECT wal_sync FROM pg_stat_wal"))
     finally:
         await conn.close()
 
@@ -53,31 +52,18 @@ async def drain_run(
 ) -> dict[str, float]:
     ours = Ours(server, workdir, WORKERS)
     try:
-        await ours.prepare()
-        await ours.start_workers(PROCESSES, WORKER_SYNCHRONOUS_COMMIT=variant)
-        await measure.warm_up(
+        jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+        figures = await costs.drain_with_cpu(
             ours,
             rx,
             PROCESSES,
-            submit=lambda payload: ours.insert(
-                [store.NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]
-            ),
+            jobs,
+            300,
+            {"WORKER_SYNCHRONOUS_COMMIT": variant},
+            counter=lambda: _wal_syncs(server),
         )
-        jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
-
-        async def enqueue(_: int) -> None:
-            await ours.insert(jobs)
-
-        pids = profile.worker_children(ours.worker_procs[0].pid)
-        if len(pids) != PROCESSES:
-            raise RuntimeError(f"found {len(pids)} worker processes, not {PROCESSES}")
-        cpu, syncs = cpu_seconds(pids), await _wal_syncs(server)
-        figures = await measure.drain(ours, n, 300, enqueue)
-        return {
-            **figures,
-            "worker_cpu_us_per_job": (cpu_seconds(pids) - cpu) / n * 1e6,
-            "wal_syncs_per_job": (await _wal_syncs(server) - syncs) / n,
-        }
+        figures["wal_syncs_per_job"] = figures.pop("counted_per_job")
+        return figures
     finally:
         await to_the_end(ours.cleanup())
 

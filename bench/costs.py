@@ -19,6 +19,7 @@ to show whether the limit held its type back after all.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +40,18 @@ HEARTBEAT_TARGET = 0.95  # drain with renewals over the one without, at least
 LIMITS_TARGET = 0.80  # drain with a limited type in the mix over the one without, at least
 
 
-async def _drain(
+async def drain_with_cpu(
     ours: Ours,
     rx: Receiver,
     processes: int,
     jobs: list[store.NewJob],
     limit: float,
     env: dict[str, str],
+    counter: Callable[[], Awaitable[float]] | None = None,
 ) -> dict[str, Any]:
-    """A fresh database and a worker started with `env`, warmed up; then `jobs` drained."""
+    """A fresh database and a worker started with `env`, warmed up; then `jobs` drained.
+    Adds the worker processes' CPU per job and, given a `counter` (read before and after
+    the drain), its growth per job as `counted_per_job`."""
     await ours.prepare()
     await ours.start_workers(processes, **env)
     await measure.warm_up(
@@ -63,10 +67,16 @@ async def _drain(
         await ours.insert(jobs)
 
     pids = profile.worker_children(ours.worker_procs[0].pid)
+    if len(pids) != processes:
+        raise RuntimeError(f"found {len(pids)} worker processes, not {processes}")
     cpu = cpu_seconds(pids)
+    counted = await counter() if counter is not None else 0.0
     figures = await measure.drain(ours, len(jobs), limit, enqueue)
     used = cpu_seconds(pids) - cpu
-    return {**figures, "worker_cpu_us_per_job": used / len(jobs) * 1e6}
+    out = {**figures, "worker_cpu_us_per_job": used / len(jobs) * 1e6}
+    if counter is not None:
+        out["counted_per_job"] = (await counter() - counted) / len(jobs)
+    return out
 
 
 async def heartbeat_session(
@@ -84,7 +94,7 @@ async def heartbeat_session(
     lease = LEASES[variant]
     ours = Ours(server, workdir, workers)
     try:
-        figures = await _drain(ours, rx, processes, jobs, limit, {"LEASE_DURATION": lease})
+        figures = await drain_with_cpu(ours, rx, processes, jobs, limit, {"LEASE_DURATION": lease})
         figures["leases_lost"] = int(await ours.metric("jobs_lease_lost_total"))
     finally:
         await to_the_end(ours.cleanup())
@@ -117,7 +127,7 @@ async def limits_session(
     env = {"TYPE_CONCURRENCY": f"{LIMITED_TYPE}:{CONCURRENCY}"} if variant == "limited" else {}
     ours = Ours(server, workdir, workers)
     try:
-        figures = await _drain(ours, rx, processes, jobs, limit, env)
+        figures = await drain_with_cpu(ours, rx, processes, jobs, limit, env)
         assert ours.sql.conn is not None
         rows = await ours.sql.conn.fetch(
             "SELECT type = $1, extract(epoch FROM max(updated_at))::float8 FROM jobs"

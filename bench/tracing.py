@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench import measure, profile, step
+from bench import costs, step
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE
@@ -36,7 +36,6 @@ from bench.beacon import Receiver
 from bench.pg import server_url
 from bench.procs import ROOT
 from bench.stats import median
-from bench.webhooks import cpu_seconds
 from jobcore import store
 from jobcore.ids import new_id
 
@@ -100,28 +99,11 @@ async def api_run(server: str, workdir: Path, env: dict[str, str], seconds: floa
 
 async def drain_run(
     server: str, workdir: Path, rx: Receiver, env: dict[str, str], n: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     ours = Ours(server, workdir, 50)
     try:
-        await ours.prepare()
-        await ours.start_workers(2, **env)
-        await measure.warm_up(
-            ours,
-            rx,
-            2,
-            submit=lambda payload: ours.insert(
-                [store.NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]
-            ),
-        )
         jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
-
-        async def enqueue(_: int) -> None:
-            await ours.insert(jobs)
-
-        pids = profile.worker_children(ours.worker_procs[0].pid)
-        cpu = cpu_seconds(pids)
-        figures = await measure.drain(ours, n, 120, enqueue)
-        return {**figures, "worker_cpu_us_per_job": (cpu_seconds(pids) - cpu) / n * 1e6}
+        return await costs.drain_with_cpu(ours, rx, 2, jobs, 120, env)
     finally:
         await to_the_end(ours.cleanup())
 
