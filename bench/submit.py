@@ -46,11 +46,17 @@ async def batch(adapter: Ours, jobs: int, concurrency: int) -> dict[str, Any]:
     async def client() -> None:
         nonlocal created
         for _ in left:
-            created += await adapter.submit_many(body)
+            # Not `created += await ...`: that reads `created` before the await, and the
+            # clients' counts would overwrite one another.
+            answered = await adapter.submit_many(body)
+            created += answered
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
+    sent = max(jobs // BATCH_SIZE, 1) * BATCH_SIZE
+    if created != sent:
+        raise RuntimeError(f"POST /jobs/batch created {created} of {sent} jobs without keys")
     return {
         "jobs_per_s": created / elapsed,
         "batch_size": BATCH_SIZE,
