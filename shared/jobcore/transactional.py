@@ -115,8 +115,8 @@ def _encode(payload: Any) -> str:
 
 def _surely_storable(text: str) -> bool:
     """What `check_storable` would pass, read off the encoded text where that is quick: both
-    encoders write U+0000 as \\u0000 and a lone surrogate only as \\uXXXX (orjson refuses
-    it), and a value cannot be nested deeper than it has brackets (those inside strings
+    encoders write U+0000 as \\u0000 and a lone surrogate only as a \\u escape (orjson
+    refuses it), and a value cannot be nested deeper than it has brackets (those inside strings
     only add to the count)."""
     return "\\u" not in text and text.count("[") + text.count("{") <= validation.MAX_DEPTH
 
