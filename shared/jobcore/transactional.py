@@ -196,19 +196,14 @@ def _plan(items: Sequence[Any]) -> _Plan:
         default_max_attempts=_default_max_attempts(),
         prepare=prepare,
     )
-    first: dict[str, store.NewJob] = {}
-    rows: list[store.NewJob] = []
+    rows, first = store.batch_rows(new_jobs)
     payloads: list[str] = []
     for new, text in zip(new_jobs, texts, strict=True):
         key = new.idempotency_key
-        if key is not None and key in first:
-            if not store.same_request(new, first[key]):
-                raise IdempotencyConflict(key)
-            continue
-        if key is not None:
-            first[key] = new
-        rows.append(new)
-        payloads.append(text)
+        if key is None or first[key] is new:
+            payloads.append(text)
+        elif not store.same_request(new, first[key]):
+            raise IdempotencyConflict(key)
     return _Plan(new_jobs, rows, payloads)
 
 
