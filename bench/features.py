@@ -27,12 +27,11 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import random
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import costs, measure, retention, scheduling, step
+from bench import costs, measure, profile, retention, scheduling, step
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE, LIMITED_TYPE
@@ -93,20 +92,6 @@ def jobs(n: int) -> list[store.NewJob]:
     ]
 
 
-def worker_pids(supervisor: int) -> list[int]:
-    """Every process below the worker's supervisor: its worker processes, whether it spawns
-    them or forks them from a fork server, and the idle helpers (fork server, resource
-    tracker), whose CPU during a drain is nil."""
-    found, parents = [], [supervisor]
-    while parents:
-        listed = subprocess.run(
-            ["pgrep", "-P", ",".join(map(str, parents))], capture_output=True, text=True
-        )
-        parents = [int(pid) for pid in listed.stdout.split()]
-        found += parents
-    return found
-
-
 async def _first_prune(ours: Ours) -> None:
     deadline = time.monotonic() + FIRST_PRUNE_LIMIT
     while await retention.pruned_total(ours) == 0:
@@ -153,7 +138,7 @@ async def session(
 
         before = await retention.pruned_total(ours)
         logged = ours.worker_log_size()
-        pids = worker_pids(ours.worker_procs[0].pid)
+        pids = profile.worker_children(ours.worker_procs[0].pid)
         cpu = cpu_seconds(pids)
         figures = await measure.drain(ours, n, limit, enqueue)
         used = cpu_seconds(pids) - cpu

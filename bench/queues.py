@@ -218,7 +218,7 @@ class Run:
                 )
             # Our worker's CPU per job, which the drain with the features on is set against.
             pids = (
-                features.worker_pids(adapter.worker_procs[0].pid)
+                profile.worker_children(adapter.worker_procs[0].pid)
                 if isinstance(adapter, Ours)
                 else []
             )
