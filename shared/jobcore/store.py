@@ -338,6 +338,19 @@ SUBMIT_MANY_KEYLESS = pg.insert(jobs).from_select(
 )
 
 
+# Concurrent single submits without a key, sent by one API process as one statement
+# (docs/api.md#submit-groups): SUBMIT_MANY_KEYLESS, returning each job, since each request
+# answers with its own. With a NOTIFY, sent once for the group (delivered at commit).
+SUBMIT_GROUP = SUBMIT_MANY_KEYLESS.returning(*JOB_COLUMNS)
+_grouped = SUBMIT_GROUP.cte("grouped")
+SUBMIT_GROUP_AND_NOTIFY = sa.select(
+    _grouped,
+    sa.select(sa.func.pg_notify(sa.literal_column(f"'{NOTIFY_CHANNEL}'"), sa.literal_column("''")))
+    .scalar_subquery()
+    .label("notified"),
+)
+
+
 def many_params(rows: Sequence[NewJob], payloads: Sequence[str]) -> dict[str, list[Any]]:
     """SUBMIT_MANY's parameters: one array per column, the payloads as JSON text."""
     return {

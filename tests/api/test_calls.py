@@ -3,9 +3,12 @@ no second copy to drift, and they answer as the store's own calls do."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import asyncpg
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,6 +28,9 @@ def test_every_statement_the_api_runs_on_asyncpg_is_its_jobcore_construct_compil
         "submit_many_keyless": store.SUBMIT_MANY_KEYLESS,
         "get_by_keys": store.GET_BY_KEYS,
         "get": store.GET,
+        "submit_group": store.SUBMIT_GROUP,
+        "submit_group_and_notify": store.SUBMIT_GROUP_AND_NOTIFY,
+        "notify": store.NOTIFY,
     }
     assert set(calls.STATEMENTS) == set(constructs)
     for name, construct in constructs.items():
@@ -179,3 +185,36 @@ async def test_payloads_are_written_and_read_as_the_standard_library_would(
 
 def _typed(value: object) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("notify", [False, True])
+async def test_a_group_answers_each_job_as_store_get_reads_it_with_at_most_one_notify(
+    api_engine: AsyncEngine, database_url: str, notify: bool
+):
+    news = [
+        store.NewJob(new_id(), "sleep", {"n": 1}, 3),
+        store.NewJob(new_id(), "sleep", [2], 5, queue="other", priority=4, timeout=2.5),
+        store.NewJob(new_id(), "sleep", None, 3, delay=60.0),
+    ]
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(database_url.replace("postgresql+asyncpg", "postgresql"))
+    await listener.add_listener(store.NOTIFY_CHANNEL, lambda *args: heard.put_nowait(args[3]))
+    try:
+        jobs = await on_driver(
+            api_engine,
+            lambda conn, again: calls.submit_group(conn, news, notify=notify),
+            retry=False,
+        )
+        async with api_engine.connect() as conn:
+            assert jobs == [await store.get(conn, new.id) for new in news]
+        assert [job.queue for job in jobs] == ["default", "other", "default"]
+        assert jobs[2].run_at > jobs[0].run_at
+        # Notifications arrive in commit order: all of the group's come before this one.
+        async with api_engine.connect() as conn:
+            await conn.execute(sa.select(sa.func.pg_notify(store.NOTIFY_CHANNEL, "end")))
+        payloads = []
+        while not payloads or payloads[-1] != "end":
+            payloads.append(await asyncio.wait_for(heard.get(), 10))
+        assert payloads == [""] * notify + ["end"]
+    finally:
+        await listener.close()

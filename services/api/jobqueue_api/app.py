@@ -1,10 +1,10 @@
 """`create_app(settings, engine)`: the Starlette application with its routes and middleware.
 
-The process-level state the app reads lives on `app.state`: `engine`,
-`settings`, `admission` (None without MAX_PENDING), `waiters` (the requests waiting
-for jobs to finish, and their listening connection), and `shutting_down` (set by
-`shut_down` when a signal arrives). `close(app)` releases what the app holds
-besides the engine.
+The process-level state the app reads lives on `app.state`: `engine`, `settings`,
+`groups` (the submits sharing statements), `admission` (None without MAX_PENDING),
+`waiters` (the requests waiting for jobs to finish, and their listening connection), and
+`shutting_down` (set by `shut_down` when a signal arrives). `close(app)` releases what the
+app holds besides the engine.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from jobcore.settings import Settings
 from jobqueue_api import jobs, listing, metrics, openapi, ui
 from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
+from jobqueue_api.groups import SubmitGroups
+from jobqueue_api.hot import HotRoutes
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
 from jobqueue_api.notify import Notifier
 from jobqueue_api.tracing import TraceRequests
@@ -64,7 +66,8 @@ async def openapi_json(request: Request) -> Response:
 
 
 async def jobs_collection(request: Request) -> Response:
-    """`/jobs` is one route (so a 405 lists both methods): POST submits, GET lists."""
+    """`/jobs` is one route (so a 405 lists both methods): POST submits (served ahead of the
+    router by `HotRoutes`), GET lists."""
     if request.method == "POST":
         return await jobs.create_job(request)
     return await listing.list_jobs(request)
@@ -96,6 +99,7 @@ def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = 
             Middleware(
                 LimitBody, limit=settings.max_body_bytes, timeout=settings.request_body_timeout
             ),
+            Middleware(HotRoutes, route=routes[0]),
         ],
         exception_handlers={HTTPException: http_error},
     )
@@ -103,6 +107,7 @@ def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = 
     app.router.redirect_slashes = False
     app.state.engine = engine
     app.state.notifier = Notifier(engine)
+    app.state.groups = SubmitGroups(engine, app.state.notifier)
     app.state.waiters = Waiters(settings.database_url)
     app.state.settings = settings
     app.state.tracer = tracer

@@ -1,5 +1,5 @@
-"""The API's hot calls: submit, submit_many and the read of one job, as `jobcore.store`'s
-constructs compiled once (`jobcore.compiled.Compiled`) and run on asyncpg.
+"""The API's hot calls: submit, submit_group, submit_many and the read of one job, as
+`jobcore.store`'s constructs compiled once (`jobcore.compiled.Compiled`) and run on asyncpg.
 
 A submit through a SQLAlchemy connection spent more CPU in SQLAlchemy (execution
 context, result processing, the greenlet hop) than in everything else it does
@@ -33,24 +33,31 @@ STATEMENTS: dict[str, Compiled] = {
     "submit_and_notify": Compiled(store.SUBMIT_AND_NOTIFY),
     "submit_many": Compiled(store.SUBMIT_MANY),
     "submit_many_keyless": Compiled(store.SUBMIT_MANY_KEYLESS),
+    "submit_group": Compiled(store.SUBMIT_GROUP),
+    "submit_group_and_notify": Compiled(store.SUBMIT_GROUP_AND_NOTIFY),
     "get_by_keys": Compiled(store.GET_BY_KEYS),
     "get": Compiled(store.GET),
+    "notify": Compiled(store.NOTIFY),
 }
 _SUBMIT = STATEMENTS["submit"]
 _SUBMIT_AND_NOTIFY = STATEMENTS["submit_and_notify"]
 _SUBMIT_MANY = STATEMENTS["submit_many"]
 _SUBMIT_MANY_KEYLESS = STATEMENTS["submit_many_keyless"]
+_SUBMIT_GROUP = STATEMENTS["submit_group"]
+_SUBMIT_GROUP_AND_NOTIFY = STATEMENTS["submit_group_and_notify"]
 _GET_BY_KEYS = STATEMENTS["get_by_keys"]
 _GET = STATEMENTS["get"]
+_NOTIFY = STATEMENTS["notify"]
 
-# A job is built from its row by position: SUBMIT's and GET's columns are Job's fields, in
-# order (SUBMIT then adds `created`).
+# A job is built from its row by position: SUBMIT's, SUBMIT_GROUP's and GET's columns are
+# Job's fields, in order (SUBMIT then adds `created`).
 _JOB_FIELDS = list(store.Job.__dataclass_fields__)
 _WIDTH = len(_JOB_FIELDS)
 _STATUS = _JOB_FIELDS.index("status")
 for _columns in (
     store.SUBMIT.returning_column_descriptions,
     store.SUBMIT_AND_NOTIFY.column_descriptions,
+    store.SUBMIT_GROUP.returning_column_descriptions,
     store.GET.column_descriptions,
 ):
     if [c["name"] for c in _columns][: _WIDTH + 1] != [*_JOB_FIELDS, "created"][: len(_columns)]:
@@ -91,10 +98,28 @@ async def submit(
     return job, bool(row[_WIDTH]) or (again and job.id == new.id)
 
 
+async def submit_group(
+    conn: Driver, new_jobs: Sequence[store.NewJob], *, notify: bool = False
+) -> list[store.Job]:
+    """Insert `new_jobs` (none with an idempotency key) in one statement; their jobs, in
+    input order. With `notify`, one NOTIFY for them all, delivered at commit."""
+    statement = _SUBMIT_GROUP_AND_NOTIFY if notify else _SUBMIT_GROUP
+    payloads = [dumps_text(new.payload) for new in new_jobs]
+    values = store.keyless_params(new_jobs, payloads)
+    rows = await conn.fetch(statement.sql, *statement.args(values))
+    by_id = {row[0]: row for row in rows}
+    return [_job(by_id[new.id]) for new in new_jobs]
+
+
 async def get(conn: Driver, job_id: UUID) -> store.Job | None:
     """`store.get`: the job, or None."""
     rows = await conn.fetch(_GET.sql, *_GET.args({"id": job_id}))
     return _job(rows[0]) if rows else None
+
+
+async def notify(conn: Driver) -> None:
+    """`store.notify`: wake listening workers (at once: outside a transaction)."""
+    await conn.fetch(_NOTIFY.sql, *_NOTIFY.args({}))
 
 
 async def submit_many(conn: Driver, new_jobs: Sequence[store.NewJob]) -> list[store.Submitted]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -30,6 +31,7 @@ from jobqueue_api import calls, metrics, validation
 from jobqueue_api.admission import REFRESH, Admission
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn, on_driver
 from jobqueue_api.errors import error_response
+from jobqueue_api.groups import SubmitGroups
 from jobqueue_api.notify import Notifier
 from jobqueue_api.records import JSONBody, job_json, status_json
 from jobqueue_api.tracing import submitting
@@ -45,24 +47,17 @@ def _within(deadline: float | None) -> asyncio.Timeout:
 
 
 async def submit(
-    engine: AsyncEngine, notifier: Notifier, new: store.NewJob, deadline: float | None = None
+    groups: SubmitGroups, new: store.NewJob, deadline: float | None = None
 ) -> tuple[store.Job, bool]:
     """Create `new`, or find the job its idempotency key already names: (job, created).
 
-    Raises IdempotencyConflict. The job exists once this returns (committed).
+    Raises IdempotencyConflict. The job exists once this returns (committed). A submit
+    without a key may share its statement with concurrent ones (`groups`).
     """
-    inline = notifier.inline()
-
-    async def call(conn: Driver, again: bool) -> tuple[store.Job, bool]:
-        return await calls.submit(conn, new, notify=inline, again=again)
-
-    async with _within(deadline):
-        # Retried on a fresh connection if the first one was dead: the job's id makes
-        # the second try find the job the first one may have written.
-        job, created = await on_driver(engine, call, retry=True)
+    if deadline is None:
+        deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
+    job, created = await groups.submit(new, deadline)
     if created:
-        if not inline:
-            notifier.jobs_due()
         metrics.SUBMITTED.inc()
     logs.line(
         log,
@@ -113,30 +108,37 @@ def _not_found(request: Request) -> Response:
 
 
 async def create_job(request: Request) -> Response:
-    settings: Settings = request.app.state.settings
+    """POST /jobs through Starlette's router; the app serves it ahead of the router
+    (`hot.HotRoutes`), with the same `submit_one`."""
+    return await submit_one(request.app.state, request.headers.raw, await request.body())
+
+
+async def submit_one(state: State, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> Response:
+    """POST /jobs: validate the request (`headers`, `body`), admit it, submit it, answer."""
+    settings: Settings = state.settings
     try:
-        key = validation.idempotency_key(request.headers.getlist("idempotency-key"))
-        body = validation.parse_json(await request.body())
+        key = validation.idempotency_key(
+            [value.decode("latin-1") for name, value in headers if name == b"idempotency-key"]
+        )
         new = validation.new_job(
-            body,
+            validation.parse_json(body),
             known_types=registered_types(),
             default_max_attempts=settings.max_attempts,
             idempotency_key=key,
         )
     except validation.Invalid as exc:
         return error_response(400, str(exc))
-    engine = _engine(request)
-    admission: Admission | None = request.app.state.admission
+    admission: Admission | None = state.admission
     deadline = None
     if admission is not None:
         # The depth check and the insert share one deadline: a 503 still comes in time.
         deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
-        full = await admission.refused(engine, (new,), deadline)
+        full = await admission.refused(state.engine, (new,), deadline)
         if full is not None:
             return _refused(admission, full)
     try:
-        with submitting(request.app.state.tracer, (new,)) as (new,):
-            job, created = await submit(engine, _notifier(request), new, deadline)
+        with submitting(state.tracer, (new,)) as (new,):
+            job, created = await submit(state.groups, new, deadline)
     except IdempotencyConflict as exc:
         return error_response(409, str(exc))
     if created:

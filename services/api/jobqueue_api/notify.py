@@ -6,7 +6,8 @@ start the job before the client has its answer. At most one submission per
 `INLINE_EVERY` does so; the others ask `jobs_due()` for a NOTIFY after their
 commit, on a connection of its own: while one is in flight, further requests
 collapse into a single follow-up, so a burst costs a handful of notifications,
-not one each. A lost notification only delays pickup until the next poll.
+not one each. A lost notification only delays pickup until the next poll. Submits grouped
+into one statement (`groups`) share one NOTIFY.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
 from jobcore.errors import describe
+from jobqueue_api import calls
+from jobqueue_api.database import on_driver
 
 log = logging.getLogger("jobqueue.api")
 
@@ -51,8 +53,10 @@ class Notifier:
             while self._wanted:
                 self._wanted = False
                 try:
-                    async with asyncio.timeout(NOTIFY_TIMEOUT), self._engine.begin() as conn:
-                        await store.notify(conn)
+                    async with asyncio.timeout(NOTIFY_TIMEOUT):
+                        await on_driver(
+                            self._engine, lambda conn, again: calls.notify(conn), retry=False
+                        )
                 except Exception as exc:  # workers still poll: a lost wake-up is only latency
                     log.debug("notify failed", extra={"error": describe(exc)})
         finally:

@@ -1,0 +1,150 @@
+"""Submit groups: the single submits one API process receives while its submit statements are
+busy go to the database together, as one statement (docs/api.md#submit-groups).
+
+Each `POST /jobs` used to cost a database round trip of its own, the largest part of the
+API's CPU per request after HTTP itself, and a commit (a WAL flush) of the database's.
+Here a submit without an idempotency key joins the waiting group; at most `FLIGHTS`
+groups are in flight at once, and a group leaves as soon as a flight is free, so a lone
+request still goes alone and at once, and under load the requests that arrived during one
+round trip share the next (no timer: nothing waits for company). A group is one
+`store.SUBMIT_GROUP` statement, one commit; every request still gets its own job, exactly
+as it would alone.
+
+A submit with an idempotency key always goes alone (`calls.submit`): its answer depends on
+the row it may conflict with. A group whose statement fails for any reason but its
+deadline is tried again one request at a time, each as a retry (`again`): a request whose
+job the group did write finds it by its id. A request whose deadline passed before its
+group left is answered with a timeout (503), its job not written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import NamedTuple
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobcore import store
+from jobcore.compiled import Driver
+from jobqueue_api import calls
+from jobqueue_api.database import on_driver
+from jobqueue_api.notify import Notifier
+
+# Groups in flight at once per process: two, so one group's round trip overlaps the next
+# group's gathering; more would split the load into smaller groups for no gain.
+FLIGHTS = 2
+# Jobs per statement at most: a group's bind arrays and its answer stay small.
+GROUP_MAX = 256
+
+
+class _Member(NamedTuple):
+    new: store.NewJob
+    answer: asyncio.Future[tuple[store.Job, bool]]
+    deadline: float
+
+
+class SubmitGroups:
+    """One per app (`app.state.groups`): `await groups.submit(new, deadline)`."""
+
+    def __init__(self, engine: AsyncEngine, notifier: Notifier) -> None:
+        self._engine = engine
+        self._notifier = notifier
+        self._waiting: list[_Member] = []
+        self._flights: set[asyncio.Task[None]] = set()
+
+    async def submit(self, new: store.NewJob, deadline: float) -> tuple[store.Job, bool]:
+        """Create `new`, or find the job its idempotency key names: (job, created), the job
+        committed. Raises IdempotencyConflict, TimeoutError after `deadline` (loop time),
+        or the database's error."""
+        if new.idempotency_key is not None:
+            async with asyncio.timeout_at(deadline):
+                return await self._alone(new, again=False)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[tuple[store.Job, bool]] = loop.create_future()
+        self._waiting.append(_Member(new, answer, deadline))
+        if len(self._flights) < FLIGHTS:
+            # A task, so it leaves on the loop's next turn, with whatever joined by then.
+            flight = loop.create_task(self._fly())
+            self._flights.add(flight)
+            flight.add_done_callback(self._flights.discard)
+        # No timeout of its own: a group leaves before its members' deadlines pass, or
+        # answers them with a timeout, and is bounded by its earliest member's deadline.
+        return await answer
+
+    async def _fly(self) -> None:
+        while self._waiting:
+            taken = self._waiting[:GROUP_MAX]
+            del self._waiting[:GROUP_MAX]
+            now = asyncio.get_running_loop().time()
+            group = []
+            for member in taken:
+                if member.answer.done():  # its request was cancelled (the client left)
+                    continue
+                if member.deadline <= now:
+                    member.answer.set_exception(TimeoutError())
+                    continue
+                group.append(member)
+            if len(group) == 1:
+                await self._one(group[0], again=False)
+            elif group:
+                await self._many(group)
+
+    async def _many(self, group: list[_Member]) -> None:
+        inline = self._notifier.inline()
+        news = [member.new for member in group]
+        try:
+            async with asyncio.timeout_at(min(member.deadline for member in group)):
+                jobs = await on_driver(
+                    self._engine,
+                    lambda conn, again: calls.submit_group(conn, news, notify=inline),
+                    retry=False,
+                )
+        except TimeoutError as exc:
+            for member in group:
+                _answer(member, exc=exc)
+            return
+        except Exception:
+            # One at a time, each as a retry: the group may have been written before its
+            # connection died, or one member's row may be what the database refused.
+            await asyncio.gather(*(self._one(member, again=True) for member in group))
+            return
+        if not inline:
+            self._notifier.jobs_due()
+        for member, job in zip(group, jobs, strict=True):
+            _answer(member, (job, True))
+
+    async def _one(self, member: _Member, *, again: bool) -> None:
+        try:
+            async with asyncio.timeout_at(member.deadline):
+                result = await self._alone(member.new, again=again)
+        except Exception as exc:
+            _answer(member, exc=exc)
+        else:
+            _answer(member, result)
+
+    async def _alone(self, new: store.NewJob, *, again: bool) -> tuple[store.Job, bool]:
+        inline = self._notifier.inline()
+
+        async def call(conn: Driver, retried: bool) -> tuple[store.Job, bool]:
+            return await calls.submit(conn, new, notify=inline, again=again or retried)
+
+        # Retried on a fresh connection if the first one was dead: the job's id makes
+        # the second try find the job the first one may have written.
+        job, created = await on_driver(self._engine, call, retry=True)
+        if created and not inline:
+            self._notifier.jobs_due()
+        return job, created
+
+
+def _answer(
+    member: _Member,
+    result: tuple[store.Job, bool] | None = None,
+    exc: BaseException | None = None,
+) -> None:
+    if member.answer.done():  # cancelled meanwhile: nobody is waiting for it
+        return
+    if exc is not None:
+        member.answer.set_exception(exc)
+    else:
+        assert result is not None
+        member.answer.set_result(result)
