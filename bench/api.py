@@ -12,10 +12,11 @@ Each run is repeated against an empty handler (`--serve-empty`: a Starlette POST
 that reads the body and answers a small JSON document, on Hypercorn with the API's own
 configuration), started alongside the API: the ratio of the two processes' CPU per
 request (from /proc, which depends much less on how busy the machine is than the rates
-do) is what the API itself adds to HTTP.
+do) is what the API itself adds to HTTP. Every concurrency is run `--repeats` times,
+interleaved, and the medians are reported (the ratio: the median of the pairs' ratios).
 
-    python -m bench.api [--concurrency 8 16 32] [--duration 10] [--idempotency-keys]
-                        [--max-pending 1000000] [--profile]
+    python -m bench.api [--concurrency 8 16 32] [--duration 10] [--repeats 3]
+                        [--idempotency-keys] [--max-pending 1000000] [--profile]
 
 `--max-pending` starts the API with that MAX_PENDING (admission control), to measure what
 the depth check costs per request; a cap the run reaches measures the 429 path instead.
@@ -260,18 +261,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await load(port, 4, 2.0, args.idempotency_keys, proc.pid)
         await load(empty_port, 4, 1.0, False, empty.pid)
         jobs_before = await _job_count(url)
-        runs = []
-        for c in args.concurrency:
-            # Back to back, so both see about the same machine.
-            api = await load(port, c, args.duration, args.idempotency_keys, proc.pid)
-            bare = await load(empty_port, c, args.duration, False, empty.pid)
-            api["empty_cpu_ms_per_request"] = bare["server_cpu_ms_per_request"]
-            api["empty_p99_ms"] = bare["p99_ms"]
-            api["cpu_ratio_to_empty"] = round(
-                api["server_cpu_ms_per_request"] / bare["server_cpu_ms_per_request"], 2
-            )
-            runs.append(api)
-        created = sum(r["statuses"].get("201", 0) for r in runs)
+        repeats: dict[int, list[dict[str, Any]]] = {c: [] for c in args.concurrency}
+        for _ in range(args.repeats):
+            for c in args.concurrency:
+                # Back to back, so both see about the same machine.
+                api = await load(port, c, args.duration, args.idempotency_keys, proc.pid)
+                bare = await load(empty_port, c, args.duration, False, empty.pid)
+                api["empty_cpu_ms_per_request"] = bare["server_cpu_ms_per_request"]
+                api["empty_p99_ms"] = bare["p99_ms"]
+                api["cpu_ratio_to_empty"] = round(
+                    api["server_cpu_ms_per_request"] / bare["server_cpu_ms_per_request"], 2
+                )
+                repeats[c].append(api)
+        created = sum(r["statuses"].get("201", 0) for reps in repeats.values() for r in reps)
+        runs = [_median_run(reps) for reps in repeats.values()]
         stored = await _job_count(url) - jobs_before
         if stored != created:
             raise AssertionError(f"{created} jobs acknowledged with 201 but {stored} stored")
@@ -292,6 +295,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         _stop(empty)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+_MEDIANS = (
+    "throughput_rps",
+    "p50_ms",
+    "p99_ms",
+    "mean_ms",
+    "max_ms",
+    "server_cpu_ms_per_request",
+    "empty_cpu_ms_per_request",
+    "empty_p99_ms",
+    "cpu_ratio_to_empty",
+)
+
+
+def _median_run(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One concurrency's figures: the median of each over its repeats (the ratio: the median
+    of the repeats' ratios, each from one back-to-back pair), the repeats kept as they were."""
+    statuses: dict[str, int] = {}
+    for r in reps:
+        for status, n in r["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + n
+    return {
+        "concurrency": reps[0]["concurrency"],
+        "requests": sum(r["requests"] for r in reps),
+        "statuses": statuses,
+        **{key: round(statistics.median(r[key] for r in reps), 3) for key in _MEDIANS},
+        "repeats": reps,
+    }
 
 
 # --- profile -----------------------------------------------------------------------
@@ -392,6 +424,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved repeats; medians are reported"
+    )
     parser.add_argument("--idempotency-keys", action="store_true", help="a unique key per job")
     parser.add_argument("--max-pending", help="MAX_PENDING for the API (default: unset)")
     parser.add_argument("--profile", action="store_true", help="py-spy the API, one more run")

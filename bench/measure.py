@@ -17,6 +17,7 @@ from typing import Any
 from bench.adapters.base import Adapter
 from bench.beacon import Receiver
 from bench.stats import latency_ms
+from bench.webhooks import cpu_seconds
 
 _markers = itertools.count()
 
@@ -106,9 +107,20 @@ async def pickup_latency(
     return {"from_commit": latency_ms(from_commit), "from_call": latency_ms(from_call)}
 
 
-async def end_to_end(adapter: Adapter, m: int, concurrency: int, limit: float) -> dict[str, float]:
-    """Workers running; m single submits from `concurrency` clients; until all completed."""
+async def end_to_end(
+    adapter: Adapter,
+    m: int,
+    concurrency: int,
+    limit: float,
+    processes: Callable[[], dict[str, list[int]]] | None = None,
+) -> dict[str, Any]:
+    """Workers running; m single submits from `concurrency` clients; until all completed.
+
+    With `processes` (the pids of each part of the system, read at the start and at the
+    end), also the CPU each part used per job, in ms (`e2e_cpu_ms_per_job`)."""
     left = iter(range(m))
+    parts = processes() if processes else {}
+    cpu_before = {part: _cpu_by_pid(pids) for part, pids in parts.items()}
 
     async def client() -> None:
         for _ in left:
@@ -119,7 +131,27 @@ async def end_to_end(adapter: Adapter, m: int, concurrency: int, limit: float) -
     submitted = time.time()
     await wait_drained(adapter, limit)
     finished = await adapter.last_completion()
-    return {
+    out: dict[str, Any] = {
         "e2e_jobs_per_s": m / max(finished - started, 1e-6),
         "e2e_submit_jobs_per_s": m / max(submitted - started, 1e-6),
     }
+    if processes:
+        used = {}
+        for part, pids in processes().items():
+            before = cpu_before.get(part, {})
+            # A process started meanwhile (a pooled connection's backend) counts whole.
+            now = _cpu_by_pid(pids)
+            used[part] = sum(now[pid] - before.get(pid, 0.0) for pid in now) / m * 1000
+        out["e2e_cpu_ms_per_job"] = used
+    return out
+
+
+def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each process still running."""
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = cpu_seconds([pid])
+        except (OSError, IndexError):  # it exited
+            continue
+    return found

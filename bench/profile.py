@@ -41,16 +41,16 @@ def worker_children(supervisor: int) -> list[int]:
     an earlier commit: its spawned children), not the fork server itself nor
     multiprocessing's resource tracker."""
     pids = []
-    for pid in _children(supervisor):
+    for pid in children(supervisor):
         cmdline = _cmdline(pid)
         if b"spawn_main" in cmdline:
             pids.append(pid)
         elif b"multiprocessing.forkserver" in cmdline:
-            pids.extend(_children(pid))
+            pids.extend(children(pid))
     return pids
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(p) for p in found.stdout.split()]
 

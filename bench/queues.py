@@ -228,9 +228,15 @@ class Run:
                 used = cpu_seconds(pids) - cpu
                 figures["worker_cpu_us_per_job"] = used / config.jobs * 1e6
             if full:
+                if isinstance(adapter, Ours) and adapter.api is None:
+                    await adapter.start_api()  # not inside the measurement
                 figures.update(
                     await measure.end_to_end(
-                        adapter, config.e2e_jobs, config.concurrency, _timeout(config.e2e_jobs)
+                        adapter,
+                        config.e2e_jobs,
+                        config.concurrency,
+                        _timeout(config.e2e_jobs),
+                        lambda: _parts(adapter),
                     )
                 )
             if full and config.profile and rep == 0 and isinstance(adapter, Ours):
@@ -598,6 +604,26 @@ class Run:
 async def _fill(adapter: Ours, completed: int, pending: int) -> None:
     await adapter.prepare()
     await backlog.fill(adapter, completed, pending)
+
+
+def _parts(adapter: Adapter) -> dict[str, list[int]]:
+    """The processes of each part of a running system, for its CPU per job end to end: ours
+    (the API with any children, the worker's supervisor and children), a peer's own
+    processes, PostgreSQL's (every server process: the backends and the WAL writer,
+    checkpointer, autovacuum they cause), and this bench process (the clients)."""
+    parts: dict[str, list[int]] = {}
+    if isinstance(adapter, Ours):
+        if adapter.api_proc is not None:
+            parts["api"] = [adapter.api_proc.pid, *profile.children(adapter.api_proc.pid)]
+        supervisor = adapter.worker_procs[0].pid
+        parts["worker"] = [supervisor, *profile.worker_children(supervisor)]
+    else:
+        procs = getattr(adapter, "procs", [])
+        parts["worker"] = [p.pid for p in procs]
+    found = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True)
+    parts["postgres"] = [int(pid) for pid in found.stdout.split()]
+    parts["bench client"] = [os.getpid()]
+    return parts
 
 
 def _timeout(jobs: int) -> float:

@@ -35,6 +35,12 @@ def _system(sessions: list[dict[str, Any]]) -> dict[str, Any]:
         "e2e_jobs_per_s": _med(sessions, "e2e_jobs_per_s"),
         "e2e_submit_jobs_per_s": _med(sessions, "e2e_submit_jobs_per_s"),
     }
+    split = [r["e2e_cpu_ms_per_job"] for r in sessions if "e2e_cpu_ms_per_job" in r]
+    if split:
+        figures["e2e_cpu_ms_per_job"] = {
+            part: median([s[part] for s in split if part in s])
+            for part in dict.fromkeys(part for s in split for part in s)
+        }
     for origin, p in PICKUP:
         figures[f"pickup_{origin}_{p}"] = _med(
             [r["pickup"][origin] for r in sessions if "pickup" in r], p
@@ -482,6 +488,14 @@ def render(document: dict[str, Any]) -> str:
             rows,
         )
     )
+    for name, figures in systems.items():
+        split = figures.get("e2e_cpu_ms_per_job")
+        if split:
+            parts = ", ".join(f"{part} {ms:.3f}" for part, ms in split.items())
+            out.append(
+                f"end to end, CPU per job by part (ms): {name}: {parts}; "
+                f"total {sum(split.values()):.3f}"
+            )
     out += features.lines(summary.get("features", {}))
     ours = systems.get(OURS, {})
     sweep = ours.get("drain_by_workers", {})
