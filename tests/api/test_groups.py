@@ -5,6 +5,7 @@ statement."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -15,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
 from jobcore.ids import new_id
+from jobcore.states import Status
 from jobqueue_api import calls
 from jobqueue_api.database import open_engine
 from jobqueue_api.groups import SubmitGroups
@@ -165,3 +167,102 @@ async def test_a_cancelled_submit_is_not_written_and_its_group_goes_on(
     written = {job.id for job, created in (d for i, d in enumerate(done) if i != 2)}
     assert written == {new.id for i, new in enumerate(news) if i != 2}
     assert await job_count(engine) == 4
+
+
+def _job(new: store.NewJob) -> store.Job:
+    now = datetime.now(UTC)
+    return store.Job(
+        new.id,
+        new.type,
+        new.payload,
+        Status.PENDING,
+        0,
+        new.max_attempts,
+        now,
+        None,
+        0,
+        None,
+        new.idempotency_key,
+        now,
+        now,
+        new.queue,
+        new.priority,
+        new.timeout,
+        None,
+        None,
+        None,
+    )
+
+
+class _Held:
+    """The database, held: every statement waits for `release`, then answers at once (in
+    the same turn of the loop for all of them) with the jobs it would have written."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def on_driver(self, engine: Any, call: Any, *, retry: bool) -> Any:
+        await self.release.wait()
+        return await call(None, False)
+
+    async def submit_group(self, conn: Any, new_jobs: Any, *, notify: bool = False) -> Any:
+        return [_job(new) for new in new_jobs]
+
+    async def submit(self, conn: Any, new: Any, *, notify: bool = False, again: bool = False):
+        return _job(new), True
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> _Held:
+    from jobqueue_api import groups as module
+
+    held = _Held()
+    monkeypatch.setattr(module, "on_driver", held.on_driver)
+    monkeypatch.setattr(calls, "submit_group", held.submit_group)
+    monkeypatch.setattr(calls, "submit", held.submit)
+    return held
+
+
+async def _turns(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_a_submit_arriving_as_every_flight_ends_starts_one_of_its_own(
+    groups: SubmitGroups, held: _Held
+):
+    deadline = asyncio.get_running_loop().time() + 5
+    first = asyncio.create_task(groups.submit(_new(), deadline))
+    await _turns(2)  # the first flight holds the first submit
+    second = asyncio.create_task(groups.submit(_new(), deadline))
+    await _turns(2)  # the second flight holds the second
+
+    async def just_as_they_end() -> tuple[store.Job, bool]:
+        await held.release.wait()  # woken in the turn both flights end in, after them
+        return await groups.submit(_new(), deadline)
+
+    late = asyncio.create_task(just_as_they_end())
+    await _turns(1)
+    held.release.set()
+    assert (await first)[1] and (await second)[1]
+    _, created = await asyncio.wait_for(late, 2)
+    assert created
+
+
+async def test_a_member_close_to_its_deadline_does_not_cut_its_group_short(
+    groups: SubmitGroups, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+):
+    real = calls.submit_group
+
+    async def slow(conn: Any, new_jobs: Any, *, notify: bool = False) -> Any:
+        await asyncio.sleep(0.3)
+        return await real(conn, new_jobs, notify=notify)
+
+    monkeypatch.setattr(calls, "submit_group", slow)
+    loop = asyncio.get_running_loop()
+    news = [_new() for _ in range(10)]
+    deadlines = [loop.time() + 0.1] + [loop.time() + 5] * 9
+    submits = (groups.submit(n, d) for n, d in zip(news, deadlines, strict=True))
+    done = await asyncio.gather(*submits)
+    assert [created for _, created in done] == [True] * 10
+    assert await job_count(engine) == 10

@@ -27,7 +27,7 @@ from jobqueue_api import jobs, listing, metrics, openapi, ui
 from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.groups import SubmitGroups
-from jobqueue_api.hot import HotRoutes
+from jobqueue_api.hot import HotRoute
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
 from jobqueue_api.notify import Notifier
 from jobqueue_api.tracing import TraceRequests
@@ -67,7 +67,7 @@ async def openapi_json(request: Request) -> Response:
 
 async def jobs_collection(request: Request) -> Response:
     """`/jobs` is one route (so a 405 lists both methods): POST submits (served ahead of the
-    router by `HotRoutes`), GET lists."""
+    router by `HotRoute`), GET lists."""
     if request.method == "POST":
         return await jobs.create_job(request)
     return await listing.list_jobs(request)
@@ -75,8 +75,9 @@ async def jobs_collection(request: Request) -> Response:
 
 def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = None) -> Starlette:
     """The app; `tracer` (from `jobcore.tracing.start`) traces requests and submits."""
+    collection = Route("/jobs", jobs_collection, methods=["GET", "POST"])
     routes = [
-        Route("/jobs", jobs_collection, methods=["GET", "POST"]),
+        collection,
         Route("/jobs/batch", jobs.create_many, methods=["POST"]),
         Route("/jobs/{id}", jobs.get_job, methods=["GET"]),
         Route("/jobs/{id}/status", jobs.get_status, methods=["GET"]),
@@ -99,7 +100,7 @@ def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = 
             Middleware(
                 LimitBody, limit=settings.max_body_bytes, timeout=settings.request_body_timeout
             ),
-            Middleware(HotRoutes, route=routes[0]),
+            Middleware(HotRoute, route=collection),
         ],
         exception_handlers={HTTPException: http_error},
     )
@@ -132,8 +133,11 @@ def shut_down(app: Starlette) -> None:
 
 
 async def close(app: Starlette) -> None:
-    """Answer the waiters, close their listening connection, let a NOTIFY in flight end."""
+    """Answer the waiters, close their listening connection, let the submit groups and a
+    NOTIFY in flight end."""
     waiters: Waiters = app.state.waiters
+    groups: SubmitGroups = app.state.groups
     notifier: Notifier = app.state.notifier
     await waiters.close()
+    await groups.close()
     await notifier.close()

@@ -11,17 +11,20 @@ round trip share the next (no timer: nothing waits for company). A group is one
 as it would alone.
 
 A submit with an idempotency key always goes alone (`calls.submit`): its answer depends on
-the row it may conflict with. A group whose statement fails for any reason but its
-deadline is tried again one request at a time, each as a retry (`again`): a request whose
-job the group did write finds it by its id. A request whose deadline passed before its
-group left is answered with a timeout (503), its job not written.
+the row it may conflict with. A group whose statement failed once sent (its connection died,
+the database refused a row) is tried again one request at a time, each as a retry
+(`again`): a request whose job the group did write finds it by its id. A request whose
+deadline passed before its group left is answered with a timeout (503), its job not written;
+a group's statement is bounded by its latest member's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import NamedTuple
 
+import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
@@ -58,71 +61,89 @@ class SubmitGroups:
         or the database's error."""
         if new.idempotency_key is not None:
             async with asyncio.timeout_at(deadline):
-                return await self._alone(new, again=False)
+                return await self._submit_alone(new, again=False)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[tuple[store.Job, bool]] = loop.create_future()
         self._waiting.append(_Member(new, answer, deadline))
         if len(self._flights) < FLIGHTS:
-            # A task, so it leaves on the loop's next turn, with whatever joined by then.
-            flight = loop.create_task(self._fly())
+            # A task, so it leaves on the loop's next turn with whatever joined by then; in a
+            # context of its own, so its work is not logged or traced as this request's.
+            flight = loop.create_task(self._fly(), context=contextvars.Context())
             self._flights.add(flight)
-            flight.add_done_callback(self._flights.discard)
-        # No timeout of its own: a group leaves before its members' deadlines pass, or
-        # answers them with a timeout, and is bounded by its earliest member's deadline.
+        # No timeout of its own: a flight takes every waiting member before it ends, answers
+        # one whose deadline has passed with a timeout, and its statement is bounded too.
         return await answer
 
+    async def close(self) -> None:
+        """Let the groups in flight finish (each bounded by its members' deadlines)."""
+        if self._flights:
+            await asyncio.wait(set(self._flights))
+
     async def _fly(self) -> None:
-        while self._waiting:
-            taken = self._waiting[:GROUP_MAX]
-            del self._waiting[:GROUP_MAX]
-            now = asyncio.get_running_loop().time()
-            group = []
-            for member in taken:
-                if member.answer.done():  # its request was cancelled (the client left)
-                    continue
-                if member.deadline <= now:
-                    member.answer.set_exception(TimeoutError())
-                    continue
-                group.append(member)
-            if len(group) == 1:
-                await self._one(group[0], again=False)
-            elif group:
-                await self._many(group)
+        try:
+            while self._waiting:
+                taken = self._waiting[:GROUP_MAX]
+                del self._waiting[:GROUP_MAX]
+                now = asyncio.get_running_loop().time()
+                group = []
+                for member in taken:
+                    if member.answer.done():  # its request was cancelled (the client left)
+                        continue
+                    if member.deadline <= now:
+                        member.answer.set_exception(TimeoutError())
+                        continue
+                    group.append(member)
+                if len(group) == 1:
+                    await self._answer_alone(group[0], again=False)
+                elif group:
+                    await self._many(group)
+        finally:
+            # At once, with no await since `_waiting` was last found empty: a member that
+            # joins from here on finds a free flight and starts one.
+            self._flights.discard(asyncio.current_task())
 
     async def _many(self, group: list[_Member]) -> None:
         inline = self._notifier.inline()
         news = [member.new for member in group]
         try:
-            async with asyncio.timeout_at(min(member.deadline for member in group)):
+            # The latest deadline: one member close to its own must not cut the statement
+            # short for all the others (which would answer 503 for jobs perhaps written).
+            async with asyncio.timeout_at(max(member.deadline for member in group)):
                 jobs = await on_driver(
                     self._engine,
                     lambda conn, again: calls.submit_group(conn, news, notify=inline),
                     retry=False,
                 )
-        except TimeoutError as exc:
+        except TimeoutError:
+            for member in group:
+                _answer(member, exc=TimeoutError())
+            return
+        except sa_exc.SQLAlchemyError as exc:
+            # No connection to be had (the pool's wait, a failed connect): nothing was sent.
             for member in group:
                 _answer(member, exc=exc)
             return
         except Exception:
             # One at a time, each as a retry: the group may have been written before its
             # connection died, or one member's row may be what the database refused.
-            await asyncio.gather(*(self._one(member, again=True) for member in group))
+            waiting = [member for member in group if not member.answer.done()]
+            await asyncio.gather(*(self._answer_alone(m, again=True) for m in waiting))
             return
         if not inline:
             self._notifier.jobs_due()
         for member, job in zip(group, jobs, strict=True):
             _answer(member, (job, True))
 
-    async def _one(self, member: _Member, *, again: bool) -> None:
+    async def _answer_alone(self, member: _Member, *, again: bool) -> None:
         try:
             async with asyncio.timeout_at(member.deadline):
-                result = await self._alone(member.new, again=again)
+                result = await self._submit_alone(member.new, again=again)
         except Exception as exc:
             _answer(member, exc=exc)
         else:
             _answer(member, result)
 
-    async def _alone(self, new: store.NewJob, *, again: bool) -> tuple[store.Job, bool]:
+    async def _submit_alone(self, new: store.NewJob, *, again: bool) -> tuple[store.Job, bool]:
         inline = self._notifier.inline()
 
         async def call(conn: Driver, retried: bool) -> tuple[store.Job, bool]:

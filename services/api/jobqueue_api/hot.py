@@ -1,4 +1,4 @@
-"""`HotRoutes`: `POST /jobs`, the API's busiest route, served ahead of Starlette's router.
+"""`HotRoute`: `POST /jobs`, the API's busiest route, served ahead of Starlette's router.
 
 It is the innermost middleware, so a submit still passes through every layer the other
 routes pass through (request id, access log and metrics, tracing, the bearer token, the
@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from jobqueue_api import jobs
 
 
-class HotRoutes:
+class HotRoute:
     def __init__(self, app: ASGIApp, route: BaseRoute) -> None:
         """`route`: the router's `/jobs` route, put in the scope as the router would, so the
         access log and the metrics name the route the same either way."""

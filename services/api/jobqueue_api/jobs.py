@@ -51,8 +51,9 @@ async def submit(
 ) -> tuple[store.Job, bool]:
     """Create `new`, or find the job its idempotency key already names: (job, created).
 
-    Raises IdempotencyConflict. The job exists once this returns (committed). A submit
-    without a key may share its statement with concurrent ones (`groups`).
+    Raises IdempotencyConflict, TimeoutError past `deadline` (REQUEST_DEADLINE from now by
+    default), or the database's error. The job exists once this returns (committed). A
+    submit without a key may share its statement with concurrent ones (`groups`).
     """
     if deadline is None:
         deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
@@ -109,7 +110,7 @@ def _not_found(request: Request) -> Response:
 
 async def create_job(request: Request) -> Response:
     """POST /jobs through Starlette's router; the app serves it ahead of the router
-    (`hot.HotRoutes`), with the same `submit_one`."""
+    (`hot.HotRoute`), with the same `submit_one`."""
     return await submit_one(request.app.state, request.headers.raw, await request.body())
 
 
