@@ -16,7 +16,8 @@ do) is what the API itself adds to HTTP. Every concurrency is run `--repeats` ti
 interleaved, and the medians are reported (the ratio: the median of the pairs' ratios).
 
     python -m bench.api [--concurrency 8 16 32] [--duration 10] [--repeats 3]
-                        [--idempotency-keys] [--max-pending 1000000] [--profile]
+                        [--idempotency-keys] [--max-pending 1000000] [--api-processes 2]
+                        [--profile]
 
 `--max-pending` starts the API with that MAX_PENDING (admission control), to measure what
 the depth check costs per request; a cap the run reaches measures the 429 path instead.
@@ -118,9 +119,14 @@ class Client:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its children so far (Linux /proc): with
+    API_PROCESSES > 1 the API's processes are the children of the one started."""
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    total = 0
+    for each in [pid, *(int(child) for child in found.stdout.split())]:
+        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def load(
@@ -167,13 +173,21 @@ async def load(
 
 
 def _start_api(
-    url: str, port: int, log_path: Path, max_pending: str | None, empty: bool = False
+    url: str,
+    port: int,
+    log_path: Path,
+    max_pending: str | None,
+    empty: bool = False,
+    api_processes: int = 1,
 ) -> subprocess.Popen[bytes]:
     """`jobqueue-api`, or with `empty` this module's empty handler, on `port`."""
     env = {**os.environ, "DATABASE_URL": url, "HTTP_ADDR": f"127.0.0.1:{port}"}
     env.pop("MAX_PENDING", None)
+    env.pop("API_PROCESSES", None)
     if max_pending is not None:
         env["MAX_PENDING"] = max_pending
+    if api_processes > 1 and not empty:
+        env["API_PROCESSES"] = str(api_processes)
     argv = [str(ROOT / ".venv" / "bin" / "jobqueue-api")]
     if empty:
         env["PYTHONPATH"] = str(ROOT)
@@ -253,7 +267,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         config.attributes["skip_logging"] = True
         await asyncio.to_thread(command.upgrade, config, "head")  # env.py runs its own loop
         port, empty_port = _free_port(), _free_port()
-        proc = _start_api(url, port, log_path, args.max_pending)
+        proc = _start_api(url, port, log_path, args.max_pending, api_processes=args.api_processes)
         empty = _start_api(url, empty_port, log_path.with_suffix(".empty.log"), None, True)
         await _wait_ready(port, proc)
         await _wait_ready(empty_port, empty)
@@ -283,6 +297,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "and against an empty Starlette handler on the same Hypercorn configuration",
             "idempotency_keys": args.idempotency_keys,
             "max_pending": args.max_pending,
+            "api_processes": args.api_processes,
             "cpus": os.cpu_count(),
             "load_average_before": os.getloadavg(),
             "runs": runs,
@@ -429,6 +444,9 @@ def main() -> None:
     )
     parser.add_argument("--idempotency-keys", action="store_true", help="a unique key per job")
     parser.add_argument("--max-pending", help="MAX_PENDING for the API (default: unset)")
+    parser.add_argument(
+        "--api-processes", type=int, default=1, help="API_PROCESSES for the API (default 1)"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the API, one more run")
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--serve-empty", action="store_true", help=argparse.SUPPRESS)
@@ -439,6 +457,7 @@ def main() -> None:
     result = asyncio.run(run(args))
     print(f"load average before: {result['load_average_before']}")
     print(f"MAX_PENDING: {result['max_pending'] or 'unset'}")
+    print(f"API_PROCESSES: {result['api_processes']} (the empty handler: 1)")
     print(
         f"{'conc':>5} {'requests':>9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
         f" {'API CPU ms/req':>15} {'empty ms/req':>13} {'API/empty':>10}"
