@@ -44,6 +44,8 @@ import asyncpg
 from alembic import command
 from alembic.config import Config
 
+from bench import profile, webhooks
+
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b'{"type":"sleep","payload":{"duration":"1s","note":"bench"}}'
 PROFILE_CLIENTS = 16
@@ -121,12 +123,7 @@ class Client:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its children so far (Linux /proc): with
     API_PROCESSES > 1 the API's processes are the children of the one started."""
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    total = 0
-    for each in [pid, *(int(child) for child in found.stdout.split())]:
-        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return webhooks.cpu_seconds([pid, *profile.children(pid)])
 
 
 async def load(
