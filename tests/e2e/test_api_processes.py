@@ -72,6 +72,13 @@ def test_a_process_that_dies_stops_the_others_and_the_supervisor(start_api):
         30,
         "two processes",
     )
+    # Both serving, so both have their signal handlers: a SIGTERM that reached one still
+    # starting would end it by the signal (143), not by its graceful shutdown.
+    wait_for(
+        lambda: sum(e["msg"].startswith("Running on") for e in api.service.logs()) == 2,
+        30,
+        "both processes serving",
+    )
     os.kill(first, signal.SIGKILL)
     assert api.service.wait(60) == 128 + signal.SIGKILL
     assert not alive(second)
