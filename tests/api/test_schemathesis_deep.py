@@ -204,14 +204,26 @@ def _wait_within_its_range(query: Any) -> Any:
     return {**query, "wait": format_duration(min(max(seconds, 0.001), MAX_WAIT))}
 
 
-def call_and_check(case: schemathesis.Case, api: LiveApi, headers: dict[str, str]) -> None:
+def with_token(headers: dict[str, str] | None, token: str) -> dict[str, str]:
+    """The generated headers with `token` as the credential where the case carries a
+    well-formed one (`Bearer <anything>`, the document's scheme): schemathesis cannot know a
+    token the API accepts. A case that removed or altered the header is sent as generated,
+    so the negative cases about authentication reach the API and must get 401."""
+    out = dict(headers or {})
+    for name, value in out.items():
+        if name.lower() == "authorization" and value.startswith("Bearer "):
+            out[name] = f"Bearer {token}"
+    return out
+
+
+def call_and_check(case: schemathesis.Case, api: LiveApi, token: str | None = None) -> None:
     # Here rather than as a map_body hook: hooks do not reach the coverage phase's cases.
     case.body = _within_unstated_limits(case.body)
     case.query = _wait_within_its_range(case.query)
+    if token is not None:
+        case.headers = with_token(case.headers, token)
     before = api.job_count()
-    response = case.call_and_validate(
-        base_url=api.url, session=api.session, headers=headers, timeout=30
-    )
+    response = case.call_and_validate(base_url=api.url, session=api.session, timeout=30)
     written = api.job_count() - before
     expected = 0
     if case.method.upper() == "POST" and case.path == "/jobs" and response.status_code == 201:
@@ -231,7 +243,7 @@ locked_schema = schemathesis.openapi.from_dict(document(auth=True))
 def test_open_api_conforms_to_its_document_and_writes_only_on_201(
     case: schemathesis.Case, open_api: LiveApi
 ) -> None:
-    call_and_check(case, open_api, {})
+    call_and_check(case, open_api)
 
 
 @locked_schema.parametrize()
@@ -240,4 +252,15 @@ def test_open_api_conforms_to_its_document_and_writes_only_on_201(
 def test_api_with_tokens_conforms_to_its_document_and_writes_only_on_201(
     case: schemathesis.Case, locked_api: LiveApi
 ) -> None:
-    call_and_check(case, locked_api, {"Authorization": f"Bearer {TOKEN}"})
+    call_and_check(case, locked_api, TOKEN)
+
+
+def test_the_token_replaces_only_a_well_formed_generated_credential() -> None:
+    assert with_token({"Authorization": "Bearer x7"}, TOKEN) == {
+        "Authorization": "Bearer fuzz-token"
+    }
+    assert with_token({"authorization": "Bearer "}, TOKEN) == {"authorization": "Bearer fuzz-token"}
+    assert with_token({"0": ";"}, TOKEN) == {"0": ";"}  # removed: sent without one
+    assert with_token(None, TOKEN) == {}
+    assert with_token({"Authorization": "priority"}, TOKEN) == {"Authorization": "priority"}
+    assert with_token({"Authorization": "bearer x"}, TOKEN) == {"Authorization": "bearer x"}
