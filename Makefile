@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools run test test-bench test-fast lint bench bench-api bench-compare bench-install bench-tracing bench-webhooks chaos fuzz-deep load clean
+.PHONY: install tools run test test-bench test-fast lint bench bench-api bench-compare bench-install bench-pressure bench-tracing bench-webhooks chaos fuzz-deep load clean
 
 install: $(STAMP)
 
@@ -28,13 +28,15 @@ run: install
 tools:
 	bash scripts/install-test-tools.sh
 
-# The benchmark harness's own end-to-end runs take minutes: `make test-bench` (CI runs both).
-HARNESS_RUNS := tests/bench/test_bench_smoke.py tests/bench/test_webhook_bench.py
+# The benchmark harness's own end-to-end runs take minutes: `make test-bench` (CI runs them).
+HARNESS_RUNS := tests/bench/test_bench_smoke.py tests/bench/test_webhook_bench.py \
+	tests/bench/test_pressure_bench.py
 
 test: install tools
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(foreach t,$(HARNESS_RUNS),--ignore=$(t)) $(PYTEST_ARGS)
 
-# `make bench` and `make bench-webhooks` still run end to end, on tiny sizes (~2.5 min).
+# `make bench`, `make bench-webhooks` and `make bench-pressure` still run end to end, on tiny
+# sizes (~2.5 min on two pytest workers).
 test-bench: install
 	$(BIN)/python -m pytest -n 2 $(HARNESS_RUNS) $(PYTEST_ARGS)
 
@@ -63,6 +65,13 @@ bench-webhooks: install
 # with the services of an earlier commit).
 bench-tracing: install
 	$(BIN)/python -m bench.tracing $(BENCH_TRACING_ARGS)
+
+# Completion rate, claim latency, backlog and dead tuples at a fixed offered rate (800 jobs/s
+# by POST /jobs/batch) while something holds back the xmin horizon: clean, pressure, recovery
+# for idle-xid, repeatable-read and rate-1.5x, each on fresh services (~25 min;
+# BENCH_PRESSURE_ARGS="--quick" or "--scenario idle-xid"). Table on stdout, JSON in bench-results/.
+bench-pressure: install
+	$(BIN)/python -m bench.pressure $(BENCH_PRESSURE_ARGS)
 
 # The peers (Procrastinate, PgQueuer) and py-spy: only bench-compare needs them.
 bench-install: install
