@@ -99,17 +99,28 @@ def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
     return {"queues": list(wanted), "slots": list(wanted.values())}
 
 
+# A claim without floors reads the claim index from its head (`jobcore.floors`).
+NO_FLOORS: Mapping[str, list[Any]] = {"floor_queues": [], "floor_priorities": [], "floors": []}
+
+
 async def claim(
     conn: Driver,
     slots: Mapping[str, int],
     lease_seconds: float,
     claim_id: UUID | None = None,
     limited: Sequence[str] = (),
+    floors: Mapping[str, list[Any]] = NO_FLOORS,
 ) -> list[Claimed]:
     """Lease up to `slots[queue]` due jobs of each queue, in claim order, skipping rows
     other claimers hold and jobs of the `limited` types; `claim_id` names this claim for
-    `release_claim`, should its answer be lost."""
-    values = {**_slots(slots), "lease_seconds": lease_seconds, "claim": claim_id or uuid4()}
+    `release_claim`, should its answer be lost. `floors` (`ClaimFloors.params`) says where
+    each (queue, priority) is read from; none: from the head."""
+    values = {
+        **_slots(slots),
+        **floors,
+        "lease_seconds": lease_seconds,
+        "claim": claim_id or uuid4(),
+    }
     statement = _CLAIM
     if limited:
         statement = _CLAIM_UNLIMITED
@@ -165,10 +176,12 @@ async def claim_limited(
     return LimitedClaim(jobs, held, min(waits) if waits else None)
 
 
-async def next_due(conn: Driver, queues: Sequence[str]) -> float | None:
+async def next_due(
+    conn: Driver, queues: Sequence[str], floors: Mapping[str, list[Any]] = NO_FLOORS
+) -> float | None:
     """Seconds until the earliest pending job of `queues` that is not due yet; None if none."""
     statement = STATEMENTS["next_due"]
-    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues)}))
+    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues), **floors}))
     seconds = rows[0][0] if rows else None
     return None if seconds is None else float(seconds)
 
@@ -215,10 +228,13 @@ async def complete_and_claim(
     claim_id: UUID | None = None,
     limited: Sequence[str] = (),
     results: Sequence[str | None] = (),
+    floors: Mapping[str, list[Any]] = NO_FLOORS,
 ) -> tuple[list[Lease], list[Claimed]]:
     """`record(COMPLETE, leases, results=results)` and `claim(slots, lease_seconds,
-    claim_id, limited)` in one statement. Returns (the lost leases, the claimed jobs)."""
+    claim_id, limited, floors)` in one statement. Returns (the lost leases, the claimed
+    jobs)."""
     values = {
+        **floors,
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
         "results": list(results) if results else [None] * len(leases),
@@ -274,11 +290,12 @@ async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:
     return [row[0] for row in rows]
 
 
-async def recover_expired(conn: Driver) -> list[tuple[UUID, Status]]:
+async def recover_expired(conn: Driver, window: float | None = None) -> list[tuple[UUID, Status]]:
     """Jobs whose lease ran out go back to pending, or to dead_letter after their last
-    attempt. At most `store.RECOVER_BATCH` a call: fewer means none are left."""
+    attempt; with `window`, only leases that ran out at most that many seconds ago. At most
+    `store.RECOVER_BATCH` a call: fewer means none are left."""
     statement = STATEMENTS[Operation.RECOVER_EXPIRED]
-    rows = await conn.fetch(statement.sql, *statement.args({}))
+    rows = await conn.fetch(statement.sql, *statement.args({"window": window}))
     return [(row[0], Status(row[1])) for row in rows]
 
 

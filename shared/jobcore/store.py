@@ -74,6 +74,9 @@ class Claimed:
     queue: str
     timeout: float | None  # seconds; None: the worker's JOB_TIMEOUT
     traceparent: str | None  # the submitting span's trace context; None: tracing was off
+    # Where it stood in claim order, for the claiming process's floors (`jobcore.floors`).
+    priority: int
+    run_at: datetime
 
     @property
     def lease(self) -> Lease:
@@ -587,18 +590,49 @@ async def existing_keys(conn: AsyncConnection, keys: set[str]) -> set[str]:
 # the due jobs in run_at order (a range read that stops at the first job not yet due),
 # until it has as many as that queue's free slots. Guards are literals from the
 # declaration, as everywhere (the planner must see them to use the partial index).
+#
+# Both reads start past what the claiming process already took (`jobcore.floors`): the
+# priorities it knows, each with its floor (`known`: parameters `floor_queues`,
+# `floor_priorities`, `floors`), are read from their floor, and only the gaps between them
+# are probed for priorities it does not know yet. Without floors (a sweep) this is the
+# plain loose index scan from the head. The dead entries a held MVCC horizon keeps in the
+# index lie below the floors, so no claim but a sweep reads them.
 (_CLAIMABLE,) = Operation.CLAIM.sources
 _PENDING = f"'{_CLAIMABLE.value}'"
+_NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
+_KNOWN = """
+    known(p, f) AS (
+        SELECT k.p, k.f FROM unnest(CAST(:floor_queues AS text[]),
+                                    CAST(:floor_priorities AS smallint[]),
+                                    CAST(:floors AS timestamptz[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    )"""
+
+
+def _next_priority(above: str, known_below: str) -> str:
+    """The next priority present below `above` (SQL, NULL: the top): the highest pending
+    one in the gap down to the next known priority, else that known priority."""
+    bound = f" AND priority < {above}" if above else ""
+    return f"""coalesce(
+            (SELECT priority FROM jobs
+             WHERE status = {_PENDING} AND queue = w.queue{bound}
+               AND priority > (SELECT coalesce(max(known.p), {_NO_PRIORITY}) FROM known
+                               {known_below})
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known {known_below}))"""
+
+
 _PRIORITIES = f"""
-    WITH RECURSIVE priorities(p) AS (
-        (SELECT priority FROM jobs WHERE status = {_PENDING} AND queue = w.queue
-         ORDER BY priority DESC LIMIT 1)
+    WITH RECURSIVE {_KNOWN.strip()}, priorities(p) AS (
+        SELECT {_next_priority("", "")}
         UNION ALL
-        SELECT (SELECT priority FROM jobs
-                WHERE status = {_PENDING} AND queue = w.queue AND priority < priorities.p
-                ORDER BY priority DESC LIMIT 1)
+        SELECT {_next_priority("priorities.p", "WHERE known.p < priorities.p")}
         FROM priorities WHERE priorities.p IS NOT NULL
     )"""
+_FLOOR = (
+    "coalesce((SELECT known.f FROM known WHERE known.p = priorities.p),"
+    " CAST('-infinity' AS timestamptz))"
+)
 
 
 def _due_jobs(skip: str) -> Any:
@@ -611,7 +645,7 @@ CROSS JOIN LATERAL ({_PRIORITIES}
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobs
         WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
-          AND run_at <= now(){skip}
+          AND run_at >= {_FLOOR} AND run_at <= now(){skip}
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT w.n
@@ -644,22 +678,7 @@ def _claim(due: Any) -> Any:
             claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
             updated_at=sa.func.now(),
         )
-        .returning(
-            *(
-                c[name]
-                for name in (
-                    "id",
-                    "type",
-                    "payload",
-                    "attempts",
-                    "max_attempts",
-                    "lease_token",
-                    "queue",
-                    "timeout",
-                    "traceparent",
-                )
-            )
-        )
+        .returning(*(c[name] for name in Claimed.__dataclass_fields__))
     )
 
 
@@ -667,7 +686,8 @@ CLAIM = _claim(_due_jobs(""))
 
 # Seconds until the earliest pending job of these queues that is not due yet (NULL: none),
 # so an idle worker can wake for it instead of polling fast: per queue and priority, the
-# first entry past now() in the claim index.
+# first entry past now() in the claim index. The priorities are found as the claim finds
+# them, from the same floors.
 NEXT_DUE = sa.text(
     f"""
 SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
@@ -955,7 +975,7 @@ WITH room AS MATERIALIZED (
         claim_id = CAST(:claim AS uuid), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
     RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout,
-              traceparent
+              traceparent, priority, run_at
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
@@ -969,10 +989,10 @@ WITH room AS MATERIALIZED (
         window_start = excluded.window_start
 )
 SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent,
-       CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+       priority, run_at, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
 FROM claimed
 UNION ALL
-SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN room.rate_left - coalesce(started.n, 0) <= 0 THEN 'rate'
             WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
        END,
@@ -989,9 +1009,21 @@ FROM room LEFT JOIN started ON started.type = room.type"""
 # At most this many jobs per statement, so that recovery after a long outage stays within
 # the worker's statement timeout and holds its row locks briefly; the loop repeats it.
 RECOVER_BATCH = 1000
+# `window`: only leases that ran out at most that many seconds ago (NULL: any). A lease the
+# previous run saw expire it took back, so the worker reads from there (and now and then
+# from the head, see `jobcore.floors`): the lease index's dead entries, one per attempt
+# that ended while a held MVCC horizon keeps them, lie further back.
+_RECENT = sa.func.coalesce(
+    sa.func.now() - sa.bindparam("window", type_=sa.Float) * _ONE_SECOND,
+    sa.literal_column("CAST('-infinity' AS timestamptz)"),
+)
 _expired = (
     sa.select(c.id)
-    .where(guard(Operation.RECOVER_EXPIRED), c.locked_until < sa.func.now())
+    .where(
+        guard(Operation.RECOVER_EXPIRED),
+        c.locked_until < sa.func.now(),
+        c.locked_until >= _RECENT,
+    )
     .order_by(c.locked_until)
     .limit(RECOVER_BATCH)
     .with_for_update(skip_locked=True)

@@ -46,9 +46,27 @@ def test_outcome_writes_take_leases_and_only_the_arrays_they_use():
 
 def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals():
     claim = compiled.STATEMENTS[Operation.CLAIM]
-    assert claim.parameters == {"queues", "slots", "lease_seconds", "claim"}
-    args = claim.args({"queues": ["q"], "slots": [7], "lease_seconds": 30.0, "claim": "c"})
+    assert claim.parameters == {
+        "queues",
+        "slots",
+        "lease_seconds",
+        "claim",
+        *compiled.NO_FLOORS,
+    }
+    args = claim.args(
+        {
+            "queues": ["q"],
+            "slots": [7],
+            "lease_seconds": 30.0,
+            "claim": "c",
+            "floor_queues": ["fq"],
+            "floor_priorities": [3],
+            "floors": ["f"],
+        }
+    )
     # attempts + 1 and lease_token + 1 are the construct's own literals.
-    assert sorted(map(str, args)) == sorted(["1", "1", "['q']", "[7]", "30.0", "c"])
+    assert sorted(map(str, args)) == sorted(
+        ["1", "1", "['q']", "[7]", "30.0", "c", "['fq']", "[3]", "['f']"]
+    )
     for position, value in enumerate(args, start=1):
         assert f"${position}" in claim.sql, value

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from jobcore import store
-from jobcore.compiled import Compiled
+from jobcore.compiled import NO_FLOORS, Compiled
 from jobcore.ids import new_id
 from jobcore.schema import jobs
 from tests.pg import driver
@@ -73,8 +74,18 @@ def _index_scans(plan: str) -> set[str]:
     return {node["Index Name"] for node in _nodes(plan) if "Index Name" in node}
 
 
+# A claim from the head (a sweep), and one from floors: one known priority of each queue.
+FLOORED = {
+    "floor_queues": ["default", "other"],
+    "floor_priorities": [0, 5],
+    "floors": [datetime.now(UTC) - timedelta(minutes=1)] * 2,
+}
+FLOORS = pytest.mark.parametrize("floors", [NO_FLOORS, FLOORED], ids=["sweep", "floored"])
+
+
+@FLOORS
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-async def test_claim_reads_the_partial_claim_index(engine, generic):
+async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
     await _fill(engine)
     plan = await _plan(
         engine,
@@ -84,6 +95,7 @@ async def test_claim_reads_the_partial_claim_index(engine, generic):
             "slots": [10, 5],
             "lease_seconds": 60.0,
             "claim": new_id(),
+            **floors,
         },
         generic,
     )
@@ -91,10 +103,11 @@ async def test_claim_reads_the_partial_claim_index(engine, generic):
     assert '"Seq Scan"' not in plan, plan
 
 
+@FLOORS
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-async def test_next_due_reads_the_claim_index(engine, generic):
+async def test_next_due_reads_the_claim_index(engine, generic, floors):
     await _fill(engine)
-    plan = await _plan(engine, store.NEXT_DUE, {"queues": ["default", "other"]}, generic)
+    plan = await _plan(engine, store.NEXT_DUE, {"queues": ["default", "other"], **floors}, generic)
     assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
     assert '"Seq Scan"' not in plan, plan
 
@@ -119,8 +132,11 @@ async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine
         )
         await conn.execute(sa.text("ANALYZE jobs"))
     for statement, params in (
-        (store.CLAIM, {"queues": ["default"], "slots": [10], "lease_seconds": 60.0}),
-        (store.NEXT_DUE, {"queues": ["default"]}),
+        (
+            store.CLAIM,
+            {"queues": ["default"], "slots": [10], "lease_seconds": 60.0, **NO_FLOORS},
+        ),
+        (store.NEXT_DUE, {"queues": ["default"], **NO_FLOORS}),
     ):
         async with engine.connect() as conn:
             raw = await driver(conn)
@@ -147,7 +163,7 @@ def _rows_read(node: dict) -> int:
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_recovery_reads_the_partial_lease_index(engine, generic):
     await _fill(engine)
-    plan = await _plan(engine, store.RECOVER_EXPIRED, {}, generic)
+    plan = await _plan(engine, store.RECOVER_EXPIRED, {"window": None}, generic)
     assert "jobs_lease_idx" in _index_scans(plan), plan
     assert '"Seq Scan"' not in plan, plan
 
@@ -183,8 +199,9 @@ def _scanned_tables(plan: str) -> set[str]:
     return {n.get("Relation Name") for n in _nodes(plan) if n.get("Node Type") == "Seq Scan"}
 
 
+@FLOORS
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, generic):
+async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, generic, floors):
     await _fill(engine)
     params = {
         "queues": ["default", "other"],
@@ -192,6 +209,7 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "lease_seconds": 60.0,
         "claim": new_id(),
         "limited": ["webhook"],
+        **floors,
     }
     for statement in (store.CLAIM_UNLIMITED, store.COMPLETE_AND_CLAIM_UNLIMITED):
         values = {**params, "ids": [new_id()], "tokens": [1], "results": [None]}

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -130,6 +131,8 @@ class FakeStore:
                     job.queue,
                     job.timeout,
                     job.traceparent,
+                    job.priority,
+                    datetime.fromtimestamp(job.run_at, UTC),
                 )
             )
         return claimed

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from jobcore import JobContext, handler
@@ -180,7 +181,9 @@ async def test_a_cancel_that_arrives_before_the_handler_starts_runs_no_handler()
         recorded(True)
 
     executor = Executor(record, slots={"default": 1}, job_timeout=5, backoff_base=1, backoff_max=1)
-    job = Claimed(uuid.uuid4(), "unit.cancel.async", {}, 1, 3, 1, "default", None, None)
+    job = Claimed(
+        uuid.uuid4(), "unit.cancel.async", {}, 1, 3, 1, "default", None, None, 0, datetime.now(UTC)
+    )
     executor.start(job, time.monotonic() + 60)
     assert executor.cancel(job.id) is True  # before the attempt's task first runs
     await until(lambda: outcomes, 5, "the outcome")

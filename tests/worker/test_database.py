@@ -5,6 +5,7 @@ goes silent times out instead of hanging."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -190,6 +191,8 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
                 lost = await compiled.record(raw, Operation.COMPLETE, mine)
                 claimed = await compiled.claim(raw, {"default": 3}, 60)
         labels = sorted(job.payload["label"] for job in claimed)
+        # Each way has jobs of its own, due at times of their own.
+        claimed = [dataclasses.replace(job, run_at=None) for job in claimed]
         outcomes.append(
             (lost, labels, claimed and sorted(claimed, key=lambda j: j.id), await _state(engine))
         )
@@ -197,6 +200,10 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
     assert reference[0] == [leases["taken-over"]]
     assert reference[1] == ["due-1", "due-2", "due-3"]  # the oldest due, not the one not due
     assert outcomes[1] == reference
+
+
+# The claims' floor parameters as literals, none: a claim from the head, as a sweep.
+_NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::timestamptz[]"
 
 
 def _most_rows_from_one_scan(node: dict) -> int:
@@ -233,7 +240,7 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
             )
         )
     sql = compiled.STATEMENTS[statement].sql
-    claim_args = "1, 60, 1, NULL, '{default}', '{50}'"
+    claim_args = f"1, 60, 1, NULL, '{{default}}', '{{50}}', {_NO_FLOORS}"
     outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
     args = claim_args if statement == "claim" else f"{outcomes}, {claim_args}"
     async with engine.connect() as conn:
@@ -263,7 +270,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
     sql = compiled.STATEMENTS[statement].sql
 
     def claim_args(n: int) -> str:
-        args = f"1, 60, 1, NULL, '{{default}}', '{{{n}}}'"
+        args = f"1, 60, 1, NULL, '{{default}}', '{{{n}}}', {_NO_FLOORS}"
         outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
         return args if statement == "claim" else f"{outcomes}, {args}"
 
@@ -405,3 +412,29 @@ async def test_worker_synchronous_commit_applies_to_the_stores_connections_only(
         assert default == "on"
     finally:
         await store.close()
+
+
+async def test_the_store_recovers_every_expired_lease_in_time_windowed_or_swept(engine):
+    """Recovery reads the leases that ran out since its last run; one that ran out long
+    before (a run skipped it while another transaction held its row) a sweep takes."""
+    pg = PgJobStore(engine)
+    try:
+        assert await pg.recover_expired() == []  # the first run reads from the head
+        async with engine.begin() as conn:
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (id, type, payload, max_attempts, status, attempts,"
+                    " lease_token, locked_until) SELECT gen_random_uuid(), 'sleep', '{}', 3,"
+                    " 'processing', 1, 1, now() - i * interval '1 hour'"
+                    " FROM generate_series(0, 2) AS i"
+                )
+            )
+        recovered: list[object] = []
+        deadline = time.monotonic() + 10
+        while len(recovered) < 3:
+            assert time.monotonic() < deadline, recovered
+            recovered += await pg.recover_expired()
+            await asyncio.sleep(0.05)
+        assert len(set(recovered)) == 3
+    finally:
+        await pg.close()

@@ -12,6 +12,10 @@ reason a connection stays checked out of the engine's pool between calls; one
 that failed in any way is closed and replaced, so a broken one is never reused.
 Statements are planned at every run, for the table as it is, and bounded by the server
 (see _SESSION).
+
+Claims and recovery start their index reads past what this process already took
+(`jobcore.floors`), reading from the head only now and then, so that the dead entries a
+held MVCC horizon keeps in the indexes cost a sweep now and then, not every call.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled
 from jobcore.errors import describe
+from jobcore.floors import ClaimFloors, Sweeps
 from jobcore.search import QueueDepth
 from jobcore.states import Operation, Status
-from jobcore.store import Claimed, Lease, TypeLimits
+from jobcore.store import RECOVER_BATCH, Claimed, Lease, TypeLimits
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -69,6 +74,12 @@ _SESSION = (
 # Set on the store's connections only: the periodic scheduler's submits, which share the
 # engine but never these connections, stay synchronous like every other submit.
 _ASYNC_COMMIT = "; SET synchronous_commit = off"
+# Recovery reads leases that ran out since its last complete run started, and this much
+# before: the later run's statement may start up to a call's time after it was asked for.
+_RECOVERY_SLACK = CALL_TIMEOUT + 1.0
+# Recovery from the head of the lease index (for a lease a run skipped because another
+# transaction held its row): paced by its cost, at least this often.
+_RECOVERY_SWEEP_INTERVAL = 30.0
 
 
 class JobStore(Protocol):
@@ -156,6 +167,10 @@ class PgJobStore:
         # connection: at most one per concurrent caller (dispatcher, completer, recovery).
         self._idle: list[tuple[AsyncConnection, compiled.Driver]] = []
         self._lost_claims: list[UUID] = []
+        self.floors = ClaimFloors()
+        self._recovery_sweeps = Sweeps(max_interval=_RECOVERY_SWEEP_INTERVAL)
+        # When the last recovery run that took back every lease it saw expire started.
+        self._recovered_at: float | None = None
 
     async def _run(self, operation: str, statement: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._lost_claims and operation != Operation.RELEASE_CLAIM:
@@ -249,11 +264,37 @@ class PgJobStore:
         for conn, _ in idle:
             await conn.close()
 
+    async def _floored(
+        self,
+        slots: Mapping[str, int],
+        claim: Callable[[Mapping[str, list[Any]]], Awaitable[T]],
+        taken: Callable[[T], list[Claimed]],
+    ) -> T:
+        """Run `claim(floors)` from this process's floors, or from the head when a sweep is
+        due; the floors then learn from the jobs it took (`taken(result)`)."""
+        started = self.availability.now()
+        sweep = self.floors.sweeps.due(started)
+        result = await claim(self.floors.params(slots, sweep=sweep))
+        if sweep:
+            self.floors.sweeps.done(started, self.availability.now())
+        self.floors.learn(taken(result), sweep=sweep)
+        return result
+
     async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
-        return await self._claiming(
-            lambda claim_id: self._run(
-                Operation.CLAIM, compiled.claim, slots, lease_seconds, claim_id, self._limited
-            )
+        return await self._floored(
+            slots,
+            lambda floors: self._claiming(
+                lambda claim_id: self._run(
+                    Operation.CLAIM,
+                    compiled.claim,
+                    slots,
+                    lease_seconds,
+                    claim_id,
+                    self._limited,
+                    floors,
+                )
+            ),
+            lambda jobs: jobs,
         )
 
     async def claim_limited(
@@ -271,7 +312,8 @@ class PgJobStore:
         )
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
-        return await self._run("next_due", compiled.next_due, queues)
+        floors = self.floors.params(queues, sweep=False)
+        return await self._run("next_due", compiled.next_due, queues, floors)
 
     async def record(
         self,
@@ -292,21 +334,35 @@ class PgJobStore:
         lease_seconds: float,
         results: Sequence[str | None] = (),
     ) -> tuple[list[Lease], list[Claimed]]:
-        return await self._claiming(
-            lambda claim_id: self._run(
-                Operation.COMPLETE,
-                compiled.complete_and_claim,
-                leases,
-                slots,
-                lease_seconds,
-                claim_id,
-                self._limited,
-                results,
-            )
+        return await self._floored(
+            slots,
+            lambda floors: self._claiming(
+                lambda claim_id: self._run(
+                    Operation.COMPLETE,
+                    compiled.complete_and_claim,
+                    leases,
+                    slots,
+                    lease_seconds,
+                    claim_id,
+                    self._limited,
+                    results,
+                    floors,
+                )
+            ),
+            lambda result: result[1],
         )
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
-        return await self._run(Operation.RECOVER_EXPIRED, compiled.recover_expired)
+        started = self.availability.now()
+        last = self._recovered_at
+        sweep = last is None or self._recovery_sweeps.due(started)
+        window = None if sweep or last is None else started - last + _RECOVERY_SLACK
+        recovered = await self._run(Operation.RECOVER_EXPIRED, compiled.recover_expired, window)
+        if sweep:
+            self._recovery_sweeps.done(started, self.availability.now())
+        if len(recovered) < RECOVER_BATCH:
+            self._recovered_at = started
+        return recovered
 
     async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> compiled.Renewed:
         return await self._run(Operation.RENEW, compiled.renew, leases, lease_seconds)

@@ -1,0 +1,232 @@
+"""Claim floors (`jobcore.floors`): a claim reads the claim index from where its process
+left off, so the dead entries a held MVCC horizon keeps cost nothing but a sweep, and no
+job is left behind or taken twice."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import sqlalchemy as sa
+
+from jobcore import compiled, store
+from jobcore.compiled import Compiled
+from jobcore.floors import ClaimFloors, Sweeps
+from jobcore.ids import new_id
+from jobcore.states import Operation
+from tests.pg import driver
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SECOND = timedelta(seconds=1)
+
+
+def taken(queue: str, priority: int, run_at: datetime) -> Any:
+    return SimpleNamespace(queue=queue, priority=priority, run_at=run_at)
+
+
+# --- the bookkeeping ------------------------------------------------------------
+
+
+def test_a_floor_rises_to_the_latest_job_taken_less_the_margin_per_queue_and_priority():
+    floors = ClaimFloors(margin=SECOND)
+    floors.learn(
+        [taken("a", 0, T0), taken("a", 0, T0 + 5 * SECOND), taken("a", 3, T0)], sweep=False
+    )
+    assert floors.floor("a", 0) == T0 + 4 * SECOND
+    assert floors.floor("a", 3) == T0 - SECOND
+    assert floors.floor("b", 0) is None
+
+
+def test_only_a_sweep_lowers_a_floor():
+    floors = ClaimFloors(margin=SECOND)
+    floors.learn([taken("a", 0, T0 + 10 * SECOND)], sweep=False)
+    floors.learn([taken("a", 0, T0)], sweep=False)  # a job another claim held, say
+    assert floors.floor("a", 0) == T0 + 9 * SECOND
+    floors.learn([taken("a", 0, T0)], sweep=True)  # found below the floor: more may be
+    assert floors.floor("a", 0) == T0 - SECOND
+
+
+def test_a_sweep_sends_no_floors_and_a_claim_only_those_of_its_queues():
+    floors = ClaimFloors(margin=SECOND)
+    floors.learn([taken("a", 0, T0), taken("b", 2, T0)], sweep=False)
+    assert floors.params(["a", "b"], sweep=True) == compiled.NO_FLOORS
+    assert floors.params(["b"], sweep=False) == {
+        "floor_queues": ["b"],
+        "floor_priorities": [2],
+        "floors": [T0 - SECOND],
+    }
+
+
+def test_sweeps_are_paced_by_their_cost_and_never_further_apart_than_the_cap():
+    sweeps = Sweeps(ratio=20, max_interval=5.0)
+    assert sweeps.due(0.0)
+    sweeps.done(started=0.0, ended=0.01)  # 10 ms: the next one 200 ms later
+    assert not sweeps.due(0.2)
+    assert sweeps.due(0.2101)
+    sweeps.done(started=1.0, ended=2.0)  # 1 s: 20 s by its cost, 5 s by the cap
+    assert not sweeps.due(6.9)
+    assert sweeps.due(7.0)
+
+
+# --- on PostgreSQL ----------------------------------------------------------------
+
+
+async def _insert(engine, rows: int, *, priority: int = 0, run_at: str = "now()") -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                f" SELECT gen_random_uuid(), 'sleep', '{{}}', 3, {priority}, {run_at}"
+                f" FROM generate_series(1, {rows}) AS i"
+            )
+        )
+
+
+async def _claim(engine, floors: ClaimFloors, n: int, *, sweep: bool) -> list[Any]:
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        jobs = await compiled.claim(
+            raw, {"default": n}, 60, floors=floors.params(["default"], sweep=sweep)
+        )
+        await conn.commit()
+    floors.learn(jobs, sweep=sweep)
+    return jobs
+
+
+async def test_a_floored_claim_leaves_a_job_below_its_floor_to_the_next_sweep(engine):
+    floors = ClaimFloors()
+    await _insert(engine, 1)
+    assert len(await _claim(engine, floors, 5, sweep=True)) == 1
+    # Handed back, recovered or committed late: below the floor the first claim set.
+    await _insert(engine, 1, run_at="now() - interval '1 hour'")
+    assert await _claim(engine, floors, 5, sweep=False) == []
+    (found,) = await _claim(engine, floors, 5, sweep=True)
+    assert found.run_at < datetime.now(UTC) - timedelta(minutes=59)
+
+
+async def test_a_floored_claim_still_takes_the_highest_priority_first(engine):
+    """Priorities the process has not seen yet are probed in the gaps between the known
+    ones: above, between and below them."""
+    floors = ClaimFloors()
+    await _insert(engine, 3, priority=0)
+    await _insert(engine, 3, priority=10)
+    assert {job.priority for job in await _claim(engine, floors, 6, sweep=True)} == {0, 10}
+    for priority in (5, 20, -4):
+        await _insert(engine, 2, priority=priority)
+    await _insert(engine, 2, priority=0)
+    got = await _claim(engine, floors, 3, sweep=False)
+    assert sorted(job.priority for job in got) == [5, 20, 20]
+    got = await _claim(engine, floors, 10, sweep=False)
+    assert sorted(job.priority for job in got) == [-4, -4, 0, 0, 5]
+
+
+async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
+    """Claim index entries a claim reads, dead ones included (each one the scan returns,
+    whether its row turns out visible or not), counted for its transaction, rolled back."""
+    sql = Compiled(store.CLAIM)
+    params = {"queues": ["default"], "slots": [10], "lease_seconds": 60.0, "claim": new_id()}
+    count = "SELECT pg_stat_get_xact_tuples_returned('jobs_claim_queue_idx'::regclass)"
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        transaction = raw.transaction()
+        await transaction.start()
+        # The backend's counts not yet reported include earlier transactions' reads;
+        # inside one transaction none are reported, so the difference is the claim's.
+        before = await raw.fetchval(count)
+        await raw.fetch(sql.sql, *sql.args({**params, **floors}))
+        read = await raw.fetchval(count) - before
+        await transaction.rollback()
+    return int(read)
+
+
+async def test_under_a_held_horizon_a_floored_claim_reads_only_past_its_floor(engine):
+    """3,000 jobs pass through while a transaction holds the horizon: their dead entries
+    stay in the claim index. A sweep reads every one of them; a floored claim reads what
+    lies within the margin of its floor."""
+    async with engine.connect() as holder:
+        await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
+        # Due one every 100 ms over the last 5 minutes, so the 1 s margin spans 10 of them.
+        await _insert(engine, 3000, run_at="now() - interval '301 seconds' + i * interval '100 ms'")
+        floors = ClaimFloors()
+        while jobs := await _claim(engine, floors, 25, sweep=False):
+            async with engine.connect() as conn:
+                raw = await driver(conn)
+                await compiled.record(raw, Operation.COMPLETE, [job.lease for job in jobs])
+                await conn.commit()
+        await _insert(engine, 10)
+        sweep = await _entries_read(engine, compiled.NO_FLOORS)
+        floored = await _entries_read(engine, floors.params(["default"], sweep=False))
+        await holder.rollback()
+    assert sweep > 3000, sweep  # the dead entries are there: the test can tell
+    assert floored < 40, (floored, sweep)
+
+
+async def test_racing_claimers_with_floors_take_every_job_once_stragglers_included(engine):
+    """Four processes' worth of claimers, each with its own floors, race over 1,500 jobs
+    while jobs due long ago keep arriving below their floors."""
+    await _insert(engine, 1500)
+    expected = 1500
+    claimed: list[Any] = []
+
+    async def claimer(seed: int) -> None:
+        rng = random.Random(seed)
+        floors = ClaimFloors(sweeps=Sweeps(ratio=20, max_interval=0.2))
+        idle_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            sweep = floors.sweeps.due(loop.time())
+            started = loop.time()
+            jobs = await _claim(engine, floors, rng.randint(1, 20), sweep=sweep)
+            if sweep:
+                floors.sweeps.done(started, loop.time())
+            claimed.extend(job.id for job in jobs)
+            if jobs:
+                idle_since = None
+            elif sweep and len(claimed) >= expected:
+                return
+            elif idle_since is None:
+                idle_since = loop.time()
+            elif loop.time() - idle_since > 10:
+                raise AssertionError("jobs left behind")
+            await asyncio.sleep(0)
+
+    async def stragglers() -> None:
+        for _ in range(10):
+            await _insert(engine, 5, run_at="now() - interval '10 minutes'")
+            await asyncio.sleep(0.02)
+
+    expected += 50
+    await asyncio.gather(stragglers(), *(claimer(seed) for seed in range(4)))
+    assert len(claimed) == len(set(claimed)) == expected
+
+
+# --- recovery reads recent expiries, and sweeps ---------------------------------
+
+
+async def _expired_lease(engine, ago: str) -> Any:
+    job_id = new_id()
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, type, payload, max_attempts, status, attempts,"
+                " lease_token, locked_until) VALUES (:id, 'sleep', '{}', 3, 'processing', 1, 1,"
+                f" now() - interval '{ago}')"
+            ),
+            {"id": job_id},
+        )
+    return job_id
+
+
+async def test_recovery_with_a_window_takes_only_leases_that_ran_out_within_it(engine):
+    old = await _expired_lease(engine, "1 hour")
+    recent = await _expired_lease(engine, "2 seconds")
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        windowed = await compiled.recover_expired(raw, window=60.0)
+        swept = await compiled.recover_expired(raw, window=None)
+        await conn.commit()
+    assert [job_id for job_id, _ in windowed] == [recent]
+    assert [job_id for job_id, _ in swept] == [old]
