@@ -235,10 +235,13 @@ class StandInVacuum:
     server's setting): every autovacuum_naptime, VACUUM it if its dead rows exceed
     autovacuum_vacuum_threshold + autovacuum_vacuum_scale_factor x its live rows, the rule
     autovacuum applies. Unlike autovacuum's, these runs are not throttled (no cost delay).
-    With autovacuum on, it does nothing: autovacuum does the work."""
+    With autovacuum on, it does nothing: autovacuum does the work. `first`: seconds to the
+    first check (default one naptime), so that a caller can keep the checks out of step with
+    its own timeline, as autovacuum's launcher is."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, first: float | None = None) -> None:
         self.url = url
+        self.first = first
         self.autovacuum = True
         self.vacuums = 0
         self._task: asyncio.Task[None] | None = None
@@ -269,9 +272,11 @@ class StandInVacuum:
     async def _run(
         self, conn: asyncpg.Connection, naptime: float, threshold: float, scale: float
     ) -> None:
+        wait = naptime if self.first is None else self.first
         try:
             while True:
-                await asyncio.sleep(naptime)
+                await asyncio.sleep(wait)
+                wait = naptime
                 dead, live = await conn.fetchrow(
                     "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'"
                 )
