@@ -42,7 +42,11 @@ def qualified(table: Any) -> str:
 JOBS = qualified(schema.jobs)
 TABLES = [qualified(t) for t in schema.metadata.sorted_tables]
 PENDING = f"SELECT count(*) FROM {JOBS} WHERE status = '{Status.PENDING.value}'"
-JOBS_DEAD = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = to_regclass($1)"
+# Vacuums are counted as they finish (manual, as the harness's stand-in runs them, or auto).
+JOBS_DEAD = """
+SELECT n_dead_tup, vacuum_count + autovacuum_count AS vacuums
+FROM pg_stat_user_tables WHERE relid = to_regclass($1)
+"""
 RELATIONS = """
 WITH t AS (SELECT to_regclass(name) AS oid FROM unnest($1::text[]) AS name)
 SELECT c.oid::regclass::text AS name, CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END AS kind,
@@ -188,8 +192,8 @@ async def hold_repeatable_read(url: str, stop: asyncio.Event) -> dict[str, Any]:
 
 
 class Sampler:
-    """Every SAMPLE_EVERY seconds, on a connection of its own: the pending jobs and the jobs
-    table's dead tuples, with the time and the phase."""
+    """Every SAMPLE_EVERY seconds, on a connection of its own: the pending jobs, the jobs
+    table's dead tuples and the vacuums of it finished so far, with the time and the phase."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
@@ -202,8 +206,16 @@ class Sampler:
         while not stop.is_set():
             at = time.time()
             pending = int(await self.conn.fetchval(PENDING))
-            dead = int(await self.conn.fetchval(JOBS_DEAD, JOBS) or 0)
-            self.samples.append({"at": at, "phase": self.phase, "pending": pending, "dead": dead})
+            dead, vacuums = await self.conn.fetchrow(JOBS_DEAD, JOBS)
+            self.samples.append(
+                {
+                    "at": at,
+                    "phase": self.phase,
+                    "pending": pending,
+                    "dead": dead,
+                    "vacuums": vacuums,
+                }
+            )
             due = max(due + SAMPLE_EVERY, loop.time())
             await _pause(stop, due - loop.time())
 

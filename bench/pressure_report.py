@@ -89,6 +89,19 @@ def recovered_after(
     return None
 
 
+def first_vacuum_after(samples: Sequence[tuple[float, int]], released: float) -> float | None:
+    """Seconds from `released` to the first (time, vacuums finished) sample whose count is
+    above the last one before `released`: when a vacuum had finished by; None if none did."""
+    ordered = sorted(samples)
+    before = [n for at, n in ordered if at < released]
+    if not before:
+        return None
+    for at, n in ordered:
+        if at >= released and n > before[-1]:
+            return at - released
+    return None
+
+
 # --- text ------------------------------------------------------------------------
 
 
@@ -148,6 +161,12 @@ def render(document: Mapping[str, Any]) -> str:
         r = scenario["ratios"]
         after = scenario["dead_tuples_recovered_s"]
         recovered = "not within the phase" if after is None else f"{after:.0f} s after the release"
+        vacuumed = scenario["first_vacuum_after_release_s"]
+        recovered += (
+            "; no vacuum finished"
+            if vacuumed is None
+            else (f"; the first vacuum after the release had finished {vacuumed:.0f} s after it")
+        )
         out += [
             "",
             f"{name}: completion rate pressure/clean {_n(r['completion_pressure_over_clean'], 2)}"

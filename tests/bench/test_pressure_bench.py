@@ -60,6 +60,8 @@ def test_pressure_bench_reports_every_phase_of_every_scenario(
         assert all(v is not None and v > 0 for v in scenario["ratios"].values()), name
         after = scenario["dead_tuples_recovered_s"]
         assert after is None or after >= 0
+        vacuumed = scenario["first_vacuum_after_release_s"]
+        assert vacuumed is None or vacuumed >= 0
         verdict = "not within the phase" if after is None else "s after the release"
         assert f"{name}: jobs dead tuples under 10,000: " in run.stdout and verdict in run.stdout
     assert document["scenarios"]["idle-xid"]["holder"]["xid"] > 0

@@ -12,6 +12,7 @@ from bench.pressure import QUICK, SCENARIOS, Config, parse_args
 from bench.pressure_load import JOBS, TABLES, qualified
 from bench.pressure_report import (
     PHASES,
+    first_vacuum_after,
     per_second,
     phase_figures,
     phase_of,
@@ -99,6 +100,13 @@ def test_dead_tuples_recover_at_the_first_sample_under_the_threshold_after_the_r
     assert recovered_after([], 100.0) is None
 
 
+def test_the_first_vacuum_after_the_release_is_the_first_sample_counting_one_more() -> None:
+    samples = [(98.0, 1), (99.0, 2), (101.0, 2), (103.0, 2), (105.0, 3), (107.0, 4)]
+    assert first_vacuum_after(samples, 100.0) == 5.0
+    assert first_vacuum_after(samples[:4], 100.0) is None
+    assert first_vacuum_after(samples[2:], 100.0) is None  # nothing to compare with
+
+
 def document() -> dict[str, Any]:
     relations = [
         {"name": "jobs", "kind": "table", "n_dead_tup": 12_345, "bytes": 2**20},
@@ -110,6 +118,7 @@ def document() -> dict[str, Any]:
         "phases": phases,
         "ratios": ratios(phases),
         "dead_tuples_recovered_s": None,
+        "first_vacuum_after_release_s": 41.0,
         "holder": {"sessions": 1, "xid": 42},
     }
     config = Config(clean=4, pressure=4, recovery=4)
@@ -132,7 +141,10 @@ def test_the_table_has_a_row_per_scenario_and_phase_and_says_what_did_not_recove
     for name in ("idle-xid", "rate-1.5x"):
         for phase in PHASES:
             assert [name, phase] in rows
-    assert "idle-xid: jobs dead tuples under 10,000: not within the phase" in text
+    assert (
+        "idle-xid: jobs dead tuples under 10,000: not within the phase; the first vacuum after"
+        " the release had finished 41 s after it" in text
+    )
     assert "idle-xid: horizon holder: sessions 1, xid 42" in text
     assert "rate-1.5x: horizon holder" not in text
     assert "12,345 / 1.00 MB" in text and "0.50 MB" in text
