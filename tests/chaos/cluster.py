@@ -126,7 +126,9 @@ class Cluster:
     def url(self, database: str = DATABASE, port: int | None = None) -> str:
         return f"postgresql://postgres@127.0.0.1:{port or self.port}/{database}"
 
-    def connect(self, database: str = DATABASE) -> psycopg.Connection:
+    def connect(
+        self, database: str = DATABASE, application_name: str = "chaos-observer"
+    ) -> psycopg.Connection:
         return psycopg.connect(
             host="127.0.0.1",
             port=self.port,
@@ -134,7 +136,7 @@ class Cluster:
             dbname=database,
             autocommit=True,
             connect_timeout=5,
-            application_name="chaos-observer",
+            application_name=application_name,
         )
 
     def create_database(self) -> None:

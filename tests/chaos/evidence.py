@@ -20,6 +20,10 @@ from typing import Any
 ABANDONED = ("handler thread abandoned", "handler did not stop when cancelled")
 # The target of a fault that hits the database itself, and so every worker process at once.
 DATABASE = "postgres"
+# The fault that holds back the MVCC horizon beside the others (`tests.chaos.horizon`), and
+# its target: no process of the system, so it disturbs no lease.
+HELD_HORIZON = "held_horizon"
+HORIZON_TARGET = "xmin"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,49 @@ class CancelRequest:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """The MVCC horizon held back while the faults went on (`tests.chaos.horizon`): an idle
+    transaction with an xid and a repeatable-read reader, as pg_stat_activity showed them."""
+
+    phase_started_at: float  # when the fault phase began
+    started_at: float
+    ended_at: float
+    planned_seconds: float
+    # Seen held in pg_stat_activity, each distinct value once, in order: the idle
+    # transaction's backend_xid (it has no snapshot between statements, so no backend_xmin)
+    # and the reader's backend_xmin.
+    idle_xids: tuple[int, ...] = ()
+    reader_xmins: tuple[int, ...] = ()
+    # When a session a fault had killed was open and in its transaction again.
+    reconnects: tuple[float, ...] = ()
+    held_seconds: float = 0.0  # both sessions seen holding at once
+    max_age: int = 0  # the most transactions either held back: age(backend_xid / xmin)
+    dead_tuples: tuple[int, ...] = ()  # n_dead_tup of the jobs table, sampled while held
+    reads: int = 0  # count(*) statements the reader completed
+
+    @property
+    def note(self) -> str:
+        dead = (
+            f"n_dead_tup {self.dead_tuples[0]} → max {max(self.dead_tuples)}"
+            if self.dead_tuples
+            else "n_dead_tup never sampled"
+        )
+        return (
+            f"xid {_values(self.idle_xids)} + xmin {_values(self.reader_xmins)} held "
+            f"{self.held_seconds:.1f}s of {self.planned_seconds:g}s, "
+            f"{len(self.reconnects)} reconnects, age {self.max_age}, {dead}"
+        )
+
+
+def _values(values: tuple[int, ...]) -> str:
+    if not values:
+        return "none"
+    if len(values) == 1:
+        return str(values[0])
+    return f"{values[0]}…{values[-1]} ({len(values)})"
+
+
+@dataclass(frozen=True)
 class Fault:
     kind: str
     target: str
@@ -90,6 +137,7 @@ class Fault:
     stopped_at: float | None = None
     # Worker processes whose path to the database the fault cut or slowed (a proxy fault).
     partitioned_pids: tuple[int, ...] = ()
+    hold: Hold | None = None  # a held_horizon fault's record
 
 
 @dataclass(frozen=True)
