@@ -32,7 +32,10 @@ The guarantees checked:
 - attempts never exceed max_attempts, and a dead-lettered job used all of them;
 - a completed (failed) job's final lease belongs to an execution that returned
   (raised PermanentError);
-- every answer to a cancel is kept (`tests.chaos.check_cancels`).
+- every answer to a cancel is kept (`tests.chaos.check_cancels`);
+- a held MVCC horizon (`tests.chaos.horizon`) was held: pg_stat_activity showed its idle
+  transaction's xid and its repeatable-read reader's xmin, both at once for a while. It
+  touches no process of the system, so it explains no lost lease.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
 from tests.chaos.check_cancels import check_cancels
 from tests.chaos.check_retention import accounted_as_pruned, check_pruned
 from tests.chaos.evidence import (
+    HELD_HORIZON,
     Ack,
     CancelRequest,
     Disturbance,
@@ -135,6 +139,7 @@ def check(
     cancelled = check_cancels(
         cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad
     )
+    holds = _check_holds(faults, bad)
 
     acked = {a.job_id for a in acks}
     statuses = Counter(row.status for row in finals if row.id in acked)
@@ -177,6 +182,7 @@ def check(
         },
         "faults_injected": dict(sorted(Counter(f.kind for f in faults).items())),
         "recovery_seconds": recovery_table(faults),
+        "held_horizon": holds,
         "outcomes_by_type": _outcomes_by_type(finals),
         "violations": len(bad),
     }
@@ -445,6 +451,43 @@ def _check_resumed_holders(
             if w is not None and w.renew_lost_at is not None and e.outcome == "cancelled":
                 stopped += 1
     return stopped
+
+
+def _check_holds(faults: Sequence[Fault], bad: list[str]) -> list[dict[str, Any]]:
+    """Each held_horizon fault must have held the horizon, or the run proved nothing under
+    it: pg_stat_activity showed the idle transaction's backend_xid and the reader's
+    backend_xmin, and both at once for some time. Returns what each held, for the summary."""
+    found = []
+    for f in faults:
+        if f.kind != HELD_HORIZON:
+            continue
+        h = f.hold
+        if h is None:
+            bad.append("held_horizon: no record of the hold")
+            continue
+        if not h.idle_xids:
+            bad.append("held_horizon: the idle transaction never held an xid (backend_xid)")
+        if not h.reader_xmins:
+            bad.append("held_horizon: the repeatable-read reader never held a backend_xmin")
+        if h.idle_xids and h.reader_xmins and h.held_seconds <= 0:
+            bad.append("held_horizon: its two sessions never held the horizon at once")
+        found.append(
+            {
+                "from_seconds": round(h.started_at - h.phase_started_at, 1),
+                "to_seconds": round(h.ended_at - h.phase_started_at, 1),
+                "planned_seconds": h.planned_seconds,
+                "held_seconds": h.held_seconds,
+                "reconnects": len(h.reconnects),
+                "idle_xids": list(h.idle_xids),
+                "reader_xmins": list(h.reader_xmins),
+                "max_age": h.max_age,
+                "dead_tuples_first": h.dead_tuples[0] if h.dead_tuples else None,
+                "dead_tuples_max": max(h.dead_tuples, default=None),
+                "dead_tuples_samples": list(h.dead_tuples),
+                "reads": h.reads,
+            }
+        )
+    return found
 
 
 def _long_jobs(

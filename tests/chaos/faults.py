@@ -13,6 +13,10 @@ holder whose heartbeat must find the lease lost and stop it). Each fault records
 the worker processes it stopped, killed or cut off from the database, and when,
 for the checker to tell a lease lost to a fault from one lost while its holder
 ran undisturbed.
+
+`held_horizon` is not one of the schedule's kinds: `HeldHorizon` holds the MVCC
+horizon back (`tests.chaos.horizon`) in a thread of its own, for a long stretch of the
+fault phase while the schedule injects the others, and records it as a fault at its end.
 """
 
 from __future__ import annotations
@@ -21,15 +25,16 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import audit
+from tests.chaos import audit, horizon
 from tests.chaos.checker import LONG_TYPE
-from tests.chaos.evidence import Fault
+from tests.chaos.evidence import HELD_HORIZON, HORIZON_TARGET, Fault, Hold
 from tests.chaos.load import LONG_SECONDS, LONG_TIMEOUT, Load
 from tests.chaos.system import LEASE_SECONDS, Service, System, wait_until
 
@@ -202,7 +207,9 @@ def terminate_backends(c: Chaos) -> Injected:
     (count,) = c.system.query(
         "SELECT count(*) FROM ("
         " SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE application_name LIKE 'jobqueue%%' AND random() < 0.6) t"
+        " WHERE (application_name LIKE 'jobqueue%%' OR application_name LIKE %s)"
+        " AND random() < 0.6) t",
+        (horizon.SESSION_PREFIX + "%",),
     )[0]
     return Injected("postgres", note=f"{count} connections")
 
@@ -444,8 +451,14 @@ def not_recovered(system: System, since: float) -> str | None:
     down = [s.name for s in system.services if not system.ready(s)]
     if down:
         return "not ready: " + ", ".join(down)
+    return stalled(system.query, since)
+
+
+def stalled(query: Callable[..., list[tuple[Any, ...]]], since: float) -> str | None:
+    """None once a job reached a resting state since `since` (or none is waiting), as
+    `query` reads the jobs; else what is missing."""
     try:
-        ((finished, waiting),) = system.query(
+        ((finished, waiting),) = query(
             "SELECT count(*) FILTER (WHERE status IN ("
             "  'completed', 'failed', 'dead_letter', 'cancelled')"
             "  AND updated_at >= to_timestamp(%s)),"
@@ -485,10 +498,88 @@ def inject(c: Chaos, kind: str) -> Fault:
         done.partitioned_pids,
     )
     c.faults.append(fault)
-    took = "never" if recovered_at is None else f"{recovered_at - since:.2f}s"
-    waited = f" (waited for: {missing[1]})" if missing[1] else ""
-    c.log(f"fault {kind:<21} {done.target:<9} {fault.note:<40} recovered after {took}{waited}")
+    c.log(fault_line(fault, since, missing[1]))
     return fault
+
+
+def fault_line(fault: Fault, since: float, waited: str | None = None) -> str:
+    """The run's log line of one fault, once the system recovered from it (or never did)."""
+    took = "never" if fault.recovered_at is None else f"{fault.recovered_at - since:.2f}s"
+    waits = f" (waited for: {waited})" if waited else ""
+    return (
+        f"fault {fault.kind:<21} {fault.target:<9} {fault.note:<40} recovered after {took}{waits}"
+    )
+
+
+class HeldHorizon:
+    """The `held_horizon` fault: the MVCC horizon held back (`tests.chaos.horizon.Holder`)
+    in a thread of its own from `offset` seconds into the fault phase for `seconds`, while
+    the schedule injects the other faults; then, as after every fault, the wait until a job
+    finishes again (on the holder's own monitor connection). Never raises: a failure of the
+    holder is a problem of the run, and a hold it never achieved a violation of the checker.
+    """
+
+    def __init__(self, c: Chaos, offset: float, seconds: float) -> None:
+        self.c = c
+        self.phase_started_at = time.time()
+        self.start_at = self.phase_started_at + offset
+        self.seconds = seconds
+        self.fault: Fault | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="held-horizon", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> Fault | None:
+        """Wait until the stretch and its recovery are over; the fault it was."""
+        left = self.start_at + self.seconds - time.time()
+        self._thread.join(max(0.0, left) + RECOVERY_LIMIT + 30)
+        if self._thread.is_alive():
+            self.c.problems.append("held_horizon: the holder did not let go of the horizon")
+            self.stop()
+        return self.fault
+
+    def stop(self) -> None:
+        """Let go at once (the run is ending early); idempotent."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        c = self.c
+        holder = horizon.Holder(
+            lambda name: c.system.cluster.connect(application_name=name),
+            stop=self._stop,
+            log=c.log,
+        )
+        hold: Hold | None = None
+        recovered_at = None
+        try:
+            hold = holder.run(self.phase_started_at, self.start_at, self.seconds)
+            since = hold.ended_at
+            recovered_at = wait_until(
+                lambda: self._stop.is_set() or stalled(holder.query, since) is None,
+                RECOVERY_LIMIT,
+            )
+            if self._stop.is_set():
+                recovered_at = None
+        except Exception as exc:
+            c.problems.append(f"held_horizon: the holder failed: {type(exc).__name__}: {exc}")
+        finally:
+            holder.close()
+        if hold is None:
+            hold = holder.record.hold(self.start_at, time.time())
+        self.fault = Fault(
+            HELD_HORIZON,
+            HORIZON_TARGET,
+            hold.started_at,
+            hold.ended_at,
+            recovered_at,
+            note=hold.note,
+            hold=hold,
+        )
+        c.log(fault_line(self.fault, hold.ended_at))
 
 
 def run_schedule(c: Chaos, kinds: list[str], until: float, gap: tuple[float, float]) -> None:

@@ -2,16 +2,18 @@
 
     python -m tests.chaos.run [--jobs N] [--duration S] [--json PATH] [--seed N] [--kinds a,b]
                               [--retention S] [--await-prune S] [--no-cancels]
+                              [--horizon-seconds S]
 
 Starts a throwaway PostgreSQL cluster, 2 `jobqueue-api` and 3 `jobqueue-worker`
 services (2 processes each, deleting finished jobs after `--retention` seconds),
 each behind a fault proxy; submits N jobs through the APIs over the fault phase,
 cancelling a sample of them, while `tests.chaos.faults` injects one fault after
-another; then restarts whatever is down, waits until every acknowledged job is
-at rest (or deleted by retention), stops every service gracefully (exit status 0
-expected) and runs the invariant checker. Prints the summary table, writes it as
-JSON if asked, and exits 1 if any invariant was broken. Everything it started is
-removed at the end, whatever happens.
+another and, beside them, holds back the MVCC horizon for `--horizon-seconds`
+(`tests.chaos.horizon`); then restarts whatever is down, waits until every
+acknowledged job is at rest (or deleted by retention), stops every service
+gracefully (exit status 0 expected) and runs the invariant checker. Prints the
+summary table, writes it as JSON if asked, and exits 1 if any invariant was
+broken. Everything it started is removed at the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import audit, faults
+from tests.chaos import audit, faults, horizon
 from tests.chaos.checker import Report, check
 from tests.chaos.evidence import JobRow
 from tests.chaos.load import Load
@@ -59,15 +61,19 @@ def run_chaos(
     retention: float = DEFAULT_RETENTION,
     cancels: bool = True,
     await_prune: float = 0.0,
+    horizon_seconds: float = horizon.DEFAULT_SECONDS,
 ) -> Report:
     """One complete run; the report's violations are empty when every guarantee held.
 
     `await_prune`: after draining, wait up to this long for retention to have deleted a
-    job, if none was yet (a short run may end before the retention leader's second round)."""
+    job, if none was yet (a short run may end before the retention leader's second round).
+    `horizon_seconds`: how long the MVCC horizon is held during the faults
+    (`tests.chaos.horizon.stretch`; 0: not at all)."""
     started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="jobqueue-chaos-"))
     system = System(run_dir, retention=retention)
     load: Load | None = None
+    held: faults.HeldHorizon | None = None
     problems: list[str] = []
     try:
         system.start()
@@ -84,7 +90,17 @@ def run_chaos(
         )
         load.start()
         chaos = faults.Chaos(system, load, random.Random(seed), log=log)
+        held_for = horizon.stretch(duration, horizon_seconds)
+        if held_for is not None:
+            held = faults.HeldHorizon(chaos, *held_for)
+            held.start()
         faults.run_schedule(chaos, list(kinds), until=time.time() + duration, gap=gap)
+        if held is not None:
+            fault = held.finish()
+            if fault is None:
+                problems.append("held_horizon: the holder left no record")
+            else:
+                chaos.faults.append(fault)
         problems += chaos.problems
         if not load.wait(DRAIN_LIMIT):
             problems.append("the client did not finish submitting")
@@ -135,6 +151,8 @@ def run_chaos(
         )
         return report
     finally:
+        if held is not None:
+            held.stop()
         if load is not None:
             load.close()
         system.close()
@@ -260,6 +278,7 @@ def table(report: Report) -> str:
     ]
     for kind, t in s["recovery_seconds"].items():
         lines.append(f"| recovery after {kind} (p50 / max) | {t['p50']}s / {t['max']}s |")
+    lines += [_horizon_line(h) for h in s.get("held_horizon", [])]
     lines += [
         f"| submissions retried by the client | {sum(s['submission_retries'].values())} |",
         f"| service log lines at level error | {sum(s['error_log_lines'].values())} |",
@@ -267,6 +286,20 @@ def table(report: Report) -> str:
         f"| run time | {s['duration_seconds']}s |",
     ]
     return "\n".join(lines)
+
+
+def _horizon_line(h: dict[str, Any]) -> str:
+    dead = (
+        f"{h['dead_tuples_max']} (from {h['dead_tuples_first']})"
+        if h["dead_tuples_max"] is not None
+        else "-"
+    )
+    return (
+        "| held_horizon: into the fault phase / held both at once / reconnects / "
+        f"max xid age / max n_dead_tup of jobs | {h['from_seconds']}s → {h['to_seconds']}s / "
+        f"{h['held_seconds']}s of {h['planned_seconds']:g}s / {h['reconnects']} / "
+        f"{h['max_age']} / {dead} |"
+    )
 
 
 def _long(jobs: dict[str, float]) -> str:
@@ -327,7 +360,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         help="after draining, wait up to S seconds for retention's first deletion",
     )
+    parser.add_argument(
+        "--horizon-seconds",
+        type=float,
+        default=horizon.DEFAULT_SECONDS,
+        help="hold the MVCC horizon this long during the faults, from 20%% into them "
+        "(the middle half of a shorter fault phase; 0: never)",
+    )
     args = parser.parse_args(argv)
+    if args.horizon_seconds < 0:
+        parser.error("--horizon-seconds must not be negative")
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(faults.KINDS)
@@ -347,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retention=args.retention,
         cancels=not args.no_cancels,
         await_prune=args.await_prune,
+        horizon_seconds=args.horizon_seconds,
     )
     print(table(report))
     for violation in report.violations[:50]:

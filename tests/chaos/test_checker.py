@@ -6,7 +6,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tests.chaos.checker import check, recovery_table
-from tests.chaos.evidence import Ack, CancelRequest, Fault, JobRow, Pruned
+from tests.chaos.evidence import (
+    HELD_HORIZON,
+    HORIZON_TARGET,
+    Ack,
+    CancelRequest,
+    Fault,
+    Hold,
+    JobRow,
+    Pruned,
+)
 
 LEASE = 8.0
 T0 = 1_800_000_000.0
@@ -398,6 +407,62 @@ def test_a_lease_lost_without_a_fault_on_its_holder_is_a_violation_even_without_
         report = checked(rows, records, logs, [fault])
         assert report.violations == [], fault.kind
         assert report.summary["duplicate_causes"] == {"lease lost in a fault": 1}
+
+
+def held_horizon(**kw: Any) -> Fault:
+    """A held_horizon fault from T0 to T0 + 60 (the fault phase began at T0 - 24)."""
+    fields: dict[str, Any] = {
+        "idle_xids": (700, 760), "reader_xmins": (698, 761), "reconnects": (T0 + 30, T0 + 31),
+        "held_seconds": 57.5, "max_age": 9000, "dead_tuples": (150, 4000, 31000), "reads": 58,
+    }  # fmt: skip
+    hold = Hold(T0 - 24, T0, T0 + 60, 60.0, **fields | kw)
+    return Fault(HELD_HORIZON, HORIZON_TARGET, T0, T0 + 60, T0 + 60.1, note=hold.note, hold=hold)
+
+
+def test_a_held_horizon_is_a_fault_and_its_hold_is_summarized() -> None:
+    report = check([], [], [], [], [held_horizon()], lease_duration=LEASE)
+    assert report.violations == []
+    assert report.summary["faults_injected"] == {"held_horizon": 1}
+    assert report.summary["recovery_seconds"] == {"held_horizon": {"p50": 0.1, "max": 0.1}}
+    assert report.summary["held_horizon"] == [
+        {
+            "from_seconds": 24.0, "to_seconds": 84.0, "planned_seconds": 60.0,
+            "held_seconds": 57.5, "reconnects": 2, "idle_xids": [700, 760],
+            "reader_xmins": [698, 761], "max_age": 9000, "dead_tuples_first": 150,
+            "dead_tuples_max": 31000, "dead_tuples_samples": [150, 4000, 31000], "reads": 58,
+        }
+    ]  # fmt: skip
+
+
+def test_a_horizon_that_was_never_held_is_a_violation() -> None:
+    never = held_horizon(idle_xids=(), reader_xmins=(), held_seconds=0.0, dead_tuples=())
+    assert check([], [], [], [], [never], lease_duration=LEASE).violations == [
+        "held_horizon: the idle transaction never held an xid (backend_xid)",
+        "held_horizon: the repeatable-read reader never held a backend_xmin",
+    ]
+    no_reader = held_horizon(reader_xmins=(), held_seconds=0.0)
+    assert check([], [], [], [], [no_reader], lease_duration=LEASE).violations == [
+        "held_horizon: the repeatable-read reader never held a backend_xmin"
+    ]
+    apart = held_horizon(held_seconds=0.0)
+    assert check([], [], [], [], [apart], lease_duration=LEASE).violations == [
+        "held_horizon: its two sessions never held the horizon at once"
+    ]
+    unrecorded = Fault(HELD_HORIZON, HORIZON_TARGET, T0, T0 + 60, T0 + 61)
+    assert check([], [], [], [], [unrecorded], lease_duration=LEASE).violations == [
+        "held_horizon: no record of the hold"
+    ]
+
+
+def test_a_held_horizon_explains_no_lease_lost_while_it_was_held() -> None:
+    # It touches no process of the system: a lease lost during it is still unexplained.
+    rows = [long_row(attempts=2, token=2)]
+    records = [*long_run("long", 1, 0, 9.0, "cancelled", pid=7),
+               *long_run("long", 2, 10.0, 22.0, "ok", pid=8)]  # fmt: skip
+    logs = [renew_lost("long", 1, 8.95), finished("long", 2, 22.1, "completed")]
+    assert checked(rows, records, logs, [held_horizon()]).violations == [
+        "job long: lease 1 was lost while its holder (pid 7) ran undisturbed, and lease 2 re-ran it"
+    ]
 
 
 def test_a_killed_holder_keeps_its_lease_until_the_kill_plus_the_lease_less_a_renewal() -> None:
