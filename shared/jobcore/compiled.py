@@ -73,6 +73,7 @@ STATEMENTS: dict[str, Compiled] = {
         "take_lead": maintenance.TAKE_LEAD,
         "resign": maintenance.RESIGN,
         **{f"prune_{status}": statement for status, statement in maintenance.PRUNE.items()},
+        "table_stats": maintenance.TABLE_STATS,
     }.items()
 }
 _CLAIM = STATEMENTS[Operation.CLAIM]
@@ -325,3 +326,18 @@ async def prune(conn: Driver, status: Status, age_seconds: float) -> int:
     statement = STATEMENTS[f"prune_{status}"]
     rows = await conn.fetch(statement.sql, *statement.args({"age": age_seconds}))
     return int(rows[0][0])
+
+
+class TableStats(NamedTuple):
+    """One of jobqueue's tables: its dead tuples, and whether autovacuum vacuums it."""
+
+    name: str
+    dead: int
+    autovacuum: bool
+
+
+async def table_stats(conn: Driver) -> list[TableStats]:
+    """jobqueue's tables as `maintenance.TABLE_STATS` reads them."""
+    statement = STATEMENTS["table_stats"]
+    rows = await conn.fetch(statement.sql, *statement.args({"tables": maintenance.TABLES}))
+    return [TableStats(row["name"], int(row["dead"]), bool(row["autovacuum"])) for row in rows]

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore.schema import maintenance_leases
+from jobcore.schema import maintenance_leases, metadata
 from jobcore.states import FINISHED, Status
 
 # The tasks that have a leader.
 GAUGES = "queue_gauges"
 RETENTION = "retention"
+VACUUM = "vacuum"
 
 _m = maintenance_leases.c
 _take = pg.insert(maintenance_leases).values(
@@ -77,3 +78,34 @@ SELECT count(*) AS pruned FROM gone"""
 # Per finished status: delete at most PRUNE_BATCH of its jobs that finished more than `age`
 # seconds ago; returns how many.
 PRUNE: dict[Status, sa.TextualSelect] = {status: _prune(status) for status in sorted(FINISHED)}
+
+
+# --- vacuum, where autovacuum does not (jobqueue_worker.vacuum) ----------------------------
+
+# jobqueue's tables, as SQL names (schema-qualified where the metadata says so).
+TABLES = [table.fullname for table in metadata.sorted_tables]
+
+# Per table of jobqueue's: its dead tuples as the statistics count them, and whether
+# autovacuum will ever vacuum it (on for the server, not turned off for the table).
+TABLE_STATS = sa.text(
+    """
+SELECT t.name, coalesce(s.n_dead_tup, 0) AS dead,
+       current_setting('autovacuum') = 'on'
+       AND NOT coalesce('autovacuum_enabled=false' = ANY(c.reloptions), false) AS autovacuum
+FROM unnest(CAST(:tables AS text[])) AS t(name)
+JOIN pg_class AS c ON c.oid = CAST(t.name AS regclass)
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+ORDER BY 1"""
+).columns(
+    sa.column("name", sa.Text),
+    sa.column("dead", sa.BigInteger),
+    sa.column("autovacuum", sa.Boolean),
+)
+
+
+def vacuum_sql(table: str) -> str:
+    """`VACUUM` of one of `TABLES`, skipping it if another vacuum (or DDL) holds it. Not a
+    construct: VACUUM runs outside any transaction and takes no parameters."""
+    if table not in TABLES:
+        raise ValueError(f"not one of jobqueue's tables: {table!r}")
+    return f"VACUUM (SKIP_LOCKED) {table}"

@@ -210,6 +210,9 @@ class Settings(BaseSettings):
     # most every 5000/RETENTION_RATE seconds), so a backlog of old jobs costs the queue
     # little; raise it where more jobs than this finish per second for hours.
     retention_rate: int = Field(default=5_000, ge=100, le=1_000_000)
+    # Worker: where autovacuum does not vacuum jobqueue's tables (off on the server or for a
+    # table), one worker vacuums a table once it holds this many dead tuples; 0: never.
+    vacuum_dead_tuples: int = Field(default=5_000, ge=0, le=1_000_000_000)
     # Worker: "off" lets the worker's own commits (claims, outcomes, heartbeats, maintenance)
     # return before their WAL is flushed; a PostgreSQL crash may then undo the last of them
     # (docs/worker.md, "Commit latency"). Submits are never affected.

@@ -45,6 +45,7 @@ from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watch
 from jobqueue_worker.maintenance import QueueGauges, Retention, TakingTurns, retention_ages
 from jobqueue_worker.periodic import Scheduler
 from jobqueue_worker.recovery import Recovery
+from jobqueue_worker.vacuum import Vacuum
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -143,6 +144,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     retention = Retention(
         turns, retention_ages(settings), batch_interval=PRUNE_BATCH / settings.retention_rate
     )
+    vacuum = Vacuum(turns, settings.vacuum_dead_tuples)
     declared = schedules()
     scheduler = (
         Scheduler(engine, declared, max_attempts=settings.max_attempts) if declared else None
@@ -186,6 +188,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         asyncio.create_task(listener.run(heartbeat_stop), name=listener.name),
         asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),
         asyncio.create_task(retention.run(maintenance_stop), name=retention.name),
+        asyncio.create_task(vacuum.run(maintenance_stop), name=vacuum.name),
     }
     if scheduler is not None:
         loops.add(asyncio.create_task(scheduler.run(maintenance_stop), name=scheduler.name))

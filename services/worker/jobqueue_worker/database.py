@@ -31,7 +31,7 @@ from uuid import UUID, uuid4
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from jobcore import compiled
+from jobcore import compiled, maintenance
 from jobcore.errors import describe
 from jobcore.floors import ClaimFloors, Sweeps
 from jobcore.search import QueueDepth
@@ -80,6 +80,8 @@ _RECOVERY_SLACK = CALL_TIMEOUT + 1.0
 # Recovery from the head of the lease index (for a lease a run skipped because another
 # transaction held its row): paced by its cost, at least this often.
 _RECOVERY_SWEEP_INTERVAL = 30.0
+# The server's limit on one VACUUM (a big table after a long held horizon).
+VACUUM_TIMEOUT = 600.0
 
 
 class JobStore(Protocol):
@@ -378,6 +380,27 @@ class PgJobStore:
 
     async def prune(self, status: Status, age_seconds: float) -> int:
         return await self._run("prune", compiled.prune, status, age_seconds)
+
+    async def table_stats(self) -> list[compiled.TableStats]:
+        return await self._run("table_stats", compiled.table_stats)
+
+    async def vacuum(self, table: str) -> None:
+        """VACUUM `table` on a connection of its own, under VACUUM_TIMEOUT instead of the
+        worker's statement limit; the connection is closed after, its settings with it."""
+        conn = await self.engine.connect()
+        try:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None  # a checked-out connection has one
+            await driver.execute(
+                f"SET statement_timeout = {int(VACUUM_TIMEOUT * 1000)};"
+                f" SET lock_timeout = {int(LOCK_TIMEOUT * 1000)}"
+            )
+            async with asyncio.timeout(VACUUM_TIMEOUT + CALL_TIMEOUT):
+                await driver.execute(maintenance.vacuum_sql(table))
+        finally:
+            await conn.invalidate()
+            await conn.close()
 
 
 def _never_sent(exc: Exception) -> bool:

@@ -14,6 +14,7 @@ its lease runs out.
   RETENTION_DEAD_LETTER; 0 keeps them), at most PRUNE_BATCH per statement, pausing
   between statements as long as the last one took, and counts them in `jobs_pruned_total`;
   a run that goes through every status sets `jobs_retention_last_run_timestamp_seconds`.
+- `jobqueue_worker.vacuum.Vacuum` (task VACUUM) vacuums the tables autovacuum leaves alone.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Protocol
 from uuid import UUID, uuid4
 
 from jobcore.backoff import Retry
+from jobcore.compiled import TableStats
 from jobcore.maintenance import GAUGES, PRUNE_BATCH, RETENTION
 from jobcore.search import QueueDepth
 from jobcore.settings import Settings
@@ -72,6 +74,10 @@ class MaintenanceStore(Protocol):
 
     async def prune(self, status: Status, age_seconds: float) -> int: ...
 
+    async def table_stats(self) -> list[TableStats]: ...
+
+    async def vacuum(self, table: str) -> None: ...
+
 
 class TakingTurns:
     """A `MaintenanceStore` whose calls wait for each other: the loops sharing it never make
@@ -96,6 +102,14 @@ class TakingTurns:
     async def prune(self, status: Status, age_seconds: float) -> int:
         async with self._turn:
             return await self._store.prune(status, age_seconds)
+
+    async def table_stats(self) -> list[TableStats]:
+        async with self._turn:
+            return await self._store.table_stats()
+
+    async def vacuum(self, table: str) -> None:
+        # A connection of its own: the other loops go on meanwhile.
+        await self._store.vacuum(table)
 
 
 class Lead:
@@ -172,7 +186,7 @@ class Lead:
         return {"task": self.task, "holder": str(self.holder)}
 
 
-class _Led(Loop):
+class LedLoop(Loop):
     """A loop whose work is done by the leader of `task` only; at its end it resigns."""
 
     def __init__(self, store: MaintenanceStore, task: str, interval: float, lease: float) -> None:
@@ -200,7 +214,7 @@ class _Led(Loop):
         pass  # PgJobStore logs the database's outage and its end
 
 
-class QueueGauges(_Led):
+class QueueGauges(LedLoop):
     """The leader of GAUGES sets the queue gauges every `interval` seconds."""
 
     name = "queue_gauges"
@@ -244,7 +258,7 @@ def retention_ages(settings: Settings) -> dict[Status, float]:
     }
 
 
-class Retention(_Led):
+class Retention(LedLoop):
     """The leader of RETENTION deletes the finished jobs past their age every `interval`
     seconds. A process whose retentions are all 0 does not contend for the lead."""
 
