@@ -17,6 +17,7 @@ def test_every_statement_the_worker_runs_is_its_jobcore_construct_compiled():
         "take_lead": maintenance.TAKE_LEAD,
         "resign": maintenance.RESIGN,
         **{f"prune_{status}": statement for status, statement in maintenance.PRUNE.items()},
+        "table_stats": maintenance.TABLE_STATS,
     }
     assert set(compiled.STATEMENTS) == set(constructs)
     for name, construct in constructs.items():
