@@ -17,6 +17,7 @@ each statement commits on its own.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 from uuid import UUID, uuid4
 
@@ -185,6 +186,22 @@ async def next_due(
     rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues), **floors}))
     seconds = rows[0][0] if rows else None
     return None if seconds is None else float(seconds)
+
+
+class Head(NamedTuple):
+    """The earliest due pending job of a queue at one priority: when it is due."""
+
+    queue: str
+    priority: int
+    run_at: datetime
+
+
+async def claim_heads(conn: Driver, queues: Sequence[str]) -> list[Head]:
+    """Per queue and priority present, the earliest due pending job's run_at, read from the
+    head of the claim index; locks nothing."""
+    statement = STATEMENTS["claim_heads"]
+    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues), **NO_FLOORS}))
+    return [Head(row["queue"], row["priority"], row["run_at"]) for row in rows]
 
 
 async def record(

@@ -14,12 +14,18 @@ milliseconds). Claims read the index from there (`jobcore.store`'s `job_claim`).
 A job can still appear below a floor: one whose transaction ran longer than the
 margin (a transactional enqueue), a job handed back or recovered (it keeps its
 `run_at`), a row another transaction held when the claim skipped it, a job
-submitted with a `run_at` in the past. Sweeps find those: a claim without floors,
-from the head of the index, run whenever the time since the last sweep is at
-least `COST_RATIO` times what that sweep took (so sweeping costs at most about
-1/COST_RATIO of a claimer's time), and at least every `MAX_INTERVAL`. On a table
-without dead entries a sweep costs what any claim costs and nearly every claim is
-one; under a held horizon they run every few seconds.
+submitted with a `run_at` in the past. Two reads from the head of the index find
+those:
+
+- a sweep, a claim without floors, while reading from the head is cheap (at most
+  `CHEAP`, as on a table without dead entries) and the time since the last one is
+  at least `COST_RATIO` times what it took: then nearly every claim is one, and a
+  late job waits for nothing;
+- a check of the heads (`jobcore.store.CLAIM_HEADS`, the earliest due job per
+  queue and priority, locking nothing), every `check_interval(cost)` seconds off
+  the claims' path, which lowers a floor that a due job lies below. Under a held
+  horizon reading from the head costs tens of ms or more: claims then never sweep,
+  and a late job waits for the next check, at most `MAX_INTERVAL`.
 
 Pure bookkeeping: no I/O, times are the database's (`run_at`) and the caller's
 monotonic clock (sweep pacing).
@@ -34,6 +40,8 @@ from typing import Any, Protocol
 MARGIN = timedelta(seconds=1)
 COST_RATIO = 20.0
 MAX_INTERVAL = 5.0
+CHEAP = 0.005
+MIN_CHECK_INTERVAL = 1.0
 
 
 class Taken(Protocol):
@@ -49,20 +57,51 @@ class Taken(Protocol):
     def run_at(self) -> datetime: ...
 
 
-class Sweeps:
-    """When the next read from the head is due: paced by what the last one cost."""
+class Heads(Protocol):
+    """What a check of the heads found: a queue's earliest due job at one priority."""
 
-    def __init__(self, ratio: float = COST_RATIO, max_interval: float = MAX_INTERVAL) -> None:
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def run_at(self) -> datetime: ...
+
+
+def check_interval(cost: float) -> float:
+    """Seconds until the next check of the heads, after one that took `cost` seconds."""
+    return min(max(COST_RATIO * cost, MIN_CHECK_INTERVAL), MAX_INTERVAL)
+
+
+class Sweeps:
+    """Whether a claim reads from the head: while that is cheap, paced by what it cost;
+    when it is not, only if no read from the head (a check's) happened for twice
+    `max_interval` (nothing checks the heads)."""
+
+    def __init__(
+        self, ratio: float = COST_RATIO, max_interval: float = MAX_INTERVAL, cheap: float = CHEAP
+    ) -> None:
         self._ratio = ratio
         self._max_interval = max_interval
+        self._cheap = cheap
         self._next = float("-inf")
+        self._last = float("-inf")
+        self.cost = 0.0  # what the last read from the head took, a sweep's or a check's
 
     def due(self, now: float) -> bool:
-        return now >= self._next
+        if self.cost <= self._cheap:
+            return now >= self._next
+        return now >= self._last + 2 * self._max_interval
 
     def done(self, started: float, ended: float) -> None:
-        cost = max(ended - started, 0.0)
-        self._next = ended + min(self._ratio * cost, self._max_interval)
+        self.measured(ended - started, ended)
+        self._next = ended + min(self._ratio * self.cost, self._max_interval)
+
+    def measured(self, cost: float, at: float) -> None:
+        self.cost = max(cost, 0.0)
+        self._last = at
 
 
 class ClaimFloors:
@@ -98,6 +137,14 @@ class ClaimFloors:
             floor = run_at - self._margin
             old = self._floors.get(key)
             self._floors[key] = floor if sweep or old is None else max(old, floor)
+
+    def lower(self, heads: Iterable[Heads]) -> None:
+        """Lower each floor that a due job lies below to that job's `run_at` (a check of
+        the heads found it); a priority without a floor gets one there."""
+        for head in heads:
+            key = (head.queue, head.priority)
+            old = self._floors.get(key)
+            self._floors[key] = head.run_at if old is None else min(old, head.run_at)
 
     def floor(self, queue: str, priority: int) -> datetime | None:
         return self._floors.get((queue, priority))

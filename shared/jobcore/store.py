@@ -702,6 +702,29 @@ CROSS JOIN LATERAL ({_PRIORITIES}
 ).columns(sa.column("seconds", sa.Float))
 
 
+# Per queue and priority present, the earliest due pending job's run_at, found from the
+# head of the claim index (without floors: `known` empty), locking nothing: what a process
+# checks its floors against now and then, off the claims' path (`jobcore.floors`). Under a
+# held MVCC horizon it reads every dead entry, as a claim from the head would.
+CLAIM_HEADS = sa.text(
+    f"""
+SELECT w.queue, h.p AS priority, h.run_at
+FROM unnest(CAST(:queues AS text[])) AS w(queue)
+CROSS JOIN LATERAL ({_PRIORITIES}
+    SELECT priorities.p, (SELECT run_at FROM jobs
+                          WHERE status = {_PENDING} AND queue = w.queue
+                            AND priority = priorities.p AND run_at <= now()
+                          ORDER BY run_at, id LIMIT 1) AS run_at
+    FROM priorities WHERE priorities.p IS NOT NULL
+) AS h
+WHERE h.run_at IS NOT NULL"""
+).columns(
+    sa.column("queue", sa.Text),
+    sa.column("priority", sa.SmallInteger),
+    sa.column("run_at", sa.DateTime(timezone=True)),
+)
+
+
 def _unnest(**arrays: tuple[str, Any]) -> Any:
     """`unnest(:ids, :tokens, ...) AS o(id, token, ...)`: one row per job in the batch."""
     params = [sa.bindparam(param, type_=pg.ARRAY(type_)) for param, type_ in arrays.values()]
@@ -1053,6 +1076,7 @@ RECOVER_EXPIRED = (
 WORKER_STATEMENTS: dict[str, Any] = {
     Operation.CLAIM: CLAIM,
     "next_due": NEXT_DUE,
+    "claim_heads": CLAIM_HEADS,
     **{str(op): statement for op, statement in OUTCOME_WRITES.items()},
     Operation.RELEASE_CLAIM: RELEASE_CLAIM,
     Operation.RECOVER_EXPIRED: RECOVER_EXPIRED,

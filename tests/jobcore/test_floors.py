@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from jobcore import compiled, store
 from jobcore.compiled import Compiled
-from jobcore.floors import ClaimFloors, Sweeps
+from jobcore.floors import ClaimFloors, Sweeps, check_interval
 from jobcore.ids import new_id
 from jobcore.states import Operation
 from tests.pg import driver
@@ -61,7 +62,7 @@ def test_a_sweep_sends_no_floors_and_a_claim_only_those_of_its_queues():
 
 
 def test_sweeps_are_paced_by_their_cost_and_never_further_apart_than_the_cap():
-    sweeps = Sweeps(ratio=20, max_interval=5.0)
+    sweeps = Sweeps(ratio=20, max_interval=5.0, cheap=10.0)
     assert sweeps.due(0.0)
     sweeps.done(started=0.0, ended=0.01)  # 10 ms: the next one 200 ms later
     assert not sweeps.due(0.2)
@@ -69,6 +70,35 @@ def test_sweeps_are_paced_by_their_cost_and_never_further_apart_than_the_cap():
     sweeps.done(started=1.0, ended=2.0)  # 1 s: 20 s by its cost, 5 s by the cap
     assert not sweeps.due(6.9)
     assert sweeps.due(7.0)
+
+
+def test_claims_stop_sweeping_once_reading_from_the_head_is_costly_and_resume_after():
+    sweeps = Sweeps(ratio=20, max_interval=5.0, cheap=0.005)
+    sweeps.done(started=0.0, ended=0.002)
+    assert sweeps.due(1.0)
+    sweeps.measured(0.120, at=1.0)  # a check of the heads under a held horizon
+    assert not sweeps.due(5.0)
+    sweeps.measured(0.130, at=5.0)
+    assert not sweeps.due(14.9)
+    assert sweeps.due(15.0)  # no check for 10 s: the claims look themselves
+    sweeps.measured(0.001, at=16.0)  # the horizon moved on and vacuum ran
+    assert sweeps.due(16.0)
+
+
+def test_the_heads_are_checked_every_second_to_every_5_s_by_their_cost():
+    assert check_interval(0.001) == 1.0
+    assert check_interval(0.1) == 2.0
+    assert check_interval(3.0) == 5.0
+
+
+def test_a_check_of_the_heads_lowers_a_floor_a_due_job_lies_below_and_never_raises_one():
+    floors = ClaimFloors(margin=SECOND)
+    floors.learn([taken("a", 0, T0 + 10 * SECOND)], sweep=False)
+    floors.lower([taken("a", 0, T0 + 60 * SECOND)])  # the frontier, above the floor
+    assert floors.floor("a", 0) == T0 + 9 * SECOND
+    floors.lower([taken("a", 0, T0), taken("a", 7, T0 + 5 * SECOND)])
+    assert floors.floor("a", 0) == T0
+    assert floors.floor("a", 7) == T0 + 5 * SECOND  # a priority first seen here
 
 
 # --- on PostgreSQL ----------------------------------------------------------------
@@ -105,6 +135,22 @@ async def test_a_floored_claim_leaves_a_job_below_its_floor_to_the_next_sweep(en
     assert await _claim(engine, floors, 5, sweep=False) == []
     (found,) = await _claim(engine, floors, 5, sweep=True)
     assert found.run_at < datetime.now(UTC) - timedelta(minutes=59)
+
+
+async def test_a_check_of_the_heads_finds_a_job_below_a_floor_for_the_next_claim(engine):
+    floors = ClaimFloors()
+    await _insert(engine, 1)
+    assert len(await _claim(engine, floors, 5, sweep=True)) == 1
+    await _insert(engine, 2, run_at="now() - interval '1 hour'")
+    await _insert(engine, 1, priority=3, run_at="now() - interval '2 hours'")
+    assert await _claim(engine, floors, 5, sweep=False) != []  # the new priority: a gap
+    async with engine.connect() as conn:
+        heads = await compiled.claim_heads(await driver(conn), ["default"])
+        await conn.commit()
+    assert sorted(head.priority for head in heads) == [0]
+    floors.lower(heads)
+    got = await _claim(engine, floors, 5, sweep=False)
+    assert len(got) == 2 and all(job.priority == 0 for job in got)
 
 
 async def test_a_floored_claim_still_takes_the_highest_priority_first(engine):
@@ -164,16 +210,30 @@ async def test_under_a_held_horizon_a_floored_claim_reads_only_past_its_floor(en
     assert floored < 40, (floored, sweep)
 
 
-async def test_racing_claimers_with_floors_take_every_job_once_stragglers_included(engine):
+@pytest.mark.parametrize("found_by", ["sweeps", "checks"])
+async def test_racing_claimers_with_floors_take_every_job_once_stragglers_included(
+    engine, found_by
+):
     """Four processes' worth of claimers, each with its own floors, race over 1,500 jobs
-    while jobs due long ago keep arriving below their floors."""
+    while jobs due long ago keep arriving below their floors: found by the claims'
+    sweeps, or (claims never sweeping, as under a held horizon) by checks of the heads."""
     await _insert(engine, 1500)
     expected = 1500
     claimed: list[Any] = []
+    done = asyncio.Event()
+
+    async def checks(floors: ClaimFloors) -> None:
+        while not done.is_set():
+            async with engine.connect() as conn:
+                floors.lower(await compiled.claim_heads(await driver(conn), ["default"]))
+                await conn.commit()
+            await asyncio.sleep(0.05)
 
     async def claimer(seed: int) -> None:
         rng = random.Random(seed)
-        floors = ClaimFloors(sweeps=Sweeps(ratio=20, max_interval=0.2))
+        cheap = 10.0 if found_by == "sweeps" else -1.0
+        floors = ClaimFloors(sweeps=Sweeps(ratio=20, max_interval=0.2, cheap=cheap))
+        checking = asyncio.create_task(checks(floors)) if found_by == "checks" else None
         idle_since: float | None = None
         loop = asyncio.get_running_loop()
         while True:
@@ -185,7 +245,10 @@ async def test_racing_claimers_with_floors_take_every_job_once_stragglers_includ
             claimed.extend(job.id for job in jobs)
             if jobs:
                 idle_since = None
-            elif sweep and len(claimed) >= expected:
+            elif len(claimed) >= expected:
+                done.set()
+                if checking is not None:
+                    await checking
                 return
             elif idle_since is None:
                 idle_since = loop.time()

@@ -112,6 +112,15 @@ async def test_next_due_reads_the_claim_index(engine, generic, floors):
     assert '"Seq Scan"' not in plan, plan
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_the_check_of_the_heads_reads_the_claim_index(engine, generic):
+    await _fill(engine)
+    params = {"queues": ["default", "other"], **NO_FLOORS}
+    plan = await _plan(engine, store.CLAIM_HEADS, params, generic)
+    assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
+    assert '"Seq Scan"' not in plan, plan
+
+
 async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine):
     """20,000 jobs scheduled for later at high priorities sit ahead of the due ones in the
     claim index: the claim must step over them by priority, not read them one by one."""

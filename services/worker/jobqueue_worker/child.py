@@ -38,6 +38,7 @@ from jobqueue_worker.completer import Completer
 from jobqueue_worker.database import POOL_SIZE, PgJobStore
 from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
+from jobqueue_worker.floorcheck import FloorCheck
 from jobqueue_worker.heartbeat import Heartbeat
 from jobqueue_worker.launch import RECYCLE_EXIT
 from jobqueue_worker.listener import Listener
@@ -136,6 +137,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         store, batch_size=sum(settings.queue_slots.values()), linger=_LINGER, claimer=dispatcher
     )
     recovery = Recovery(store, settings.recovery_interval)
+    floor_check = FloorCheck(store, list(settings.queue_slots))
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
     listener = Listener(settings.database_url, dispatcher.wake, cancel=executor.cancel)
     # Led by one worker process of the database at a time; here, one connection for both.
@@ -184,6 +186,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         dispatching,
         asyncio.create_task(completer.run(), name="completer"),
         asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
+        asyncio.create_task(floor_check.run(maintenance_stop), name=floor_check.name),
         asyncio.create_task(heartbeat.run(heartbeat_stop), name=heartbeat.name),
         asyncio.create_task(listener.run(heartbeat_stop), name=listener.name),
         asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -52,10 +53,10 @@ STATEMENT_TIMEOUT = 4.0
 LOCK_TIMEOUT = 2.0
 CONNECTION_CHECK = 1.0
 CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
-# Connections per child: one each for the dispatcher, the completer, recovery and the heartbeat,
-# plus one for the periodic scheduler (at its ticks only), plus one the maintenance loops (queue
-# gauges, retention) take turns on.
-POOL_SIZE = 6
+# Connections per child: one each for the dispatcher, the completer, recovery, the heartbeat and
+# the check of the claim floors, plus one for the periodic scheduler (at its ticks only), plus
+# one the maintenance loops (queue gauges, retention, vacuum) take turns on.
+POOL_SIZE = 7
 # Tries of a call on fresh connections when asyncpg refused to start it on a broken one.
 _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
@@ -170,7 +171,8 @@ class PgJobStore:
         self._idle: list[tuple[AsyncConnection, compiled.Driver]] = []
         self._lost_claims: list[UUID] = []
         self.floors = ClaimFloors()
-        self._recovery_sweeps = Sweeps(max_interval=_RECOVERY_SWEEP_INTERVAL)
+        # Recovery has no other read from the head: it sweeps by its cost alone.
+        self._recovery_sweeps = Sweeps(max_interval=_RECOVERY_SWEEP_INTERVAL, cheap=math.inf)
         # When the last recovery run that took back every lease it saw expire started.
         self._recovered_at: float | None = None
 
@@ -312,6 +314,17 @@ class PgJobStore:
                 claim_id,
             )
         )
+
+    async def check_floors(self, queues: Sequence[str]) -> float:
+        """Lower the claim floors that a due job of `queues` lies below (found from the head
+        of the claim index, off the claims' path); the seconds that read took."""
+        started = self.availability.now()
+        heads = await self._run("claim_heads", compiled.claim_heads, queues)
+        ended = self.availability.now()
+        cost = ended - started
+        self.floors.sweeps.measured(cost, ended)
+        self.floors.lower(heads)
+        return cost
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         floors = self.floors.params(queues, sweep=False)
