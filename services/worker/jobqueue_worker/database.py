@@ -55,8 +55,9 @@ CONNECTION_CHECK = 1.0
 CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
 # Connections per child: one each for the dispatcher, the completer, recovery, the heartbeat and
 # the check of the claim floors, plus one for the periodic scheduler (at its ticks only), plus
-# one the maintenance loops (queue gauges, retention, vacuum) take turns on.
-POOL_SIZE = 7
+# one the maintenance loops (queue gauges, retention, vacuum) take turns on, plus one a VACUUM
+# runs on (while it runs).
+POOL_SIZE = 8
 # Tries of a call on fresh connections when asyncpg refused to start it on a broken one.
 _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
