@@ -44,21 +44,9 @@ CHEAP = 0.005
 MIN_CHECK_INTERVAL = 1.0
 
 
-class Taken(Protocol):
-    """What a floor is learned from: a job a claim took."""
-
-    @property
-    def queue(self) -> str: ...
-
-    @property
-    def priority(self) -> int: ...
-
-    @property
-    def run_at(self) -> datetime: ...
-
-
-class Heads(Protocol):
-    """What a check of the heads found: a queue's earliest due job at one priority."""
+class Position(Protocol):
+    """Where a job stands in claim order: a job a claim took, or one a check of the heads
+    found (a queue's earliest due job at one priority)."""
 
     @property
     def queue(self) -> str: ...
@@ -122,7 +110,7 @@ class ClaimFloors:
             "floors": [floor for _, floor in known],
         }
 
-    def learn(self, taken: Sequence[Taken], *, sweep: bool) -> None:
+    def learn(self, taken: Sequence[Position], *, sweep: bool) -> None:
         """Move the floors past what a claim took. Every job of a (queue, priority) the
         claim could take below the last one it took (in claim order) it took, or another
         claim held; so the floor rises to that job's `run_at`, less the margin. After a
@@ -138,7 +126,7 @@ class ClaimFloors:
             old = self._floors.get(key)
             self._floors[key] = floor if sweep or old is None else max(old, floor)
 
-    def lower(self, heads: Iterable[Heads]) -> None:
+    def lower(self, heads: Iterable[Position]) -> None:
         """Lower each floor that a due job lies below to that job's `run_at` (a check of
         the heads found it); a priority without a floor gets one there."""
         for head in heads:
