@@ -49,7 +49,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -79,7 +78,7 @@ from bench.pressure_report import (
 )
 from bench.procs import ROOT
 from bench.progress import Progress
-from bench.queues import _code_version, postgres_version
+from bench.queues import _code_version, machine
 from bench.retention import StandInVacuum
 
 SCENARIOS = ("idle-xid", "repeatable-read", "rate-1.5x")
@@ -329,13 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "postgresql": asyncio.run(postgres_version(config.server)),
-            # Other work on the machine moves every figure: compare only within one run.
-            "load_average": {"start": load_before, "end": os.getloadavg()},
-        },
+        "machine": machine(config.server)
+        # Other work on the machine moves every figure: compare only within one run.
+        | {"load_average": {"start": load_before, "end": os.getloadavg()}},
         "code": _code_version(),
         "config": asdict(config) | {"server": "(omitted)"},
         **measured,

@@ -848,6 +848,16 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def machine(server: str) -> dict[str, object]:
+    """What a run's figures depend on besides the code: the machine, Python, PostgreSQL."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgresql": asyncio.run(postgres_version(server)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     if config.compare:
@@ -873,12 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "postgresql": asyncio.run(postgres_version(config.server)),
-        },
+        "machine": machine(config.server),
         "code": _code_version(),
         "config": asdict(config) | {"server": "(omitted)"},
         "systems": run.systems,

@@ -14,8 +14,9 @@ Statements are planned at every run, for the table as it is, and bounded by the 
 (see _SESSION).
 
 Claims and recovery start their index reads past what this process already took
-(`jobcore.floors`), reading from the head only now and then, so that the dead entries a
-held MVCC horizon keeps in the indexes cost a sweep now and then, not every call.
+(`jobcore.floors`): the dead entries a held MVCC horizon keeps in the indexes are read
+only by the occasional read from the head (a sweep, or `check_floors` off the claims'
+path), not by every call.
 """
 
 from __future__ import annotations
