@@ -279,13 +279,15 @@ async def complete_and_claim(
 
 class Renewed(NamedTuple):
     lost: list[Lease]  # not renewed: the attempt must stop, its outcome unwritten
-    cancel: list[Lease]  # renewed, and a cancel of the job was requested
+    cancel: list[Lease]  # still held, and a cancel of the job was requested
+    busy: list[Lease]  # still held, but locked by another transaction: not renewed this time
 
 
 async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> Renewed:
-    """Extend the leases of running attempts to `lease_seconds` from now."""
+    """Extend the leases of running attempts to `lease_seconds` from now; a job row another
+    transaction holds locked is left as it is (`busy`), not waited for."""
     if not leases:
-        return Renewed([], [])
+        return Renewed([], [], [])
     statement = STATEMENTS[Operation.RENEW]
     values = {
         "ids": [lease.job_id for lease in leases],
@@ -293,11 +295,12 @@ async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> 
         "lease_seconds": lease_seconds,
     }
     rows = await conn.fetch(statement.sql, *statement.args(values))
-    cancel = [Lease(row[0], row[1]) for row in rows if row[2]]
-    if len(rows) == len(leases):
-        return Renewed([], cancel)
-    applied = {Lease(row[0], row[1]) for row in rows}
-    return Renewed([lease for lease in leases if lease not in applied], cancel)
+    held = {Lease(row["id"], row["lease_token"]): row for row in rows}
+    return Renewed(
+        lost=[lease for lease in leases if lease not in held],
+        cancel=[lease for lease, row in held.items() if row["cancel"]],
+        busy=[lease for lease, row in held.items() if not row["renewed"]],
+    )
 
 
 async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:

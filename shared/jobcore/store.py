@@ -279,14 +279,40 @@ _many_rows = sa.select(
     _many.c.traceparent,
     _due_at(_many.c.not_before, _many.c.delay),
 )
-SUBMIT_MANY = _conflict_target(
-    pg.insert(jobs).from_select(
+# A batch leaves a job its key already names untouched (DO NOTHING), and returns only the
+# rows it created: unlike `_conflict_target`'s no-op update, it takes no lock on an existing
+# job, so a replay inside a caller's open transaction (transactional enqueue) cannot hold
+# up that job's heartbeats and outcome writes until the caller commits. The replays are
+# then read and compared (`keys_to_compare`, GET_BY_KEYS or SAME_REQUESTS) by a statement of
+# their own, which sees a job a concurrent transaction committed while this one waited.
+SUBMIT_MANY = (
+    pg.insert(jobs)
+    .from_select(
         _MANY_INTO,
         # Concurrent batches sharing keys take the key locks in the same order,
         # so they wait for each other instead of deadlocking.
         _many_rows.order_by(_many.c.key),
     )
-).returning(c.id, c.idempotency_key, _CREATED)
+    .on_conflict_do_nothing(
+        index_elements=[c.idempotency_key], index_where=c.idempotency_key.isnot(None)
+    )
+    .returning(c.id, c.idempotency_key, _CREATED)
+)
+# For each item whose key names a stored job: that job's id and whether it holds the same
+# request (compared as `_conflict_target` compares, payloads as jsonb); SUBMIT_MANY's
+# parameters. For callers whose driver does not decode jsonb (transactional enqueue).
+SAME_REQUESTS = sa.select(
+    c.id,
+    c.idempotency_key,
+    sa.and_(
+        c.type == _many.c.type,
+        c.payload == sa.cast(_many.c.payload, pg.JSONB),
+        c.max_attempts == _many.c.max_attempts,
+        c.queue == _many.c.queue,
+        c.priority == _many.c.priority,
+        c.timeout.is_not_distinct_from(_many.c.timeout),
+    ).label("same"),
+).select_from(_many.join(jobs, c.idempotency_key == _many.c.key))
 # A batch in which no item has an idempotency key: nothing can conflict (each id is new),
 # so no arbiter, no sort and nothing returned, a sixth less work for the database. And a
 # column whose value every item shares (the type, the queue, ...: most batches) is sent once,
@@ -440,19 +466,11 @@ def returned_by_key(returned: Iterable[Sequence[Any]]) -> dict[str, tuple[UUID, 
     return {row[1]: (row[0], bool(row[2])) for row in returned if row[1] is not None}
 
 
-def keys_to_compare(
-    new_jobs: Sequence[NewJob], first: Mapping[str, NewJob], by_key: Mapping[str, Any]
-) -> list[str]:
-    """Keys whose first item conflicted (the statement returned no row for it) and that
-    later items repeat: those may still match the stored job (a replay, as they would be if
-    sent one after another), so that job is read (GET_BY_KEYS) and compared."""
-    seen: set[str] = set()
-    repeated: set[str] = set()
-    for new in new_jobs:
-        key = new.idempotency_key
-        if key is not None:
-            (repeated if key in seen else seen).add(key)
-    return sorted(key for key in repeated if key in first and key not in by_key)
+def keys_to_compare(first: Mapping[str, NewJob], by_key: Mapping[str, Any]) -> list[str]:
+    """Keys for which SUBMIT_MANY returned no row: each names a job stored before (its
+    first item and any later ones are replays of it, or conflicts), so that job is read
+    (GET_BY_KEYS) and compared."""
+    return sorted(key for key in first if key not in by_key)
 
 
 def stored_requests(rows: Iterable[Sequence[Any]]) -> dict[str, NewJob]:
@@ -502,7 +520,7 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
         await conn.execute(SUBMIT_MANY_KEYLESS, keyless_params(rows, payloads))
         return [Submitted("created", new.id) for new in new_jobs]
     by_key = returned_by_key(await conn.execute(SUBMIT_MANY, many_params(rows, payloads)))
-    keys = keys_to_compare(new_jobs, first, by_key)
+    keys = keys_to_compare(first, by_key)
     stored = stored_requests(await conn.execute(GET_BY_KEYS, {"keys": keys})) if keys else {}
     return batch_results(new_jobs, first, by_key, stored)
 
@@ -824,21 +842,37 @@ if set(OUTCOME_WRITES) != set(ATTEMPT_OUTCOMES):
     raise RuntimeError("every operation that ends an attempt needs its outcome write")
 
 # Heartbeats: the leases of running attempts extended by `lease_seconds` from now(), fenced
-# like an outcome write; a lease it does not return was lost (expired and recovered, or
-# re-claimed), and its attempt must stop. It also says whether a cancel was requested (in
-# case the announcement never reached the holder).
-RENEW = (
+# like an outcome write. Each row is one the statement found (id, token, whether a cancel
+# was requested, in case the announcement never reached the holder) and whether it was
+# renewed: a row another transaction holds locked (an operator's `SELECT ... FOR UPDATE`, a
+# replay of the job's idempotency key in an open transaction) is skipped, not waited for,
+# so one locked row cannot cost every other lease of the batch its renewal; its lease keeps
+# its time, and the next heartbeat tries again. A lease it does not return at all was lost
+# (expired and recovered, or re-claimed), and its attempt must stop.
+_renewable = sa.select(c.id, c.lease_token).where(
+    c.id == _o.c.id, guard(Operation.RENEW), c.lease_token == _o.c.token
+)
+_unlocked = _renewable.with_for_update(of=jobs, skip_locked=True).cte("unlocked")
+_renewed = (
     sa.update(jobs)
     .where(
-        c.id == _o.c.id,
+        c.id == _unlocked.c.id,
         guard(Operation.RENEW),
-        c.lease_token == _o.c.token,
+        c.lease_token == _unlocked.c.lease_token,
     )
     .values(
         locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * _ONE_SECOND
     )
-    .returning(c.id, c.lease_token, c.cancel_requested_at.is_not(None).label("cancel"))
+    .returning(c.id)
+    .cte("renewed")
 )
+_held = _renewable.add_columns(c.cancel_requested_at.is_not(None).label("cancel")).cte("held")
+RENEW = sa.select(
+    _held.c.id,
+    _held.c.lease_token,
+    _held.c.cancel,
+    _renewed.c.id.is_not(None).label("renewed"),
+).select_from(_held.outerjoin(_renewed, _renewed.c.id == _held.c.id))
 
 # A claim whose answer never reached its worker (the call timed out or its connection
 # broke after the statement was sent) may still have committed: the jobs it took are

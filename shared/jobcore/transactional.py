@@ -12,9 +12,11 @@ package, so psycopg and asyncpg are imported only by callers that pass their con
 
 Items are checked by `jobcore.validation`, as the API checks them (the type must be
 registered in this process), and written by `store.SUBMIT_MANY`, the statement of the
-API's `POST /jobs/batch`; the workers' NOTIFY is sent in the same transaction, so it is
-delivered at commit. Outside a transaction (asyncpg outside `transaction()`, psycopg in
-autocommit mode) the statements run in one of their own, committed before the call returns.
+API's `POST /jobs/batch`, which takes no lock on a job an idempotency key replays (so an
+open transaction does not hold up that job's worker); the workers' NOTIFY is sent in the
+same transaction, so it is delivered at commit. Outside a transaction (asyncpg outside
+`transaction()`, psycopg in autocommit mode) the statements run in one of their own,
+committed before the call returns.
 """
 
 from __future__ import annotations
@@ -228,17 +230,37 @@ class _Outcome:
     conflict: str | None  # a key bound to a different job: undo `created`, raise
 
 
-def _outcome(plan: _Plan, rows: Iterable[Sequence[Any]]) -> _Outcome:
-    """Read SUBMIT_MANY's rows (id, idempotency_key, created). A job without a key has the
-    id it was given; only keyed ones may name a job that existed before."""
+def _uuid(job_id: Any) -> UUID:
+    return job_id if type(job_id) is UUID else UUID(str(job_id))  # asyncpg has its own class
+
+
+def _replays(plan: _Plan, rows: Sequence[Sequence[Any]]) -> tuple[Any, dict[str, Any]] | None:
+    """SAME_REQUESTS and its parameters for the keyed rows SUBMIT_MANY did not create (their
+    keys name stored jobs: replays or conflicts), or None when it created them all."""
+    returned = {key for _, key, _ in rows}
+    missing = [i for i, new in enumerate(plan.rows) if new.idempotency_key not in (None, *returned)]
+    if not missing:
+        return None
+    rows_ = [plan.rows[i] for i in missing]
+    payloads = [plan.payloads[i] for i in missing]
+    return store.SAME_REQUESTS, store.many_params(rows_, payloads)
+
+
+def _outcome(
+    plan: _Plan, rows: Iterable[Sequence[Any]], replays: Iterable[Sequence[Any]] = ()
+) -> _Outcome:
+    """Read SUBMIT_MANY's rows (id, idempotency_key, created) and SAME_REQUESTS' (id,
+    idempotency_key, same). A job without a key has the id it was given; only keyed ones
+    may name a job that existed before."""
     by_key: dict[str, UUID] = {}
     created: list[Any] = []
-    for job_id, key, was_created in rows:
+    for job_id, key, _ in rows:
         if key is not None:
-            # asyncpg has a UUID class of its own.
-            by_key[key] = job_id if type(job_id) is UUID else UUID(str(job_id))
-        if was_created:
-            created.append(job_id)
+            by_key[key] = _uuid(job_id)
+        created.append(job_id)
+    for job_id, key, same in replays:
+        if same:
+            by_key[key] = _uuid(job_id)
     ids: list[UUID] = []
     for new in plan.jobs:
         key = new.idempotency_key
@@ -415,7 +437,9 @@ def _run(runner: _Runner, plan: _Plan) -> list[UUID]:
         if statement is store.SUBMIT_MANY_KEYLESS:
             runner.fetch(store.NOTIFY, {})
             return [new.id for new in plan.jobs]
-        outcome = _outcome(plan, rows)
+        replays = _replays(plan, rows)
+        found = runner.fetch(*replays) if replays is not None else []
+        outcome = _outcome(plan, rows, found)
         if outcome.conflict is not None:
             if outcome.created:
                 runner.fetch(_UNDO, {"ids": outcome.created})
@@ -436,7 +460,9 @@ async def _run_async(runner: _Runner, items: Sequence[Any]) -> list[UUID]:
         if statement is store.SUBMIT_MANY_KEYLESS:
             await fetch(store.NOTIFY, {})
             return [new.id for new in plan.jobs]
-        outcome = _outcome(plan, rows)
+        replays = _replays(plan, rows)
+        found = await fetch(*replays) if replays is not None else []
+        outcome = _outcome(plan, rows, found)
         if outcome.conflict is not None:
             if outcome.created:
                 await fetch(_UNDO, {"ids": outcome.created})

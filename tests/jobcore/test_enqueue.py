@@ -244,6 +244,28 @@ async def test_a_repeated_idempotency_key_returns_the_first_job_and_writes_nothi
     assert await listener.heard() == 1  # the replay created nothing: no wake-up
 
 
+async def test_a_replay_in_an_open_transaction_does_not_lock_the_running_job(
+    tx: Tx, listener: Listener
+):
+    """The job's worker must be able to renew its lease (and write its outcome) while a
+    caller's transaction that replayed the job's key stays open."""
+    await tx.begin()
+    first = await tx.enqueue("enqueue_test", {"n": 1}, idempotency_key="running-7")
+    await tx.commit()
+    (running,) = await listener.claim()
+    assert running.id == first
+    await tx.begin()
+    assert await tx.enqueue("enqueue_test", {"n": 1}, idempotency_key="running-7") == first
+    try:
+        async with asyncio.timeout(5):  # a lock on the row would hold the renewal
+            renewed = await compiled.renew(
+                listener.conn, [store.Lease(running.id, running.lease_token)], 30
+            )
+        assert renewed == compiled.Renewed(lost=[], cancel=[], busy=[])
+    finally:
+        await tx.commit()
+
+
 async def test_a_key_bound_to_another_request_raises_and_the_batch_writes_nothing(
     tx: Tx, engine_: AsyncEngine
 ):
@@ -517,3 +539,6 @@ def test_the_batch_statements_get_exactly_the_parameters_they_take():
     statement, params = transactional._write(keyless)
     assert statement is store.SUBMIT_MANY_KEYLESS
     assert set(params) == _required(store.SUBMIT_MANY_KEYLESS)
+    replays = transactional._replays(keyed, [])
+    assert replays is not None and replays[0] is store.SAME_REQUESTS
+    assert set(replays[1]) == _required(store.SAME_REQUESTS)

@@ -4,6 +4,8 @@ lifecycle") and rejects (matches zero rows for) everything else."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import sqlalchemy as sa
 
@@ -203,4 +205,30 @@ async def test_a_renewal_tells_the_holder_that_a_cancel_was_requested(engine):
         plain = await _job_in(conn, R, "")
         asked = await _job_in(conn, R, "_cancelling")
         renewed = await compiled.renew(raw, [plain, asked], 60)
-    assert renewed == compiled.Renewed(lost=[], cancel=[asked])
+    assert renewed == compiled.Renewed(lost=[], cancel=[asked], busy=[])
+
+
+async def test_a_renewal_skips_a_row_another_transaction_holds_locked_and_renews_the_rest(engine):
+    """One locked row (an operator's SELECT ... FOR UPDATE, an open transaction replaying
+    the job's idempotency key) must not hold up the whole batch until the lock goes, nor
+    count as lost: the others are renewed at once and the locked one is reported busy."""
+    async with engine.begin() as conn:
+        leases = [await _job_in(conn, R, "") for _ in range(3)]
+    locked = leases[1]
+    async with engine.connect() as holder, engine.connect() as renewer:
+        await holder.begin()
+        await holder.execute(
+            sa.select(jobs.c.id).where(jobs.c.id == locked.job_id).with_for_update()
+        )
+        raw = await driver(renewer)
+        async with asyncio.timeout(5):  # the old statement waited for the lock forever
+            renewed = await compiled.renew(raw, leases, 600)
+        assert renewed == compiled.Renewed(lost=[], cancel=[], busy=[locked])
+        rows = await renewer.execute(
+            sa.select(
+                jobs.c.id, jobs.c.locked_until > sa.func.now() + sa.text("interval '500 s'")
+            ).where(jobs.c.id.in_([lease.job_id for lease in leases]))
+        )
+        extended = dict(rows.all())
+        await holder.rollback()
+    assert extended == {leases[0].job_id: True, locked.job_id: False, leases[2].job_id: True}

@@ -41,6 +41,7 @@ class FakeJob:
     timeout: float | None = None
     result: str | None = None  # JSON text, as the handler's return value was encoded
     cancel_requested: bool = False
+    locked: bool = False  # another transaction holds its row: renewals skip it
     traceparent: str | None = None  # the submitting span's context, when tracing was on
 
 
@@ -195,6 +196,7 @@ class FakeStore:
         self.renewals.append(len(leases))
         lost = []
         cancel = []
+        busy = []
         for lease in leases:
             job = self.jobs.get(lease.job_id)
             if (
@@ -203,11 +205,14 @@ class FakeStore:
                 or job.lease_token != lease.lease_token
             ):
                 lost.append(lease)
+                continue
+            if job.locked:
+                busy.append(lease)
             else:
                 job.locked_until = self.clock() + lease_seconds
-                if job.cancel_requested:
-                    cancel.append(lease)
-        return Renewed(lost, cancel)
+            if job.cancel_requested:
+                cancel.append(lease)
+        return Renewed(lost, cancel, busy)
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]:
         await asyncio.sleep(0)

@@ -63,3 +63,18 @@ async def test_a_lease_run_out_by_the_process_clock_is_lost_even_without_the_dat
         await until(lambda: stack.executor.running == 0, 5, "the attempt stopped")
         store.down = False
     assert store.writes == []
+
+
+async def test_a_locked_job_row_keeps_its_attempt_running_and_the_others_are_renewed():
+    stopped.clear()
+    store = FakeStore()
+    ids = [store.add("unit.heartbeat.long", {"seconds": 30}) for _ in range(3)]
+    async with Stack(store, slots=3, lease_seconds=60, job_timeout=60) as stack:
+        await until(
+            lambda: all(store.status(i) is Status.PROCESSING for i in ids), 5, "all running"
+        )
+        store.jobs[ids[1]].locked = True  # another transaction holds its row
+        assert await Heartbeat(store, stack.executor, 60).run_once() == 2
+        assert stack.executor.running == 3  # no attempt stopped for a lock
+        assert not any(stopped.get(str(i)) for i in ids)
+    assert store.writes == [("release", 3)]  # handed back at shutdown, none lost

@@ -133,7 +133,7 @@ async def submit_many(conn: Driver, new_jobs: Sequence[store.NewJob]) -> list[st
         return [store.Submitted("created", new.id) for new in new_jobs]
     values = store.many_params(rows, payloads)
     by_key = store.returned_by_key(await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values)))
-    keys = store.keys_to_compare(new_jobs, first, by_key)
+    keys = store.keys_to_compare(first, by_key)
     stored: dict[str, store.NewJob] = {}
     if keys:
         found = await conn.fetch(_GET_BY_KEYS.sql, *_GET_BY_KEYS.args({"keys": keys}))

@@ -1,7 +1,9 @@
 """Heartbeats: the leases of running attempts, renewed every LEASE_DURATION / 3.
 
-One fenced statement renews every lease the process holds. A lease it does not
-renew was lost (it ran out and recovery, or another worker, took the job): the
+One fenced statement renews every lease the process holds. A job row another
+transaction holds locked is skipped, not waited for (its lease keeps its time, and the
+next round tries again), so one lock cannot cost the other leases their renewal. A lease
+the statement does not find was lost (it ran out and recovery, or another worker, took the job): the
 attempt is stopped at once and its outcome never written. A lease whose time ran
 out by this process's own clock is lost too, whatever the database would say:
 while the database is unreachable no renewal applies, and after LEASE_DURATION
@@ -83,12 +85,25 @@ class Heartbeat(Loop):
         async with asyncio.timeout(max(left, 0.0)):
             answer = await self._store.renew(live, self._lease_seconds)
         lost = set(answer.lost)
-        renewed = [lease for lease in live if lease not in lost]
+        busy = set(answer.busy)
+        renewed = [lease for lease in live if lease not in lost and lease not in busy]
         # The new lease runs from the database's now() during the statement: measuring from
         # before the round trip errs on the safe side.
         self._holder.renewed(set(renewed), started + self._lease_seconds)
         for lease in lost:
             self._lost(lease, "the renewal matched no row")
+        for lease in busy:
+            # Its lease keeps the time it had: should the lock outlast it, the next round
+            # finds the lease run out by this process's clock and stops the attempt.
+            log.warning(
+                "lease not renewed",
+                extra={
+                    "job_id": str(lease.job_id),
+                    "lease_token": lease.lease_token,
+                    "operation": "renew",
+                    "error": "the job's row is locked by another transaction",
+                },
+            )
         for lease in answer.cancel:
             self._holder.cancel(lease.job_id, "renewal")
         return len(renewed)
