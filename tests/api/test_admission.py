@@ -184,6 +184,62 @@ async def test_a_batch_is_admitted_below_the_cap_and_its_jobs_count_at_once(
     assert await job_count(engine) == 8
 
 
+async def test_requests_in_flight_hold_their_places_so_one_process_overshoots_by_one_at_most(
+    make_api: MakeApi, engine: AsyncEngine
+):
+    api = await make_api(MAX_PENDING="10")
+    batch = {"jobs": [{"type": "sleep"}] * 500}
+    answers = await asyncio.gather(*(api.post("/jobs/batch", json=batch) for _ in range(5)))
+    assert sorted(r.status_code for r in answers) == [200, 429, 429, 429, 429]
+    assert await _pending(engine, "default") == 500
+
+
+async def test_a_failed_request_gives_its_places_back(
+    make_api: MakeApi, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+):
+    from jobqueue_api import jobs as endpoints
+
+    api = await make_api(MAX_PENDING="2")
+    real = endpoints.submit_many
+
+    async def broken(*args: Any) -> Any:
+        raise ConnectionResetError("the database went away")
+
+    monkeypatch.setattr(endpoints, "submit_many", broken)
+    batch = {"jobs": [{"type": "sleep"}] * 2}
+    for _ in range(3):
+        assert (await api.post("/jobs/batch", json=batch)).status_code >= 500
+    monkeypatch.setattr(endpoints, "submit_many", real)
+    assert (await api.post("/jobs/batch", json=batch)).status_code == 200
+    _assert_refused(await _post(api), "default")
+    assert await _pending(engine, "default") == 2
+
+
+async def test_a_full_queue_stays_full_while_its_depth_is_read_again(
+    make_api: MakeApi, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+):
+    read = store.pending_depths
+    slow = asyncio.Event()
+    slow.set()
+
+    async def reading(*args: Any) -> dict[str, int]:
+        await slow.wait()
+        return await read(*args)
+
+    monkeypatch.setattr(store, "pending_depths", reading)
+    api = await make_api(MAX_PENDING="2")
+    await _fill(api, "default", 2)
+    _assert_refused(await _post(api), "default")
+    await asyncio.sleep(REFRESH)  # the depths are due for a read
+    slow.clear()  # which now takes until the submissions below are answered
+    rereading = asyncio.create_task(_post(api))
+    answers = await asyncio.gather(*(_post(api) for _ in range(8)))
+    slow.set()
+    answers.append(await rereading)
+    assert [r.status_code for r in answers] == [429] * 9
+    assert await _pending(engine, "default") == 2
+
+
 async def test_a_replay_of_a_stored_job_is_still_200_while_its_queue_is_full(
     make_api: MakeApi, engine: AsyncEngine
 ):

@@ -4,10 +4,13 @@ are refused (429), so a flood cannot grow the table, and every claim's index, wi
 Pending means every `pending` row of the queue, due or scheduled: both occupy the table
 and the claim index alike. No count per request: each API process keeps the depths of the
 capped queues from one query (`store.pending_depths`), refreshed by the first submission
-that finds them more than REFRESH seconds old, and adds the jobs it creates itself
-meanwhile. So one process alone overshoots a cap only by the requests it admitted that
-were still in flight when the cap was reached (a batch below the cap is admitted whole);
-several processes, and jobs enqueued by other means, by what they add within REFRESH.
+that finds them more than REFRESH seconds old, and adds what it admits itself meanwhile: a
+request takes its jobs' places when it is admitted (a `Reservation`), before its insert,
+and gives back those it did not create when it is answered. So one process overshoots a
+cap by one request at most (a batch admitted below the cap is admitted whole), however
+many it has in flight; while the depths are re-read, the old ones and everything created
+since still count. Several API processes, and jobs enqueued by other means, each add what
+they create within REFRESH: the cap is a bound per process plus that.
 A queue is admitted again at most REFRESH after it drops below its cap.
 
 A refused request writes nothing. A request to a full queue is admitted only when every
@@ -19,7 +22,8 @@ answered as it would be without the cap.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,6 +35,20 @@ from jobqueue_api.database import in_turn
 REFRESH = 1.0
 
 
+class Reservation:
+    """The places an admitted request holds in its capped queues until `done`."""
+
+    def __init__(self, admission: Admission, held: Counter[str]) -> None:
+        self._admission = admission
+        self._held = held
+
+    def done(self, created: Iterable[str] = ()) -> None:
+        """The request was answered, having created a job in each of `created` (a queue
+        per job); every other place is given back. Call once, also when it failed."""
+        held, self._held = self._held, Counter()
+        self._admission._settle(held, Counter(q for q in created if q in held))
+
+
 class Admission:
     """The caps of one API process and its view of the capped queues' depths."""
 
@@ -38,8 +56,14 @@ class Admission:
         self._caps = caps
         self._others = others
         self._pending: dict[str, int] = {}
-        # Jobs this process created since the depths were last read.
-        self._created: dict[str, int] = {}
+        # Jobs this process created since the read that gave `_pending` started.
+        self._created: Counter[str] = Counter()
+        # Places held by requests admitted and not yet answered.
+        self._reserved: Counter[str] = Counter()
+        # Per read in progress: the jobs created since it started (its `_created` to be).
+        self._reads: list[Counter[str]] = []
+        self._applied = 0  # the sequence number of the read `_pending` comes from
+        self._sequence = 0
         # When the last read started, successful or not.
         self._read_at = float("-inf")
         self._first_read = asyncio.Event()
@@ -54,15 +78,17 @@ class Admission:
         return self._caps.get(queue, self._others)
 
     def _full(self, queue: str) -> bool:
-        cap = self._caps.get(queue, self._others)
+        cap = self.cap(queue)
         if cap is None:
             return False
-        return self._pending.get(queue, 0) + self._created.get(queue, 0) >= cap
+        held = self._pending.get(queue, 0) + self._created[queue] + self._reserved[queue]
+        return held >= cap
 
-    async def refused(
+    async def admit(
         self, engine: AsyncEngine, jobs: Sequence[store.NewJob], deadline: float
-    ) -> str | None:
-        """The first full queue that `jobs` would add to, or None: they may be submitted.
+    ) -> Reservation | str:
+        """The first full queue that `jobs` would add to, or their `Reservation`: they may
+        be submitted, and hold their places until it is `done`.
 
         `deadline` (event loop time) bounds the reads this takes.
         """
@@ -71,6 +97,18 @@ class Admission:
         elif not self._first_read.is_set():
             async with asyncio.timeout_at(deadline):
                 await self._first_read.wait()
+        refused = await self._refused(engine, jobs, deadline)
+        if refused is not None:
+            return refused
+        # No await between the check above and this: no other request of this process can
+        # be admitted on the same free places.
+        held = Counter(new.queue for new in jobs if self.cap(new.queue) is not None)
+        self._reserved.update(held)
+        return Reservation(self, held)
+
+    async def _refused(
+        self, engine: AsyncEngine, jobs: Sequence[store.NewJob], deadline: float
+    ) -> str | None:
         full = {new.queue for new in jobs if self._full(new.queue)}
         if not full:
             return None
@@ -87,24 +125,30 @@ class Admission:
                 return new.queue
         return None
 
-    def created(self, queue: str, count: int = 1) -> None:
-        """Count jobs this process created in `queue` until the next read of the depths."""
-        self._created[queue] = self._created.get(queue, 0) + count
+    def _settle(self, held: Counter[str], created: Counter[str]) -> None:
+        self._reserved.subtract(held)
+        self._created.update(created)
+        for since in self._reads:
+            since.update(created)
 
     async def _read(self, engine: AsyncEngine, deadline: float) -> None:
         # Marked at the start, so requests arriving meanwhile go on with the depths they
         # have instead of queueing behind this read (or, in an outage, behind one failed
         # read after another).
         self._read_at = asyncio.get_running_loop().time()
+        self._sequence += 1
+        sequence = self._sequence
         # Jobs created from here on may be in the read too: counted twice until the next
-        # read, which errs on the side of refusing.
-        created, self._created = self._created, {}
+        # read, which errs on the side of refusing. Until it returns, the depths it replaces
+        # and what was created since they were read still count.
+        since: Counter[str] = Counter()
+        self._reads.append(since)
         try:
             async with asyncio.timeout_at(deadline), in_turn(engine), engine.connect() as conn:
-                self._pending = await store.pending_depths(conn, self._caps, self._others)
-        except BaseException:
-            for queue, count in created.items():
-                self.created(queue, count)
-            raise
+                pending = await store.pending_depths(conn, self._caps, self._others)
+            if sequence > self._applied:  # a slower, older read must not undo a newer one
+                self._pending, self._created, self._applied = pending, since, sequence
         finally:
+            # By identity: Counters with the same counts are equal.
+            self._reads = [other for other in self._reads if other is not since]
             self._first_read.set()

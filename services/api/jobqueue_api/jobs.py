@@ -131,20 +131,24 @@ async def submit_one(state: State, headers: Sequence[tuple[bytes, bytes]], body:
         return error_response(400, str(exc))
     admission: Admission | None = state.admission
     deadline = None
+    reservation = None
     if admission is not None:
         # The depth check and the insert share one deadline: a 503 still comes in time.
         deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
-        full = await admission.refused(state.engine, (new,), deadline)
-        if full is not None:
-            return _refused(admission, full)
+        admitted = await admission.admit(state.engine, (new,), deadline)
+        if isinstance(admitted, str):
+            return _refused(admission, admitted)
+        reservation = admitted
+    created = False
     try:
         with submitting(state.tracer, (new,)) as (new,):
             job, created = await submit(state.groups, new, deadline)
     except IdempotencyConflict as exc:
         return error_response(409, str(exc))
+    finally:
+        if reservation is not None:
+            reservation.done([new.queue] if created else [])
     if created:
-        if admission is not None:
-            admission.created(new.queue)
         return JSONBody(job_json(job), status_code=201, headers={"Location": f"/jobs/{job.id}"})
     return JSONBody(job_json(job), status_code=200)
 
@@ -163,18 +167,22 @@ async def create_many(request: Request) -> Response:
     engine = _engine(request)
     admission: Admission | None = request.app.state.admission
     deadline = None
+    reservation = None
     if admission is not None:
         deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE
-        full = await admission.refused(engine, batch, deadline)
-        if full is not None:
-            return _refused(admission, full)
-    with submitting(request.app.state.tracer, batch) as traced:
-        results = await submit_many(engine, _notifier(request), traced, deadline)
+        admitted = await admission.admit(engine, batch, deadline)
+        if isinstance(admitted, str):
+            return _refused(admission, admitted)
+        reservation = admitted
+    results: list[store.Submitted] = []
+    try:
+        with submitting(request.app.state.tracer, batch) as traced:
+            results = await submit_many(engine, _notifier(request), traced, deadline)
+    finally:
+        if reservation is not None:
+            pairs = zip(results, batch, strict=False)
+            reservation.done(new.queue for result, new in pairs if result.result == "created")
     pairs = zip(results, batch, strict=True)
-    if admission is not None:
-        for result, new in zip(results, batch, strict=True):
-            if result.result == "created":
-                admission.created(new.queue)
     return JSONBody({"results": [_many_result(result, new) for result, new in pairs]})
 
 
