@@ -18,6 +18,7 @@ from uuid import UUID
 from jobcore.durations import format_duration, parse_duration
 from jobcore.errors import Snooze
 from jobcore.ids import new_id, new_ids
+from jobcore.periodic import KEY_PREFIX as RESERVED_KEY_PREFIX
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.store import NewJob
 
@@ -260,7 +261,8 @@ def _timestamp(value: Any) -> datetime:
 
 
 def check_key(key: Any, name: str) -> str:
-    """An idempotency key (header or field) of 1–255 printable ASCII characters.
+    """An idempotency key (header or field) of 1–255 printable ASCII characters, not in
+    the periodic schedules' namespace (`periodic:`).
 
     No leading or trailing space: HTTP strips them from header values, so such a
     key could not be sent back unchanged.
@@ -273,6 +275,13 @@ def check_key(key: Any, name: str) -> str:
         raise Invalid(
             f"{name} must contain only printable ASCII characters, without leading or "
             "trailing spaces"
+        )
+    if key.startswith(RESERVED_KEY_PREFIX):
+        # A client could otherwise take a schedule's tick ahead of it: skip it (another
+        # request under its key) or postpone it (the same request with a delay).
+        raise Invalid(
+            f"{name} must not start with {RESERVED_KEY_PREFIX!r}: those keys are reserved "
+            "for the ticks of periodic schedules"
         )
     return key
 

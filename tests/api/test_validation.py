@@ -154,3 +154,22 @@ def test_new_job_validates_one_item_without_a_request():
         idempotency_key=validation.check_key("k", "idempotency_key"),
     )
     assert keyed.idempotency_key == "k"
+
+
+async def test_a_periodic_schedules_key_cannot_be_taken_by_a_client(
+    api: httpx.AsyncClient, engine: AsyncEngine
+):
+    """Else a client could submit `periodic:<name>:<tick>` ahead of the tick and skip it
+    (another payload) or postpone it (the same one with a delay)."""
+    key = "periodic:report-5m:2099-01-01T10:10:00Z"
+    single = await api.post("/jobs", json={"type": "sleep"}, headers={"Idempotency-Key": key})
+    batch = await api.post(
+        "/jobs/batch", json={"jobs": [{"type": "sleep", "idempotency_key": key, "delay": 9e6}]}
+    )
+    for answer in (single, batch):
+        assert answer.status_code == 400, answer.text
+        assert "reserved" in answer.json()["error"] and "periodic:" in answer.json()["error"]
+    assert await job_count(engine) == 0
+    # Only the prefix is reserved.
+    near = await api.post("/jobs", json={"type": "sleep"}, headers={"Idempotency-Key": "periodic"})
+    assert near.status_code == 201

@@ -287,6 +287,16 @@ async def test_a_key_bound_to_another_request_raises_and_the_batch_writes_nothin
     assert [row.id for row in await _rows(engine_)] == [bound]
 
 
+async def test_a_periodic_schedules_key_is_refused(tx: Tx, engine_: AsyncEngine):
+    await tx.begin()
+    with pytest.raises(validation.Invalid, match="reserved"):
+        await tx.enqueue(
+            "enqueue_test", {}, idempotency_key="periodic:nightly:2099-01-01T00:00:00Z"
+        )
+    await tx.commit()
+    assert await _rows(engine_) == []
+
+
 async def test_invalid_input_raises_the_apis_message_and_writes_nothing(
     tx: Tx, engine_: AsyncEngine
 ):

@@ -343,6 +343,8 @@ _KEY_SCHEMA = {
     "minLength": 1,
     "maxLength": MAX_KEY_LENGTH,
     "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
+    # Reserved for the ticks of periodic schedules.
+    "not": {"pattern": "^periodic:"},
 }
 _IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key",
@@ -351,7 +353,8 @@ _IDEMPOTENCY_KEY = {
     "description": (
         "Makes the submission safe to repeat: the same key with the same type, payload, "
         "max_attempts, queue, priority and timeout returns the existing job (200), whatever "
-        "its run_at or delay; with a different request, 409."
+        "its run_at or delay; with a different request, 409. Keys starting with "
+        "'periodic:' are reserved for periodic schedules (400)."
     ),
     "schema": _KEY_SCHEMA,
 }
