@@ -146,16 +146,24 @@ async def claim_limited(
     slots: Mapping[str, int],
     lease_seconds: float,
     claim_id: UUID | None = None,
+    floors: Mapping[str, list[Any]] = NO_FLOORS,
+    overruns: Mapping[str, int] | None = None,
 ) -> LimitedClaim:
-    """Lease due jobs of the limited types, in claim order, at most `slots[queue]` of each
-    queue and never beyond a type's limits across every worker of the database: one
-    transaction, serialised with other claimers of the same types by advisory locks."""
+    """Lease due jobs of every type, in claim order, at most `slots[queue]` of each queue,
+    and of the limited types never beyond their limits across every worker of the
+    database: one transaction, serialised with other claimers of the same types by
+    advisory locks. `floors` as for `claim` (the other types are read from them);
+    `overruns`: per limited type, this process's handlers still running after their
+    attempts were recorded (each still holds a unit of its TYPE_CONCURRENCY)."""
     types = limits.types
     rates = [limits.rate.get(name) for name in types]
+    overruns = overruns or {}
     values = {
         **_slots(slots),
+        **floors,
         "types": types,
         "concurrency": [limits.concurrency.get(name) for name in types],
+        "overruns": [overruns.get(name, 0) for name in types],
         "rates": [rate[0] if rate else None for rate in rates],
         "periods": [rate[1] if rate else None for rate in rates],
         "lease_seconds": lease_seconds,
@@ -167,14 +175,13 @@ async def claim_limited(
     jobs: list[Claimed] = []
     held: dict[str, str] = {}
     waits: list[float] = []
-    fields = len(_CLAIMED_FIELDS)
     for row in rows:
-        if row[0] is not None:
-            jobs.append(Claimed(*row[:fields]))
-        elif row[fields] is not None:
-            held[row[1]] = row[fields]
-            if row[fields] == "rate" and row[fields + 1] is not None:
-                waits.append(max(float(row[fields + 1]), 0.0))
+        if row["id"] is not None:
+            jobs.append(Claimed(*(row[name] for name in _CLAIMED_FIELDS)))
+        elif row["held"] is not None:
+            held[row["type"]] = row["held"]
+            if row["held"] == "rate" and row["wait"] is not None:
+                waits.append(max(float(row["wait"]), 0.0))
     return LimitedClaim(jobs, held, min(waits) if waits else None)
 
 

@@ -130,7 +130,7 @@ JOB_COLUMNS = [jobs.c[name] for name in Job.__dataclass_fields__]
 
 def job_from_row(row: Any) -> Job:
     values = {name: row[name] for name in Job.__dataclass_fields__}
-    values["status"] = Status(values["status"])
+    values["status"] = Status.read(values["status"])
     return Job(**values)
 
 
@@ -965,27 +965,35 @@ FROM (
 ).columns(sa.column("sort", sa.Text), sa.column("jit", sa.Text), sa.column("locked", sa.BigInteger))
 
 _PROCESSING = f"'{Status.PROCESSING.value}'"
-# Per type, the jobs it may still start: its concurrency limit less its processing jobs
-# (read through the lease index: only leased rows), its rate less what its current window
-# used; NULL where it has no such limit. Then, per queue and type, the due jobs in claim
-# order (a loose index scan over priorities, as in CLAIM, in `jobs_claim_type_idx`), at
-# most what the type has left and the queue's free slots; of those, in claim order, at
-# most what each type has left, then at most each queue's free slots. The rate windows of
-# the types that started jobs are advanced. Rows: a claimed job (columns as CLAIM's, then
-# NULL, NULL), or per limited type (id NULL) the type, the limit it reached (`held`,
-# 'rate' or 'concurrency', NULL if none) and the seconds until its rate window ends.
+# One claim for the free slots of every queue, in claim order across limited and other
+# types alike (a limited backlog of low priority never takes a slot a higher priority job of
+# another type is due for). Per limited type, the jobs it may still start: its concurrency
+# limit less its processing jobs (read through the lease index: only leased rows) and less
+# its handlers that outlived their recorded attempts in this process (`overruns`: they still
+# hold their unit until they return), its rate less what its current window used; NULL
+# where it has no such limit. Then the candidates: per queue and limited type, the due jobs
+# in claim order (a loose index scan over priorities, as in CLAIM, in
+# `jobs_claim_type_idx`), at most what the type has left and the queue's free slots, of
+# which at most what each type has left; and per queue, the due jobs of the other types as
+# CLAIM reads them (from the floors). Of all candidates, in claim order, at most each
+# queue's free slots are taken. The rate windows of the types that started jobs are
+# advanced. Rows: a claimed job (columns as CLAIM's, then NULL, NULL), or per limited type
+# (id NULL) the type, the limit it reached (`held`, 'rate' or 'concurrency', NULL if none)
+# and the seconds until its rate window ends.
 CLAIM_LIMITED = sa.text(
     f"""
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
-           l.concurrency - (SELECT count(*) FROM jobs
-                            WHERE status = {_PROCESSING} AND type = l.type) AS concurrency_left,
+           l.concurrency - l.overrun
+           - (SELECT count(*) FROM jobs
+              WHERE status = {_PROCESSING} AND type = l.type) AS concurrency_left,
            l.rate - coalesce((SELECT used FROM job_rate_windows AS u
                               WHERE u.type = l.type AND u.window_start = r.window_start),
                              0) AS rate_left
     FROM unnest(CAST(:types AS text[]), CAST(:concurrency AS integer[]),
-                CAST(:rates AS integer[]), CAST(:periods AS float8[]))
-         AS l(type, concurrency, rate, period)
+                CAST(:overruns AS integer[]), CAST(:rates AS integer[]),
+                CAST(:periods AS float8[]))
+         AS l(type, concurrency, overrun, rate, period)
     CROSS JOIN LATERAL (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
@@ -1021,10 +1029,25 @@ WITH room AS MATERIALIZED (
            row_number() OVER (PARTITION BY type ORDER BY priority DESC, run_at, id) AS nth,
            type_left
     FROM due
+), others AS MATERIALIZED (
+    SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
+    FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
+    CROSS JOIN LATERAL ({_PRIORITIES}
+        SELECT d.id, d.priority, d.run_at FROM priorities CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM jobs
+            WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
+              AND run_at >= {_FLOOR} AND run_at <= now()
+              AND type <> ALL(CAST(:types AS text[]))
+            ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+        ) AS d
+        LIMIT w.n
+    ) AS o
 ), by_queue AS (
     SELECT id, slots,
            row_number() OVER (PARTITION BY queue ORDER BY priority DESC, run_at, id) AS nth
-    FROM by_type WHERE nth <= type_left
+    FROM (SELECT id, priority, run_at, queue, slots FROM by_type WHERE nth <= type_left
+          UNION ALL
+          SELECT id, priority, run_at, queue, slots FROM others) AS candidates
 ), claimed AS (
     UPDATE jobs SET status = {_PROCESSING}, attempts = attempts + 1,
         lease_token = lease_token + 1,

@@ -238,6 +238,8 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
             "slots": [10, 5],
             "types": ["sleep", "mail"],
             "concurrency": [3, None],
+            "overruns": [0, 0],
+            **NO_FLOORS,
             "rates": [None, 50],
             "periods": [None, 1.0],
             "lease_seconds": 60.0,
@@ -249,9 +251,9 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
     assert "jobs" not in _scanned_tables(plan), plan
 
 
-async def test_a_limited_claim_does_not_read_other_types_pending_jobs(engine):
+async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(engine):
     """20,000 pending jobs of an unlimited type ahead in the claim order cost a limited
-    type's claim nothing: it reads its own type's jobs only."""
+    claim only the few it ranks against its own type's jobs (at most its free slots)."""
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
@@ -273,6 +275,8 @@ async def test_a_limited_claim_does_not_read_other_types_pending_jobs(engine):
         "slots": [10],
         "types": ["mail"],
         "concurrency": [5],
+        "overruns": [0],
+        **NO_FLOORS,
         "rates": [None],
         "periods": [None],
         "lease_seconds": 60.0,

@@ -3,16 +3,21 @@ the database is the only thing they share."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from jobcore import store
+from jobcore.ids import new_id
 from tests.worker.support import (
     all_in,
     eventually,
     read_times,
     start_worker,
     submit,
+    submit_jobs,
 )
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +31,13 @@ def _spans(exec_log: Path) -> list[tuple[float, float]]:
         (float(start), float(end))
         for _, _, start, end in (line.split() for line in path.read_text().splitlines())
     ]
+
+
+def _spans_at_least(exec_log: Path, n: int) -> Callable[[], Awaitable[bool]]:
+    async def enough() -> bool:
+        return len(_spans(exec_log)) >= n
+
+    return enough
 
 
 def _most_at_once(spans: list[tuple[float, float]]) -> int:
@@ -107,3 +119,49 @@ async def test_a_rate_limited_type_starts_no_more_than_its_rate_over_ten_seconds
     for i, at in enumerate(times):
         within_a_second = sum(1 for other in times[i:] if other < at + 1.0)
         assert within_a_second <= 20  # the most two adjacent windows allow
+
+
+async def test_a_handler_that_outlives_its_timeout_holds_its_unit_until_it_returns(
+    database_url, engine, tmp_path
+):
+    """Plain def handlers sleep 2.5 s under a 0.3 s timeout: each attempt is recorded
+    (timed out) after its grace, but its thread runs on, and with it the unit of
+    TYPE_CONCURRENCY it holds: the next job of the type waits until it returns."""
+    jobs = await submit(engine, "test.overrun", {"seconds": 2.5}, max_attempts=1, count=3)
+    worker = start_worker(
+        database_url,
+        tmp_path,
+        WORKERS="4",
+        JOB_TIMEOUT="0.3s",
+        TYPE_CONCURRENCY="test.overrun:1",
+    )
+    try:
+        await eventually(lambda: all_in(engine, jobs, "dead_letter"), 40, "every attempt ended")
+        await eventually(_spans_at_least(worker.exec_log, 3), 20, "every handler returned")
+    finally:
+        assert worker.stop() == 0
+    assert _most_at_once(_spans(worker.exec_log)) == 1
+
+
+async def test_a_limited_backlog_does_not_hold_up_a_job_of_higher_priority(
+    database_url, engine, tmp_path
+):
+    """80 half-second jobs of a limited type at priority -100 fill every slot for 10 s; a
+    job of another type at priority 100 still starts as soon as a slot frees."""
+    backlog = [store.NewJob(new_id(), "test.span", {"seconds": 0.5}, 3, priority=-100)]
+    await submit_jobs(engine, [*backlog, *(b._replace(id=new_id()) for b in backlog * 79)])
+    worker = start_worker(database_url, tmp_path, WORKERS="4", TYPE_CONCURRENCY="test.span:4")
+    try:
+        await eventually(_spans_at_least(worker.exec_log, 4), 20, "the backlog running")
+        submitted = time.monotonic()
+        (urgent,) = await submit_jobs(
+            engine, [store.NewJob(new_id(), "test.record", {}, 3, priority=100)]
+        )
+        await eventually(lambda: all_in(engine, [urgent.id], "completed"), 20, "the urgent job")
+        waited = time.monotonic() - submitted
+        behind = len(_spans(worker.exec_log))
+    finally:
+        assert worker.stop() == 0
+    # Before, it waited for the whole backlog (10 s); now for one slot (0.5 s) and a claim.
+    assert waited < 2.5, waited
+    assert behind < 40, behind

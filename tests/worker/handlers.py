@@ -127,6 +127,15 @@ async def span(payload: Any, ctx: JobContext) -> None:
     append(".spans", f"{ctx.job_id} {ctx.attempt} {started:.6f} {time.time():.6f}")
 
 
+@handler("test.overrun")
+def overrun(payload: Any, ctx: JobContext) -> None:
+    """A plain def handler that sleeps payload["seconds"] whatever its timeout says (a
+    thread cannot be stopped), then appends its span as `test.span` does."""
+    started = time.time()
+    time.sleep(float(payload.get("seconds", 0)))
+    append(".spans", f"{ctx.job_id} {ctx.attempt} {started:.6f} {time.time():.6f}")
+
+
 @handler("test.stoppable")
 def stoppable(payload: Any, ctx: JobContext) -> None:
     """A plain def handler that polls `ctx.cancelled` for payload["seconds"] (default 60):

@@ -94,7 +94,10 @@ class JobStore(Protocol):
     async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]: ...
 
     async def claim_limited(
-        self, slots: Mapping[str, int], lease_seconds: float
+        self,
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        overruns: Mapping[str, int] | None = None,
     ) -> compiled.LimitedClaim: ...
 
     async def next_due(self, queues: Sequence[str]) -> float | None: ...
@@ -304,17 +307,29 @@ class PgJobStore:
         )
 
     async def claim_limited(
-        self, slots: Mapping[str, int], lease_seconds: float
+        self,
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        overruns: Mapping[str, int] | None = None,
     ) -> compiled.LimitedClaim:
-        return await self._claiming(
-            lambda claim_id: self._run(
-                "claim_limited",
-                compiled.claim_limited,
-                self.limits,
-                slots,
-                lease_seconds,
-                claim_id,
-            )
+        limited = set(self._limited)
+        return await self._floored(
+            slots,
+            lambda floors: self._claiming(
+                lambda claim_id: self._run(
+                    "claim_limited",
+                    compiled.claim_limited,
+                    self.limits,
+                    slots,
+                    lease_seconds,
+                    claim_id,
+                    floors,
+                    overruns,
+                )
+            ),
+            # The floors are where the other types' reads start: the limited types' jobs,
+            # read through their own index from its head, say nothing of them.
+            lambda got: [job for job in got.jobs if job.type not in limited],
         )
 
     async def check_floors(self, queues: Sequence[str]) -> float:

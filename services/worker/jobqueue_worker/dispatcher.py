@@ -15,13 +15,15 @@ records completed jobs also claims for the slots it frees (`claimable()`), in
 the same statement, and hands what it claimed back (`hand_out()`), so a slot is
 refilled by the commit that frees it.
 
-Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, first in
-each claim (`claim_limited`), the free slots left going to the other types. The
-completer's claims skip them, and leave their slots to the dispatcher while a
-limited claim is wanted: after a job of a limited type of this process ended,
-when the rate window that held a type back has rolled over, at least every
-POLL_INTERVAL (other processes' jobs ending), and while the last limited claim
-took all the slots it was offered.
+Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, by one claim
+that ranks them with every other type in claim order (`claim_limited`), so a limited
+backlog never takes a slot a job of higher priority is due for. The completer's claims
+skip them, and leave their slots to the dispatcher while a limited claim is wanted:
+after a job of a limited type of this process ended (or a handler that outlived its
+attempt returned: it held its unit until then), when the rate window that held a type
+back has rolled over, at least every POLL_INTERVAL (other processes' jobs ending), and
+while the last limited claim took every slot it was offered with a limited type still
+below its limits.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Slots(Protocol):
     def start(self, job: Claimed, lease_deadline: float) -> None: ...
 
     def leases(self) -> list[tuple[Lease, float]]: ...
+
+    def overruns(self) -> dict[str, int]: ...
 
 
 class Dispatcher:
@@ -184,26 +188,19 @@ class Dispatcher:
     async def _claim(self, free: dict[str, int]) -> list[Claimed]:
         if self._limits is None:
             return await self._store.claim(free, self._lease_seconds)
-        got = await self._store.claim_limited(free, self._lease_seconds)
+        got = await self._store.claim_limited(free, self._lease_seconds, self._slots.overruns())
         self._limited_claimed(got, sum(free.values()))
-        rest = dict(free)
-        for job in got.jobs:
-            rest[job.queue] -= 1
-        rest = {queue: n for queue, n in rest.items() if n > 0}
-        if not rest:
-            return got.jobs
-        try:
-            return got.jobs + await self._store.claim(rest, self._lease_seconds)
-        except Exception:
-            # The limited jobs are leased: they start; the next round claims the rest.
-            log.debug("claim failed", exc_info=True)
-            return got.jobs
+        return got.jobs
 
     def _limited_claimed(self, got: LimitedClaim, offered: int) -> None:
+        assert self._limits is not None
         self._limited_ended = False
         now = self._clock()
-        if len(got.jobs) >= offered:
-            self._limited_at = now  # more may be waiting: every freed slot asks again
+        limited = self._limits.types
+        if len(got.jobs) >= offered and any(name not in got.held for name in limited):
+            # Every slot taken, and a limited type still had room: more may be waiting, and
+            # the next claim must rank them against the other types again.
+            self._limited_at = now
         elif got.wait is not None:
             self._limited_at = now + min(got.wait + _WINDOW_MARGIN, self._poll_interval)
         else:
@@ -211,11 +208,18 @@ class Dispatcher:
         if len(self._limited_running) > _LIMITED_KEPT:
             # Jobs whose lease was lost end without an outcome write: forget them.
             self._limited_running &= {lease.job_id for lease, _ in self._slots.leases()}
-        self._limited_running.update(job.id for job in got.jobs)
+        self._limited_running.update(job.id for job in got.jobs if job.type in limited)
         for job_type, limit in got.held.items():
             log.debug(
                 "job type held back by its limit", extra={"job_type": job_type, "limit": limit}
             )
+
+    def overrun_ended(self) -> None:
+        """A handler that outlived its recorded attempt returned: if its type is limited, it
+        gave back a unit of TYPE_CONCURRENCY, so a limited claim is wanted."""
+        if self._limits is not None:
+            self._limited_ended = True
+            self._wake.set()
 
     def _limited_wait(self) -> float | None:
         if self._limits is None:

@@ -23,9 +23,10 @@ that swallows the cancellation keeps its task but not its slot: after
 end on its own, its result ignored. A thread cannot be cancelled at all: its
 handler has `cancel_grace` to see `ctx.cancelled` and return, then its attempt is
 recorded without it and the thread runs on. Such abandoned handlers are counted
-(`abandoned`, reported through `on_abandoned`) until they return; they never hold
-a slot. For a cancel the grace is at most CANCEL_GRACE, so a cancelled job is
-recorded within a second of its request even when its handler ignores it.
+(`abandoned`, reported through `on_abandoned`; per type, `overruns`, which the limited
+claims count against TYPE_CONCURRENCY) until they return; they never hold a slot.
+For a cancel the grace is at most CANCEL_GRACE, so a cancelled job is recorded within a
+second of its request even when its handler ignores it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import inspect
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 from uuid import UUID
@@ -147,6 +149,7 @@ class Executor:
         webhook_allow_private: bool = False,
         on_slot_freed: Callable[[str], None] = lambda queue: None,
         on_abandoned: Callable[[int], None] = lambda n: None,
+        on_overrun_ended: Callable[[str], None] = lambda job_type: None,
         cancel_grace: float = 1.0,
         max_result_bytes: int = 65_536,
         clock: Callable[[], float] = time.monotonic,
@@ -163,7 +166,10 @@ class Executor:
         self._webhook_allow_private = webhook_allow_private
         self.on_slot_freed = on_slot_freed
         self.on_abandoned = on_abandoned
+        self.on_overrun_ended = on_overrun_ended
         self.abandoned = 0
+        # Abandoned handlers still running, by job type (TYPE_CONCURRENCY counts them).
+        self._overruns: Counter[str] = Counter()
         self._cancel_grace = cancel_grace
         self._clock = clock
         self._running: set[_Attempt] = set()
@@ -198,6 +204,11 @@ class Executor:
             coro = task.get_coro() if task is not None else None
             found.append((str(attempt.job.id), bool(getattr(coro, "cr_running", False))))
         return found
+
+    def overruns(self) -> dict[str, int]:
+        """Per job type, the handlers still running after their attempts were recorded
+        without them (abandoned): each still holds what its type's TYPE_CONCURRENCY counts."""
+        return {job_type: n for job_type, n in self._overruns.items() if n > 0}
 
     def leases(self) -> list[tuple[Lease, float]]:
         """The lease of every job in a slot, with when it runs out (monotonic), for the
@@ -433,7 +444,10 @@ class Executor:
     def _count_abandoned(self, attempt: _Attempt, change: int) -> None:
         attempt.abandoned = change > 0
         self.abandoned += change
+        self._overruns[attempt.job.type] += change
         self.on_abandoned(self.abandoned)
+        if change < 0:
+            self.on_overrun_ended(attempt.job.type)
 
     def _time_out(self, tick: int) -> None:
         for attempt in list(self._deadlines.pop(tick, ())):
