@@ -13,6 +13,7 @@ from datetime import timedelta
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -206,3 +207,45 @@ async def test_a_job_whose_holder_died_after_a_cancel_request_is_recovered_cance
         assert _counter(worker, "jobs_recovered_total") == 1
     finally:
         assert worker.stop(60) == 0
+
+
+async def _terminate_listeners(engine: AsyncEngine) -> int:
+    async with engine.begin() as conn:
+        ended = await conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'jobqueue-worker-listen'"
+                " AND datname = current_database()"
+            )
+        )
+        return len(ended.all())
+
+
+async def test_a_cancel_sent_while_the_listening_connection_is_cut_still_ends_the_job_at_once(
+    database_url, engine, tmp_path
+):
+    """The listener hears of its connection's end at once, listens again, and has the
+    heartbeat re-read the cancel requests of the running jobs: a request whose
+    notification nobody heard is not left to the next heartbeat (LEASE_DURATION / 3)."""
+    worker = start_worker(database_url, tmp_path, JOB_TIMEOUT="5m", LEASE_DURATION="60s")
+    try:
+        (polling,) = await submit(engine, "test.stoppable", {"seconds": 60})
+        await until(lambda: _events(worker, polling) == ["run"], 60, "the handler running")
+        listening = len(worker.messages("listening for wake-ups"))
+        assert await _terminate_listeners(engine) == 1
+        _, what = await _cancel(engine, polling)
+        assert what is Cancelled.REQUESTED
+        requested = time.monotonic()
+        await eventually(
+            lambda: all_in(engine, [polling], "cancelled"), 10, "the job cancelled", interval=0.01
+        )
+        took = time.monotonic() - requested
+        await until(
+            lambda: len(worker.messages("listening for wake-ups")) > listening, 10, "listening"
+        )
+        # And wake-ups are heard again: a job submitted now starts without a poll's wait.
+        (after,) = await submit(engine, "test.record")
+        await eventually(lambda: all_in(engine, [after], "completed"), 30, "a later job")
+    finally:
+        assert worker.stop(60) == 0
+    assert took < 2.0, took

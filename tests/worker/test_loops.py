@@ -37,6 +37,35 @@ async def test_a_loop_runs_at_once_then_every_interval_until_stopped():
     await asyncio.wait_for(task, 1)
 
 
+async def test_a_nudge_runs_the_next_round_at_once_even_one_made_during_a_round():
+    loop = Counting(interval=3600)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    await until_rounds(loop, 1)
+    loop.nudge()
+    await until_rounds(loop, 2)
+    original = loop.run_once
+
+    async def nudging() -> int:
+        if loop.rounds == 2:
+            loop.nudge()  # during the round: the wait after it is cut short too
+        return await original()
+
+    loop.run_once = nudging  # type: ignore[method-assign]
+    loop.nudge()
+    await until_rounds(loop, 4)
+    await asyncio.sleep(0.05)
+    assert loop.rounds == 4  # and then it waits out its interval again
+    stop.set()
+    await asyncio.wait_for(task, 1)
+
+
+async def until_rounds(loop: Counting, n: int) -> None:
+    async with asyncio.timeout(2):
+        while loop.rounds < n:  # noqa: ASYNC110 - polls the loop under test, with a deadline
+            await asyncio.sleep(0.005)
+
+
 async def test_failing_rounds_are_retried_soon_and_logged_once(caplog):
     loop = Counting(interval=3600, fail=3)
     stop = asyncio.Event()

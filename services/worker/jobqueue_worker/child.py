@@ -140,7 +140,12 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
     recovery = Recovery(store, settings.recovery_interval)
     floor_check = FloorCheck(store, list(settings.queue_slots))
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
-    listener = Listener(settings.database_url, dispatcher.wake, cancel=executor.cancel)
+    listener = Listener(
+        settings.database_url,
+        dispatcher.wake,
+        cancel=executor.cancel,
+        reconnected=heartbeat.nudge,
+    )
     # Led by one worker process of the database at a time; here, one connection for both.
     turns = TakingTurns(store)
     queue_gauges = QueueGauges(turns)

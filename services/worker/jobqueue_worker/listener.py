@@ -6,11 +6,14 @@ running job notifies `jobcore.control.CANCEL_CHANNEL` with the job's id; the
 process that runs the job stops its attempt, the others ignore it (a lost one
 is caught by the next heartbeat, `jobqueue_worker.heartbeat`). A notification is only a
 hint (polling stays the fallback), but a listener that silently stopped
-hearing would turn every pickup into a poll: so the connection is checked
-with a `SELECT 1` under a short timeout every few seconds, which also catches
-a half-open connection (no RST, no answer), and is re-established with
-backoff. After every (re)connect the dispatcher is woken, since notifications
-sent while nobody listened are lost.
+hearing would turn every pickup into a poll and delay every cancel to a heartbeat.
+So a connection the server closed (terminated, restarted) is noticed at once, by
+asyncpg's termination callback, and re-established at once, then with backoff; and
+the connection is checked with a `SELECT 1` under a short timeout every few seconds,
+which catches a half-open connection (no RST, no answer). After every (re)connect,
+since notifications sent while nobody listened are lost, the dispatcher is woken
+(`wake`: due jobs) and `reconnected` is called (the heartbeat, which re-reads the
+cancel requests of the jobs running here).
 """
 
 from __future__ import annotations
@@ -50,12 +53,15 @@ class Listener(Loop):
         wake: Callable[[], None],
         check_interval: float = CHECK_INTERVAL,
         cancel: Callable[[UUID], object] | None = None,
+        reconnected: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(check_interval, Retry(0.25, 5.0))
         self._database_url = database_url
         self._wake = wake
         self._cancel = cancel
+        self._reconnected = reconnected
         self._conn: asyncpg.Connection | None = None
+        self._connected_once = False
 
     async def run_once(self) -> None:
         try:
@@ -76,14 +82,26 @@ class Listener(Loop):
                 timeout=CONNECT_TIMEOUT,
             )
         )
+        self._conn.add_termination_listener(self._terminated)
         await self._conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
         channels = [NOTIFY_CHANNEL]
         if self._cancel is not None:
             await self._conn.add_listener(CANCEL_CHANNEL, self._cancel_requested)
             channels.append(CANCEL_CHANNEL)
         log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL, "channels": channels})
-        # Notifications sent while nobody listened are lost: look for due jobs now.
+        # Notifications sent while nobody listened are lost: look for due jobs, and for
+        # cancel requests of running jobs, now.
         self._wake()
+        if self._connected_once:
+            self._reconnected()
+        self._connected_once = True
+
+    def _terminated(self, conn: Any) -> None:
+        if conn is not self._conn:
+            return  # one this listener closed itself
+        self._conn = None
+        log.warning("wake-up listener lost", extra={"error": "the connection was closed"})
+        self.nudge()
 
     def _cancel_requested(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         assert self._cancel is not None

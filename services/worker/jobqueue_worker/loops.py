@@ -3,9 +3,10 @@ the loops to come.
 
 A loop validates its settings when it is made, does one round of work in
 `run_once()` (which tests call directly), and `run(stop)` repeats it every
-`interval` seconds until `stop` is set. A round that raises is logged once per run
-of failures and retried after the waits of a `jobcore.backoff.Retry`, never in a busy
-loop; the first success after failures is logged too.
+`interval` seconds until `stop` is set; `nudge()` starts the next round at once. A
+round that raises is logged once per run of failures and retried after the waits of a
+`jobcore.backoff.Retry`, never in a busy loop; the first success after failures is
+logged too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class Loop(abc.ABC):
             raise ValueError(f"{self.name}: interval must be positive, got {interval}")
         self.interval = interval
         self.retry = retry
+        self._nudged = asyncio.Event()
+
+    def nudge(self) -> None:
+        """Run the next round now instead of at the end of the current wait."""
+        self._nudged.set()
 
     @abc.abstractmethod
     async def run_once(self) -> object:
@@ -46,6 +52,7 @@ class Loop(abc.ABC):
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self._nudged.clear()  # a nudge during the round still cuts the wait after it
             try:
                 await self.run_once()
             except Exception as exc:
@@ -59,7 +66,18 @@ class Loop(abc.ABC):
                     self.recovered()
                 self.retry.succeeded()
                 wait = self.interval
-            await sleep_until(stop, wait)
+            await self._pause(stop, wait)
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        if self._nudged.is_set():
+            await asyncio.sleep(0)  # still a turn for the rest of the event loop
+            return
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._nudged.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
 
 async def sleep_until(stop: asyncio.Event, seconds: float) -> bool:
