@@ -5,7 +5,11 @@ without the `otel` extra, each service exits 2 naming the variable."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.procs import Service, free_port, wait_for
-from tests.worker.support import ROOT, start_worker
+from tests.worker.support import ROOT, eventually, fetch, start_worker, submit
 
 pytestmark = pytest.mark.e2e
 
@@ -176,3 +180,131 @@ def test_tracing_asked_for_without_the_extra_exits_2_naming_the_variable(
     (line,) = [entry for entry in service.logs() if entry["level"] == "error"]
     assert line["variable"] == "OTEL_EXPORTER_OTLP_ENDPOINT"
     assert "pip install 'jobqueue[otel]'" in line["msg"]
+
+
+class SilentCollector:
+    """A TCP listener on loopback that accepts every connection and never answers: a
+    collector that hangs (each export waits for its whole OTEL_EXPORTER_OTLP_TIMEOUT)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self._stopped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.held.append(conn)  # read nothing, answer nothing
+
+    def close(self) -> None:
+        self._stopped.set()
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent_collector() -> Iterator[SilentCollector]:
+    collector = SilentCollector()
+    yield collector
+    collector.close()
+
+
+SHUTDOWN_TIMEOUT = 2.0
+# Beyond SHUTDOWN_TIMEOUT: the interpreter's own exit, on two busy shared cores.
+EXIT_MARGIN = 2.0
+
+
+def test_a_collector_that_never_answers_does_not_hold_the_apis_exit_past_shutdown_timeout(
+    start_api, silent_collector
+):
+    api = start_api(
+        OTEL_EXPORTER_OTLP_ENDPOINT=silent_collector.url,
+        OTEL_BSP_SCHEDULE_DELAY="50",  # the first batch goes out (and hangs) at once
+        SHUTDOWN_TIMEOUT=f"{SHUTDOWN_TIMEOUT:g}s",
+    )
+    for _ in range(2):
+        assert api.post("/jobs", json={"type": "sleep", "payload": {}}).status_code == 201
+    # An export is in flight, hanging, and the second request's spans wait behind it.
+    wait_for(lambda: silent_collector.held, 30, "an export to reach the collector")
+    began = time.monotonic()
+    api.service.signal(signal.SIGTERM)
+    try:
+        code = api.service.wait(SHUTDOWN_TIMEOUT + 60)
+    finally:
+        took = time.monotonic() - began
+    assert code == 0, api.service.output()
+    assert took < SHUTDOWN_TIMEOUT + EXIT_MARGIN, f"exited {took:.1f}s after SIGTERM"
+    assert "Traceback" not in api.service.output()
+
+
+async def test_a_collector_that_never_answers_does_not_hold_the_workers_exit_past_shutdown_timeout(
+    database_url, engine, tmp_path, silent_collector
+):
+    worker = start_worker(
+        database_url,
+        tmp_path,
+        OTEL_EXPORTER_OTLP_ENDPOINT=silent_collector.url,
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        SHUTDOWN_TIMEOUT=f"{SHUTDOWN_TIMEOUT:g}s",
+    )
+    try:
+        ids = await submit(engine, "test.record", count=2)
+
+        async def finished() -> bool:
+            jobs = await fetch(engine, ids)
+            return all(job.status == "completed" for job in jobs.values())
+
+        await eventually(finished, 60, "the jobs to complete")
+
+        async def exporting() -> bool:
+            return bool(silent_collector.held)
+
+        await eventually(exporting, 30, "an export to reach the collector")
+        began = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        code = await asyncio.to_thread(worker.wait, SHUTDOWN_TIMEOUT + 60)
+        took = time.monotonic() - began
+    finally:
+        if worker.proc.poll() is None:
+            worker.kill()
+    assert code == 0, worker.output()
+    assert took < SHUTDOWN_TIMEOUT + EXIT_MARGIN, f"exited {took:.1f}s after SIGTERM"
+    assert not worker.messages("worker process stalled, killing it"), worker.output()
+
+
+@pytest.mark.parametrize("command", ["jobqueue-api", "jobqueue-worker"])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"OTEL_BSP_SCHEDULE_DELAY": "abc"}, "OTEL_BSP_SCHEDULE_DELAY"),
+        ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+    ],
+)
+def test_an_invalid_otel_variable_exits_2_with_one_line_naming_it(
+    command, database_url, env, variable
+):
+    service = Service(
+        command,
+        {
+            "DATABASE_URL": database_url,
+            "HTTP_ADDR": f"127.0.0.1:{free_port()}",
+            "METRICS_ADDR": f"127.0.0.1:{free_port()}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+            "PROMETHEUS_MULTIPROC_DIR": "",
+            **env,
+        },
+    )
+    assert service.wait(60) == 2, service.output()
+    assert "Traceback" not in service.output()
+    (line,) = service.logs()
+    assert line["level"] == "error" and line["variable"] == variable
+    assert line["msg"].startswith(f"invalid configuration: {variable}: ")

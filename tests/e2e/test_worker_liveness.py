@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.procs import wait_for
 from tests.worker.support import (
     Worker,
     all_in,
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.e2e
 FAST_RECOVERY = {"LEASE_DURATION": "8s", "RECOVERY_INTERVAL": "0.5s", "BACKOFF_BASE": "60s"}
 # The supervisor's limits (jobqueue_worker.supervisor): 503 from 5 s, killed at 10 s.
 STALL_LIMIT = 10.0
+# Exits in a row before it started after which the supervisor gives up on a worker process.
+START_ATTEMPTS = 5
 
 
 def _metric(worker: Worker, name: str) -> float:
@@ -147,3 +150,37 @@ async def test_sigterm_while_the_event_loop_is_blocked_exits_promptly(
     assert took < 6.0  # not SHUTDOWN_TIMEOUT (20 s) plus a SIGKILL
     (killed,) = worker.messages("worker process stalled, killing it")
     assert killed["job_id"] == str(blocker)
+
+
+def test_a_worker_process_that_cannot_start_fails_healthz_and_the_supervisor_gives_up(
+    database_url, tmp_path
+):
+    worker = start_worker(
+        database_url,
+        tmp_path,
+        JOB_HANDLERS="tests.worker.handlers,tests.e2e.refusing_handlers",
+    )
+    try:
+
+        def restarted() -> bool:
+            assert worker.proc.poll() is None, worker.output()
+            return any(
+                line["msg"].startswith("worker process") and "restarting" in line["msg"]
+                for line in worker.logs()
+            )
+
+        wait_for(restarted, 60, "a worker process to fail and be restarted")
+        # From then on no worker process starts: liveness fails until the supervisor gives up.
+        deadline = time.monotonic() + 60
+        while worker.proc.poll() is None:
+            assert worker.status_of("/healthz") in (503, None), worker.output()
+            assert time.monotonic() < deadline, "the supervisor restarts it forever"
+            time.sleep(0.1)
+        assert worker.wait(10) == 1
+    finally:
+        if worker.proc.poll() is None:
+            worker.kill()
+    (gave_up,) = [line for line in worker.logs() if line["level"] == "error" and "exc" not in line]
+    assert gave_up["msg"] == "worker process cannot start: giving up"
+    assert gave_up["start_failures"] == START_ATTEMPTS
+    assert len(worker.messages("worker process failed")) == START_ATTEMPTS

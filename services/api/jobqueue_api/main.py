@@ -8,7 +8,8 @@ a second signal cuts a shutdown short.
 Shutdown on SIGTERM/SIGINT: `/readyz` answers 503 at once and waiting requests
 (`?wait=`) are answered with their job as it is, requests are still served for
 DRAIN_DELAY (load balancers notice), then the listener closes and in-flight
-requests get up to SHUTDOWN_TIMEOUT to finish.
+requests get up to SHUTDOWN_TIMEOUT to finish; the spans still buffered (tracing on) are
+exported within what is left of it, and dropped past it.
 
 Slow clients: a connection must send its request head within IDLE_TIMEOUT of
 opening (or of its previous response), and the body within REQUEST_BODY_TIMEOUT
@@ -25,6 +26,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import hypercorn.asyncio.run
@@ -167,14 +169,36 @@ def _on_signal(app: Starlette, signalled: asyncio.Event, signum: int) -> None:
     log.info("shutdown requested: /readyz now answers 503", extra={"signal": name})
 
 
-async def _drained(signalled: asyncio.Event, drain_delay: float) -> None:
+class Budget:
+    """SHUTDOWN_TIMEOUT, counted from the moment the listener closes (DRAIN_DELAY after the
+    first signal): in-flight requests take what they need of it, the span flush the rest."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.ends: float | None = None
+
+    def start(self) -> None:
+        self.ends = time.monotonic() + self.seconds
+
+    def remaining(self) -> float:
+        """What is left of it; all of it before it started (a stop without a signal)."""
+        if self.ends is None:
+            return self.seconds
+        return max(0.0, self.ends - time.monotonic())
+
+
+async def _drained(signalled: asyncio.Event, drain_delay: float, budget: Budget) -> None:
     """Hypercorn's shutdown trigger: returns DRAIN_DELAY after the first signal."""
     await signalled.wait()
     await asyncio.sleep(drain_delay)
+    budget.start()
     log.info("closing the listener; finishing in-flight requests")
 
 
-async def run(settings: Settings, tracer: Tracer | None = None) -> int:
+async def run(
+    settings: Settings, tracer: Tracer | None = None, budget: Budget | None = None
+) -> int:
+    budget = budget or Budget(settings.shutdown_timeout)
     try:
         engine = open_engine(settings.database_url)
     except Exception as exc:  # a URL the validator let through but SQLAlchemy cannot parse
@@ -201,13 +225,15 @@ async def run(settings: Settings, tracer: Tracer | None = None) -> int:
             await serve(
                 without_lifespan(app),  # type: ignore[arg-type]  # ASGI app, other protocol
                 hypercorn_config(settings),
-                shutdown_trigger=lambda: _drained(signalled, settings.drain_delay),
+                shutdown_trigger=lambda: _drained(signalled, settings.drain_delay, budget),
             )
         except OSError as exc:
             log.error(f"cannot listen on {settings.http_addr} (HTTP_ADDR): {exc}")
             return 1
         finally:
             await close(app)
+            # In a thread, bounded: the loop still takes a second signal meanwhile.
+            await asyncio.to_thread(tracing.stop, tracer, budget.remaining())
         log.info("stopped")
         return 0
     finally:
@@ -235,12 +261,13 @@ def main() -> None:
     if not settings.tokens:
         log.warning("API_TOKENS is not set: the /jobs endpoints accept requests without a token")
     log.info("starting", extra={"http_addr": settings.http_addr, "pid": os.getpid()})
+    budget = Budget(settings.shutdown_timeout)
     try:
-        status = asyncio.run(run(settings, tracer))
+        status = asyncio.run(run(settings, tracer, budget))
     except Exception:  # still one JSON line, with the traceback inside it
         log.exception("jobqueue-api failed")
         status = 1
-    tracing.stop(tracer)
+    tracing.stop(tracer, budget.remaining())  # unless `run` did already
     sys.exit(status)
 
 

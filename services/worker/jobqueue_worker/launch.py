@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 # Exit status of a worker process that recycled itself (too many abandoned handlers).
 RECYCLE_EXIT = 3
+# The longest a worker process waits for its last spans to be exported as it exits. Its
+# event loop does not turn meanwhile: well below the supervisor's SHUTDOWN_STALL_LIMIT, so a
+# collector that never answers costs this, not a kill for a stall.
+SPAN_FLUSH_LIMIT = 1.0
 # "__main__": the console script, which the worker processes would otherwise each run
 # again (multiprocessing re-imports the parent's main module in a child).
 PRELOAD = ["__main__", "jobqueue_worker.preload"]
@@ -55,6 +59,8 @@ def start_server() -> None:
 def entry(settings: Settings, index: int, beacon: Beacon) -> None:
     """A worker process's target: referring to it does not import the worker process's
     modules into the supervisor (they are loaded in the fork server already)."""
+    from jobcore import tracing
     from jobqueue_worker import child
 
+    tracing.limit_stop(min(settings.shutdown_timeout, SPAN_FLUSH_LIMIT))
     child.main(settings, index, beacon)

@@ -1,8 +1,8 @@
 """The `jobqueue-worker` console script: settings, logs, handlers, then the supervisor.
 
-Invalid configuration prints one JSON line naming the variable and exits 2. A
-schema that is not at head exits 1 with a line telling the operator to run
-`alembic upgrade head`.
+Invalid configuration (the OTEL_* variables too, tracing on) prints one JSON line naming
+the variable and exits 2, before any worker process starts. A schema that is not at head
+exits 1 with a line telling the operator to run `alembic upgrade head`.
 
 The fork server the worker processes come from (`jobqueue_worker.launch`) is started
 first, so it imports the worker while this process imports its own modules: those are
@@ -60,7 +60,9 @@ def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
         settings = load_settings()
         logs.configure(settings.log_level)
         load_handlers(settings.handler_modules)
-        tracing.check()  # each worker process starts its own tracer
+        # Each worker process starts its own tracer: its OTEL_* variables are checked here,
+        # once, rather than failing every worker process as it starts.
+        tracing.check()
     except ConfigError as exc:
         logs.configure("info")
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})

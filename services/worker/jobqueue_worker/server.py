@@ -1,8 +1,9 @@
 """The supervisor's HTTP endpoints on METRICS_ADDR, served by Hypercorn.
 
 `/metrics` sums the children's metric files (prometheus-client multiprocess
-mode) and adds process metrics; `/healthz` answers 200 whenever the server
-runs; `/readyz` answers 200 only while the supervisor says it is ready.
+mode) and adds process metrics; `/healthz` answers 200 unless the supervisor says it is
+not alive (a worker process that cannot start; never the database); `/readyz` answers 200
+only while the supervisor says it is ready.
 """
 
 from __future__ import annotations
@@ -53,9 +54,12 @@ def listen(addr: str) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=128)
 
 
-def build_app(ready: Readiness, registry: CollectorRegistry) -> Starlette:
+def build_app(
+    ready: Readiness, registry: CollectorRegistry, healthy: Readiness | None = None
+) -> Starlette:
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        ok, reason = (True, "ok") if healthy is None else await healthy()
+        return JSONResponse({"status": reason}, status_code=200 if ok else 503)
 
     async def readyz(request: Request) -> Response:
         ok, reason = await ready()

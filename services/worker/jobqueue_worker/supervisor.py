@@ -4,9 +4,14 @@ It waits for the database schema to be at head, starts the children (forked
 from the fork server of `jobqueue_worker.launch`), and restarts one that dies
 unexpectedly after a delay that grows with each quick death (a
 `jobcore.backoff.Retry`, reset once a child has lived STABLE_AFTER seconds), so a
-crash loop cannot spin. The first SIGTERM/SIGINT makes `/readyz` answer 503 and
-is forwarded to the children as SIGTERM (graceful shutdown); the supervisor
-exits 0 when all of them have. A second signal kills them at once.
+crash loop cannot spin. A child that exits before it has started (its loop never
+ran, so restarting it cannot help: an import, the environment) makes `/healthz`
+answer 503 until one started again, and after START_ATTEMPTS such exits in a row
+the supervisor gives up: one error line, the other children stopped gracefully,
+exit status 1 (2 when the child exited 2, invalid configuration). The first
+SIGTERM/SIGINT makes `/readyz` answer 503 and is forwarded to the children as
+SIGTERM (graceful shutdown); the supervisor exits 0 when all of them have. A
+second signal kills them at once.
 
 Each child's event loop turns a heartbeat (`jobqueue_worker.liveness`). A child
 whose loop has not turned for STALL_LIMIT (a handler blocks it) is killed and
@@ -26,7 +31,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
@@ -38,7 +43,7 @@ from jobcore.db import check_schema, make_engine
 from jobcore.errors import SchemaNotAtHead, describe
 from jobcore.settings import Settings
 from jobqueue_worker import launch, server
-from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, Beacon
+from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, STARTING, Beacon
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -46,6 +51,9 @@ RESTART_FIRST = 0.5
 RESTART_MAX = 30.0
 STABLE_AFTER = 30.0
 READY_TIMEOUT = 2.0
+# Exits in a row of a child before it started (with the restart waits: about 8 s) after
+# which the supervisor gives up.
+START_ATTEMPTS = 5
 SCHEMA_TIMEOUT = 10.0
 # Seconds without a turn of a child's loop before: /readyz says stalled; the child is
 # killed; the child is killed during shutdown.
@@ -66,6 +74,21 @@ class _Child:
     # Last time the supervisor saw it stopped (SIGSTOP): its loop could not turn before.
     seen_stopped: float = 0.0
     killed_for_stall: bool = False
+    # Exits in a row before its event loop ran (or starts that failed): START_ATTEMPTS of
+    # them and the supervisor gives up.
+    start_failures: int = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether its process runs and has started (its loop ran: not STARTING)."""
+        return (
+            self.process is not None and self.beacon is not None and self.beacon.state != STARTING
+        )
+
+    @property
+    def cannot_start(self) -> bool:
+        """Its last process exited before it started, and no new one has started yet."""
+        return self.start_failures > 0 and not self.started
 
     def stalled_for(self, now: float) -> float:
         """Seconds since its loop last turned; 0 while it is starting or gone."""
@@ -88,6 +111,8 @@ class Supervisor:
         self.recycles = 0
         self.shutting_down = False
         self.schema_ready = False
+        # The exit status once the supervisor gave up on a child that cannot start.
+        self.gave_up: int | None = None
         self._signals = 0
         self._engine = make_engine(
             settings.database_url,
@@ -102,6 +127,13 @@ class Supervisor:
 
     def abandoned_handlers(self) -> int:
         return sum(c.beacon.abandoned for c in self._children if c.process and c.beacon)
+
+    async def healthy(self) -> tuple[bool, str]:
+        """Liveness: false while a child cannot start (restarting it is not helping), never
+        for the database."""
+        if self.gave_up is not None or any(c.cannot_start for c in self._children):
+            return False, "worker process cannot start"
+        return True, "ok"
 
     async def ready(self) -> tuple[bool, str]:
         if self.shutting_down:
@@ -131,7 +163,9 @@ class Supervisor:
         registry = server.scrape_registry(self.metrics_dir, self._counts)
         http_stopped = asyncio.Event()
         http = asyncio.create_task(
-            server.serve(server.build_app(self.ready, registry), sock, http_stopped)
+            server.serve(
+                server.build_app(self.ready, registry, healthy=self.healthy), sock, http_stopped
+            )
         )
         try:
             if not await self._wait_for_schema():
@@ -149,9 +183,10 @@ class Supervisor:
             )
             await self._stop.wait()
             try:
-                return await self._shutdown()
+                status = await self._shutdown()
             finally:
                 watching.cancel()
+            return status if self.gave_up is None else max(status, self.gave_up)
         except SchemaNotAtHead as exc:
             log.error(str(exc), extra={"found": exc.found, "expected": exc.expected})
             return 1
@@ -205,10 +240,15 @@ class Supervisor:
         try:
             process.start()
         except Exception as exc:  # the fork server could not be started or reached
+            child.start_failures += 1
+            fields = {"worker_process": child.index, "error": describe(exc)}
+            if child.start_failures >= START_ATTEMPTS:
+                self._give_up(child, fields, 1)
+                return
             delay = child.deaths.failed()
             log.error(
                 "worker process could not be started, retrying",
-                extra={"worker_process": child.index, "error": describe(exc), "restart_in": delay},
+                extra={**fields, "restart_in": delay},
             )
             child.restart = asyncio.get_running_loop().call_later(delay, self._start, child)
             return
@@ -219,6 +259,7 @@ class Supervisor:
     def _exited(self, child: _Child) -> None:
         process = child.process
         assert process is not None
+        started = child.started
         asyncio.get_running_loop().remove_reader(process.sentinel)
         process.join()  # its sentinel fired: this reaps it at once
         pid, code = process.pid, process.exitcode
@@ -234,9 +275,16 @@ class Supervisor:
             return
         if time.monotonic() - child.started_at >= STABLE_AFTER:
             child.deaths.succeeded()
+        child.start_failures = 0 if started else child.start_failures + 1
+        if child.start_failures >= START_ATTEMPTS:
+            self._give_up(child, fields, 2 if code == 2 else 1)
+            return
         delay = child.deaths.failed()
         self.restarts += 1
-        if code == launch.RECYCLE_EXIT:
+        if not started:
+            message = "worker process exited before it started, restarting"
+            fields["start_failures"] = child.start_failures
+        elif code == launch.RECYCLE_EXIT:
             self.recycles += 1
             message = "worker process recycled, restarting"
         else:
@@ -285,18 +333,30 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
+    def _give_up(self, child: _Child, fields: Mapping[str, object], status: int) -> None:
+        """Stop everything: `child` exited START_ATTEMPTS times in a row before it started."""
+        self.gave_up = status
+        log.error(
+            "worker process cannot start: giving up",
+            extra={**fields, "start_failures": child.start_failures},
+        )
+        self._begin_shutdown()
+
+    def _begin_shutdown(self) -> None:
+        self.shutting_down = True
+        self._stop.set()
+        for child in self._children:
+            if child.restart is not None:
+                child.restart.cancel()
+                child.restart = None
+        self._kill(signal.SIGTERM)
+
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals == 1:
             log.info("shutting down", extra={"signal": name})
-            self.shutting_down = True
-            self._stop.set()
-            for child in self._children:
-                if child.restart is not None:
-                    child.restart.cancel()
-                    child.restart = None
-            self._kill(signal.SIGTERM)
+            self._begin_shutdown()
             return
         log.warning("second signal, stopping at once", extra={"signal": name})
         self._kill(signal.SIGKILL)
