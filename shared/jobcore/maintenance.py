@@ -58,6 +58,12 @@ def _prune(status: Status) -> sa.TextualSelect:
     # before it finished). The status as a range, in the sort: `jobs_status_idx` is then
     # the only path in that order; with `=` the planner takes the primary key for a common
     # status and filters its way through every older job of the statuses kept longer.
+    #
+    # A job finished by a release before 0005 (still running during the rollout to it) has
+    # no `finished_at`: its `updated_at` is when it finished (the time of its last
+    # transition, as 0005's backfill took it), so it ages from there. A condition on the
+    # rows the index range reads, so it costs the prune nothing and the hot path nothing
+    # (docs/upgrading.md).
     value = status.value
     return sa.text(
         f"""
@@ -65,7 +71,8 @@ WITH gone AS (
     DELETE FROM jobs WHERE id = ANY(ARRAY(
         SELECT id FROM jobs
         WHERE status BETWEEN '{value}' AND '{value}' AND id < {_CREATED_BEFORE}
-          AND finished_at < now() - CAST(:age AS float8) * interval '1 second'
+          AND coalesce(finished_at, updated_at)
+              < now() - CAST(:age AS float8) * interval '1 second'
         ORDER BY status, id LIMIT {PRUNE_BATCH}
         FOR UPDATE SKIP LOCKED
     ))

@@ -22,6 +22,29 @@ class Status(StrEnum):
     DEAD_LETTER = "dead_letter"
     CANCELLED = "cancelled"
 
+    @classmethod
+    def read(cls, value: str) -> Status:
+        """A status as stored or as an API answered it: its member, or for a value this
+        release does not know (a later release's, during a rollout: docs/upgrading.md) a
+        stand-in that is none of the members, in no set of them (not finished, no
+        operation's source) and shows the value as it is. For reading only: input to
+        validate goes through `Status(value)`, which refuses what it does not know."""
+        try:
+            return cls(value)
+        except ValueError:
+            pass
+        unknown = _UNKNOWN.get(value)
+        if unknown is None:
+            unknown = str.__new__(cls, value)
+            unknown._name_ = "UNKNOWN"
+            unknown._value_ = value
+            if len(_UNKNOWN) < 64:  # a few new statuses at most; never grows without bound
+                _UNKNOWN[value] = unknown
+        return unknown
+
+
+_UNKNOWN: dict[str, Status] = {}
+
 
 _P, _R, _X = Status.PENDING, Status.PROCESSING, Status.CANCELLED
 

@@ -66,7 +66,7 @@ for _columns in (
 
 def _job(row: Any) -> store.Job:
     values = list(row[:_WIDTH])
-    values[_STATUS] = Status(values[_STATUS])
+    values[_STATUS] = Status.read(values[_STATUS])
     return store.Job(*values)
 
 

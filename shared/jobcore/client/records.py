@@ -1,6 +1,10 @@
 """What the API answers with, as small frozen dataclasses built from its JSON: a job record
 (`Job`), a queue's depths (`QueueDepth`) and one item's result of a bulk submit
-(`Submitted`). Each keeps the JSON it came from in `raw`."""
+(`Submitted`). Each keeps the JSON it came from in `raw`.
+
+They read what a later release of the API answers too (docs/upgrading.md): a field they do
+not know is left in `raw`, and a job status they do not know is kept as it is (finished for
+none of them)."""
 
 from __future__ import annotations
 
@@ -55,7 +59,8 @@ class Job:
             id=data["id"],
             type=data["type"],
             payload=data["payload"],
-            status=Status(data["status"]),
+            # A status this client does not know (a later release's) is kept as it is.
+            status=Status.read(data["status"]),
             attempts=data["attempts"],
             max_attempts=data["max_attempts"],
             queue=data["queue"],
