@@ -299,7 +299,9 @@ def test_an_invalid_otel_variable_exits_2_with_one_line_naming_it(
             "HTTP_ADDR": f"127.0.0.1:{free_port()}",
             "METRICS_ADDR": f"127.0.0.1:{free_port()}",
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
-            "PROMETHEUS_MULTIPROC_DIR": "",
+            # The worker makes a metrics directory of its own; for any other process
+            # prometheus_client would take even an empty value as one (the working directory).
+            **({"PROMETHEUS_MULTIPROC_DIR": ""} if command == "jobqueue-worker" else {}),
             **env,
         },
     )
