@@ -107,3 +107,30 @@ async def driver(conn: Any) -> Any:
     """The asyncpg connection under a SQLAlchemy `AsyncConnection`: what `jobcore.compiled`'s
     calls run on, in the worker and in the tests alike."""
     return (await conn.get_raw_connection()).driver_connection
+
+
+async def explain(
+    conn: Any, sql: str, args: list[Any], *, generic: bool, analyze: bool = False
+) -> Any:
+    """The JSON plan of `sql` (asyncpg's text, `$n` parameters) with `args`, as the worker's
+    prepared statements get it: a custom plan, or the generic one PostgreSQL caches after
+    five executions. (A plain EXPLAIN of a parameterised statement always plans with the
+    values, whatever `plan_cache_mode` says.) `conn` is an asyncpg connection; `analyze`
+    runs the statement, which the caller rolls back."""
+    prepared = await conn.prepare(sql)
+    literals = []
+    for arg, param in zip(args, prepared.get_parameters(), strict=True):
+        sql_type = await conn.fetchval("SELECT format_type($1::oid, NULL)", param.oid)
+        quoted = await conn.fetchval(f"SELECT quote_nullable(CAST($1 AS {sql_type}))", arg)
+        literals.append(f"CAST({quoted} AS {sql_type})")
+    name = f"explained_{uuid.uuid4().hex}"
+    mode = "force_generic_plan" if generic else "force_custom_plan"
+    await conn.execute(f"PREPARE {name} AS {sql}")
+    try:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+        execute = f"EXECUTE {name}" + (f"({', '.join(literals)})" if literals else "")
+        return await conn.fetchval(f"EXPLAIN ({options}) {execute}")
+    finally:
+        await conn.execute("RESET plan_cache_mode")
+        await conn.execute(f"DEALLOCATE {name}")

@@ -18,6 +18,7 @@ from jobcore import store
 from jobcore.compiled import NO_FLOORS, Compiled
 from jobcore.ids import new_id
 from jobcore.schema import jobs
+from tests import pg
 from tests.pg import driver
 
 
@@ -44,17 +45,11 @@ async def _fill(engine) -> None:
 
 async def _plan(engine, statement, params: dict, generic: bool) -> str:
     async with engine.connect() as conn:
-        raw = await conn.get_raw_connection()
-        asyncpg_conn = raw.driver_connection
-        await asyncpg_conn.execute(
-            f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}"
-        )
         compiled = Compiled(statement)
-        rows = await asyncpg_conn.fetch(
-            f"EXPLAIN (FORMAT JSON) {compiled.sql}", *compiled.args(params)
+        plan = await pg.explain(
+            await driver(conn), compiled.sql, compiled.args(params), generic=generic
         )
         await conn.rollback()
-    plan = rows[0][0]
     return plan if isinstance(plan, str) else json.dumps(plan)
 
 
