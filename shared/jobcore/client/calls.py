@@ -20,7 +20,7 @@ from uuid import UUID, uuid4
 
 from jobcore.client.errors import ClientError, Invalid, WaitTimeout
 from jobcore.client.records import Job, QueueDepth, Submitted
-from jobcore.client.retries import Answer, Flow, Request, Retries, send
+from jobcore.client.retries import LEAST, Answer, Flow, OutOfTime, Request, Retries, send
 from jobcore.states import Status
 
 MAX_BATCH = 1000  # items per POST /jobs/batch, the API's limit
@@ -88,29 +88,32 @@ class Calls:
         progress: Callable[[Job], None] | None = None,
     ) -> Flow[Job]:
         """Long polls of at most MAX_WAIT each (PROGRESS_ROUND when following progress),
-        until the job has finished or `timeout` seconds have passed (WaitTimeout)."""
+        until the job has finished or `timeout` seconds have passed (WaitTimeout; a timeout
+        too short for a poll looks once).
+
+        The timeout bounds the whole wait: the polls, and the retries of one that broke
+        (their backoff and each try's own timeout), end by then, but for ANSWER_GRACE for
+        the answer of the poll that the API ends at it. A wait that got no answer at all in
+        that time raises the error its last try met (Unavailable)."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         longest = PROGRESS_ROUND if progress is not None else MAX_WAIT
         last: Job | None = None
         while True:
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left < 0.001:
+            if left is not None and left < LEAST:
                 if last is None:  # a zero timeout still looks once
                     last = yield from self.get(job_id)
                     if last.finished:
                         return last
-                raise WaitTimeout(
-                    f"job {last.id} is still {last.status.value} after {timeout:g}s", job=last
-                )
+                raise _timed_out(last, timeout)
             seconds = longest if left is None else min(longest, left)
-            answer = yield from self._send(
-                Request(
-                    "GET",
-                    _path(job_id),
-                    params={"wait": f"{seconds:.3f}"},
-                    timeout=seconds + ANSWER_MARGIN,
-                )
-            )
+            poll = Request("GET", _path(job_id), wait=seconds, timeout=seconds + ANSWER_MARGIN)
+            try:
+                answer = yield from send(poll, self.retries, self.base_url, deadline=deadline)
+            except OutOfTime as out:
+                if last is None:
+                    raise out.error from out.error.__cause__
+                raise _timed_out(last, timeout) from None
             last = _job(answer, str(job_id))
             if last.finished:
                 return last
@@ -146,6 +149,10 @@ class Calls:
     def queues(self) -> Flow[list[QueueDepth]]:
         answer = yield from self._send(Request("GET", "/queues"))
         return [QueueDepth.from_json(depth) for depth in _document(answer)["queues"]]
+
+
+def _timed_out(job: Job, timeout: float | None) -> WaitTimeout:
+    return WaitTimeout(f"job {job.id} is still {job.status.value} after {timeout:g}s", job=job)
 
 
 def new_key() -> str:

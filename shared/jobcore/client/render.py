@@ -4,11 +4,13 @@ imports this module."""
 from __future__ import annotations
 
 import json
+import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.status import Status as Spinner
 from rich.table import Table
 from rich.text import Text
@@ -40,8 +42,31 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+class _Out:
+    """Prints to stdout. On a terminal, fitted to its width (rich's: COLUMNS, else the
+    terminal's size); anywhere else (a pipe, a file) as wide as what it prints, so nothing is
+    cut (`…`) or folded to fit a width no one reads at: not rich's 80 columns, nor the width
+    of a terminal that stdin or stderr is (`jobqueue list | less`). Whether stdout is a
+    terminal is its own `isatty()`: FORCE_COLOR or TTY_COMPATIBLE, which make rich write
+    colours, do not make a pipe narrow."""
+
+    def __init__(self) -> None:
+        self.console = Console(highlight=False, soft_wrap=False)
+        self.terminal = _isatty(self.console.file)
+
+    def print(self, renderable: RenderableType) -> None:
+        console = self.console
+        if not self.terminal:
+            unbounded = console.options.update_width(sys.maxsize)
+            console.width = max(Measurement.get(console, unbounded, renderable).maximum, 1)
+        console.print(renderable)
+
+
+def _isatty(file: IO[str]) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError, OSError):  # closed, or not a real file
+        return False
 
 
 def job(record: Job, note: str | None = None) -> None:
@@ -69,10 +94,10 @@ def job(record: Job, note: str | None = None) -> None:
         rows.append(("result", _json(record.result)))
     for name, value in rows:
         table.add_row(name, value)
-    console = _console()
-    console.print(table)
+    out = _Out()
+    out.print(table)
     if note:
-        console.print(Text(note, style="italic"))
+        out.print(Text(note, style="italic"))
 
 
 def _short(text: str | None, width: int = 60) -> str:
@@ -83,9 +108,9 @@ def _short(text: str | None, width: int = 60) -> str:
 
 
 def jobs(records: list[Job], more: bool) -> None:
-    console = _console()
+    out = _Out()
     if not records:
-        console.print("no jobs match")
+        out.print("no jobs match")
         return
     errors = any(record.last_error for record in records)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -111,9 +136,9 @@ def jobs(records: list[Job], more: bool) -> None:
         if errors:
             row.append(_short(record.last_error, 200))
         table.add_row(*row)
-    console.print(table)
+    out.print(table)
     shown = f"{len(records)} job{'s' if len(records) != 1 else ''}"
-    console.print(f"{shown}, newest first" + ("; more match (raise --limit)" if more else ""))
+    out.print(f"{shown}, newest first" + ("; more match (raise --limit)" if more else ""))
 
 
 def _age(seconds: float) -> str:
@@ -127,9 +152,9 @@ def _age(seconds: float) -> str:
 
 
 def queues(depths: list[QueueDepth]) -> None:
-    console = _console()
+    out = _Out()
     if not depths:
-        console.print("no queue holds jobs")
+        out.print("no queue holds jobs")
         return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("queue", no_wrap=True)
@@ -144,7 +169,7 @@ def queues(depths: list[QueueDepth]) -> None:
             Text(str(depth.dead_letter), style="red" if depth.dead_letter else ""),
             _age(depth.oldest_pending_age_seconds) if depth.pending else "-",
         )
-    console.print(table)
+    out.print(table)
 
 
 class Progress:

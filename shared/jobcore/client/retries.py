@@ -2,6 +2,9 @@
 with capped exponential backoff and jitter (`jobcore.backoff`), never sooner than the API's
 `Retry-After`, within a bounded number of tries and seconds.
 
+A call may also have a deadline (`wait`'s timeout): no try starts, and no backoff runs,
+past it, and each try is cut to the time left (see `Request.within`).
+
 Written without I/O, as generators (`Flow`) that yield what they need done: a `Request` to
 send (answered with the httpx response, or the httpx transport error) or a `Sleep`. The
 sync and async clients run the same flows, each with its own I/O.
@@ -12,7 +15,7 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -25,6 +28,14 @@ from jobcore.errors import describe
 T = TypeVar("T")
 
 
+# The shortest long poll (`?wait=` is sent to the millisecond and must be above 0): a call
+# with less time left than this before its deadline has run out of time.
+LEAST = 0.001
+# Seconds allowed past a call's deadline for the answer of the try that ends at it: a long
+# poll that the API holds until the deadline answers only then.
+ANSWER_GRACE = 0.25
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -33,6 +44,25 @@ class Request:
     body: bytes | None = None  # JSON
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None  # seconds to wait for the answer; None: the client's
+    wait: float | None = None  # a long poll: the API holds its answer up to this (`?wait=`)
+
+    def within(self, left: float) -> Request:
+        """This request cut to the `left` seconds its call has: a long poll held no longer,
+        its answer awaited at most ANSWER_GRACE beyond (each of httpx's timeouts)."""
+        limit = left + ANSWER_GRACE
+        return replace(
+            self,
+            wait=None if self.wait is None else max(min(self.wait, left), LEAST),
+            timeout=limit if self.timeout is None else min(self.timeout, limit),
+        )
+
+    def query(self) -> dict[str, str]:
+        """The query parameters, the long poll's `wait` (seconds, to the millisecond) among
+        them."""
+        params = dict(self.params or {})
+        if self.wait is not None:
+            params["wait"] = f"{self.wait:.3f}"
+        return params
 
 
 @dataclass(frozen=True)
@@ -69,6 +99,15 @@ class Retries:
         if time.monotonic() - started + seconds > self.total:
             return None
         return seconds
+
+
+class OutOfTime(Exception):
+    """A call's deadline came before it succeeded; `error` is what it would fail with
+    otherwise (the last try's: Unavailable, or the error a 429 or 503 stands for)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -126,7 +165,12 @@ def _body(response: httpx.Response) -> Any:
 
 
 def send(
-    request: Request, retries: Retries, base_url: str, *, repeatable: bool = True
+    request: Request,
+    retries: Retries,
+    base_url: str,
+    *,
+    repeatable: bool = True,
+    deadline: float | None = None,
 ) -> Flow[Answer]:
     """Send `request` until it gets an answer other than 429 or 503, or `retries` runs out.
 
@@ -136,12 +180,23 @@ def send(
     sent, or a 429): after any other failure, Unavailable says it may have been applied.
     The time allowed (`Retries.total`) counts from the first failure, so a long poll that
     failed late is tried again too.
+
+    With a `deadline` (a `time.monotonic()` time), each try is cut to the time left
+    (`Request.within`) and a backoff to it; once it has come, OutOfTime instead of another
+    try.
     """
     started = 0.0
     failures = 0
     lost = False
+    error: Exception | None = None  # what the call fails with if its time runs out now
     while True:
-        outcome = yield request
+        attempt = request
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if error is not None and left < LEAST:
+                raise OutOfTime(error)
+            attempt = request.within(max(left, LEAST))
+        outcome = yield attempt
         if failures == 0:
             started = time.monotonic()
         if isinstance(outcome, httpx.TransportError):
@@ -160,7 +215,12 @@ def send(
                 raise Unavailable(
                     f"cannot reach {base_url} ({failures} tries): {describe(outcome)}"
                 ) from outcome
-            yield Sleep(seconds)
+            error = Unavailable(
+                f"cannot reach {base_url} in the time allowed ({failures} tries): "
+                f"{describe(outcome)}"
+            )
+            error.__cause__ = outcome
+            yield Sleep(_until(seconds, deadline))
             continue
         response: httpx.Response = outcome
         answer = Answer(response.status_code, _body(response), response.headers, lost)
@@ -173,6 +233,14 @@ def send(
             )
             if seconds is not None:
                 lost = lost or answer.status == 503
-                yield Sleep(seconds)
+                error = answer.error()
+                yield Sleep(_until(seconds, deadline))
                 continue
         return answer
+
+
+def _until(seconds: float, deadline: float | None) -> float:
+    """`seconds`, cut so as to end by `deadline` (None: not cut)."""
+    if deadline is None:
+        return seconds
+    return max(min(seconds, deadline - time.monotonic()), 0.0)

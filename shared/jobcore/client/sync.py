@@ -36,7 +36,7 @@ def settings(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
 
 def http_args(request: Request) -> dict[str, Any]:
     """httpx's arguments for `request` (the same for the sync and async clients)."""
-    args: dict[str, Any] = {"params": request.params, "headers": dict(request.headers)}
+    args: dict[str, Any] = {"params": request.query(), "headers": dict(request.headers)}
     if request.body is not None:
         args["content"] = request.body
         args["headers"]["Content-Type"] = "application/json"
@@ -122,8 +122,10 @@ class Client:
         progress: Callable[[Job], None] | None = None,
     ) -> Job:
         """The job once it has finished (completed, failed, dead_letter or cancelled); raises
-        WaitTimeout after `timeout` seconds (None: no limit). `progress` is called with the
-        record every couple of seconds while it runs."""
+        WaitTimeout after `timeout` seconds (None: no limit). The timeout bounds the whole
+        wait, retries of a broken long poll included (docs/client.md); when no answer at all
+        came by then, Unavailable. `progress` is called with the record every couple of
+        seconds while it runs."""
         return self._run(self._calls.wait(job_id, timeout, progress))
 
     def retry(self, job_id: str | UUID) -> Job:

@@ -5,17 +5,21 @@ types and keys, so they never see each other's jobs."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import http.server
+import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 from uuid import uuid4
 
 import psycopg
 import pytest
 
+from jobcore.client import Retries
 from tests import pg
 from tests.e2e.test_api_process import Api
 from tests.worker.support import ROOT, Worker, start_worker
@@ -116,3 +120,108 @@ def scripted() -> Iterator[Any]:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def record(**fields: Any) -> dict[str, Any]:
+    """A job record as the API writes it (docs/api.md#jobs): pending, with `fields` over it."""
+    now = "2026-12-01T04:13:22.498000+00:00"
+    return {
+        "id": str(uuid4()),
+        "type": "sleep",
+        "payload": {},
+        "status": "pending",
+        "attempts": 0,
+        "max_attempts": 5,
+        "queue": "default",
+        "priority": 0,
+        "timeout": None,
+        "run_at": now,
+        "last_error": None,
+        "result": None,
+        "cancel_requested_at": None,
+        "finished_at": None,
+        "created_at": now,
+        "updated_at": now,
+        **fields,
+    }
+
+
+# A wait's timeout in the tests of waits whose long polls break, and how late it may end.
+# The retry budget is far beyond that timeout: the timeout must be what ends the wait.
+WAIT, LATE = 1.5, 0.5
+PATIENT = Retries(attempts=50, total=60.0, base=0.05, cap=0.2)
+
+
+@dataclass
+class LongPolls:
+    """An API whose long polls (`GET ...?wait=`) break: the first `answered` of them get
+    `job` at once, every later one is dropped (`drop`: the connection is closed without an
+    answer) or held without an answer (`stall`) until the test ends. `polls` notes when
+    each came and its `wait`."""
+
+    job: dict[str, Any]
+    mode: str
+    answered: int
+    polls: list[tuple[float, float]] = field(default_factory=list)
+    released: threading.Event = field(default_factory=threading.Event)
+    url: str = ""
+
+
+@pytest.fixture
+def long_polls() -> Iterator[Any]:
+    """Starts `LongPolls` servers (in this process). The test process's own garbage
+    collections (a full one of pytest's heap takes a tenth of a second and more, several in
+    a row) are held off meanwhile: they would pause both the client and the server, and
+    the tests time the client."""
+    servers: list[tuple[http.server.ThreadingHTTPServer, LongPolls]] = []
+    gc.collect()
+    gc.disable()
+
+    def start(mode: str, answered: int = 1) -> LongPolls:
+        assert mode in ("drop", "stall")
+        state = LongPolls(record(), mode, answered)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = parse_qs(urlsplit(self.path).query)
+                state.polls.append((time.monotonic(), float(query.get("wait", ["0"])[0])))
+                if len(state.polls) <= state.answered:
+                    body = json.dumps(state.job).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                if state.mode == "stall":
+                    state.released.wait(120)
+                self.close_connection = True  # no answer: the connection just closes
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        servers.append((server, state))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        state.url = f"http://127.0.0.1:{server.server_address[1]}"
+        return state
+
+    try:
+        yield start
+    finally:
+        gc.enable()
+        for server, state in servers:
+            state.released.set()
+            server.shutdown()
+            server.server_close()
+
+
+def polls_end_in_time(api: LongPolls, started: float) -> None:
+    """No long poll asked the API to hold it past the end of a wait of WAIT seconds that
+    started at `started` (give or take the time a request takes to reach the API on a busy
+    machine), and a dropped one was tried again."""
+    assert api.polls
+    assert all(at + wait <= started + WAIT + 0.3 for at, wait in api.polls), api.polls
+    if api.mode == "drop":
+        assert len(api.polls) > api.answered + 1, api.polls

@@ -23,7 +23,7 @@ from jobcore.client import (
 )
 from jobcore.states import Status
 from tests.faultproxy import FaultProxy
-from tests.jobcore.client.conftest import TOKEN, Stack
+from tests.jobcore.client.conftest import LATE, PATIENT, TOKEN, WAIT, Stack, polls_end_in_time
 from tests.procs import free_port
 from tests.worker.support import until
 
@@ -119,3 +119,23 @@ async def test_a_wrong_token_is_unauthorized(stack: Stack):
     async with AsyncClient(stack.url, "wrong", retries=FAST) as client:
         with pytest.raises(Unauthorized, match="missing or invalid bearer token"):
             await client.get("01a22aae-32d0-7c31-b68d-fb41a7ea06d6")
+
+
+@pytest.mark.parametrize("mode", ["drop", "stall"])
+@pytest.mark.parametrize("answered", [1, 0])
+async def test_a_wait_whose_long_polls_break_ends_at_its_timeout(
+    long_polls: Any, mode: str, answered: int
+):
+    """As the sync client's: the wait's timeout bounds its retries and each request."""
+    api = long_polls(mode, answered)
+    expected = WaitTimeout if answered else Unavailable
+    async with AsyncClient(api.url, retries=PATIENT) as client:
+        started = time.monotonic()
+        with pytest.raises(expected) as raised:
+            # else TimeoutError: the wait overran
+            await asyncio.wait_for(client.wait(api.job["id"], WAIT), WAIT + LATE)
+        elapsed = time.monotonic() - started
+    assert WAIT - 0.01 <= elapsed < WAIT + LATE
+    if isinstance(raised.value, WaitTimeout):
+        assert raised.value.job.id == api.job["id"] and raised.value.job.status == "pending"
+    polls_end_in_time(api, started)

@@ -3,16 +3,20 @@ output for people and for scripts (`--json`), its exit statuses, and `--help`.""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
+import re
+import struct
 import subprocess
+import termios
 import threading
 from typing import Any
 
 import pytest
 
-from tests.jobcore.client.conftest import TOKEN, Stack
+from tests.jobcore.client.conftest import TOKEN, Stack, record
 from tests.procs import BIN, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("jobcore_client")]
@@ -35,7 +39,6 @@ def jobqueue(stack: Stack) -> Any:
             **os.environ,
             "JOBQUEUE_URL": stack.url,
             "JOBQUEUE_TOKEN": TOKEN,
-            "COLUMNS": "250",
             **env,
         }
         done = subprocess.run(
@@ -214,3 +217,114 @@ def test_wait_shows_its_progress_on_a_terminal_only(jobqueue: Any, stack: Stack)
     os.close(main)
     assert proc.returncode == 0 and "completed" in out
     assert b"processing, attempt 1 of 5" in shown
+
+
+LONG_TYPE = "reports.monthly_revenue_reconciliation_for_every_region"
+LONG_QUEUE = "tenant-acme-corporation-eu-west-1-nightly-batch"
+
+
+def _terminal(columns: int) -> tuple[int, int]:
+    """A pseudo-terminal (its main side, its terminal side) `columns` wide."""
+    main, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    return main, terminal
+
+
+def _env(url: str) -> dict[str, str]:
+    env = {**os.environ, "JOBQUEUE_URL": url, "TERM": "xterm"}
+    for name in ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE"):
+        env.pop(name, None)
+    return env
+
+
+def _long_jobs(scripted: Any) -> tuple[str, list[dict[str, Any]]]:
+    """An API whose `GET /jobs` answers three jobs of a long type in a long queue."""
+    jobs = [
+        record(type=LONG_TYPE, queue=LONG_QUEUE, attempts=3, max_attempts=25, priority=-100)
+        for _ in range(3)
+    ]
+    page = json.dumps({"jobs": jobs, "next_cursor": None}).encode()
+    return scripted((200, {}, page)).url, jobs
+
+
+def test_list_and_get_through_a_pipe_are_printed_whole_at_any_width(scripted: Any):
+    """Not a terminal on stdout: every column at full width, never cut to 80 columns (no
+    terminal anywhere) nor to the width of a terminal that stdin is (`jobqueue list | ...`
+    typed at a narrow one)."""
+    url, jobs = _long_jobs(scripted)
+    payload = {"report": "x" * 150, "regions": ["eu-west-1", "us-east-1", "ap-south-1"]}
+    job = record(type=LONG_TYPE, queue=LONG_QUEUE, payload=payload)
+    one = scripted((200, {}, json.dumps(job).encode())).url
+    main, terminal = _terminal(60)
+    try:
+        for stdin in (subprocess.DEVNULL, terminal):
+            listed = subprocess.run(
+                [str(BIN / "jobqueue"), "list"],
+                env=_env(url),
+                stdin=stdin,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert listed.returncode == 0, listed.stderr
+            assert "…" not in listed.stdout, listed.stdout
+            for each in jobs:
+                (line,) = [line for line in listed.stdout.splitlines() if each["id"] in line]
+                assert re.search(
+                    rf"{LONG_TYPE} +pending +3/25 +{LONG_QUEUE} +-100 +12-01 04:13:22", line
+                ), line
+            assert "3 jobs, newest first" in listed.stdout
+
+            shown = subprocess.run(
+                [str(BIN / "jobqueue"), "get", job["id"]],
+                env=_env(one),
+                stdin=stdin,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert shown.returncode == 0, shown.stderr
+            lines = shown.stdout.splitlines()
+            assert f"payload      {json.dumps(payload)}" in [line.rstrip() for line in lines]
+            assert f"type         {LONG_TYPE}" in [line.rstrip() for line in lines]
+    finally:
+        os.close(main)
+        os.close(terminal)
+
+
+def test_list_on_a_terminal_still_fits_its_width(scripted: Any):
+    url, jobs = _long_jobs(scripted)
+    main, terminal = _terminal(100)
+    shown = bytearray()
+
+    def read() -> None:  # drained while it runs, so that its output never blocks it
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal closed with the process
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc = subprocess.Popen(
+        [str(BIN / "jobqueue"), "list"],
+        env=_env(url),
+        stdin=terminal,
+        stdout=terminal,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(terminal)
+    _, err = proc.communicate(timeout=60)
+    reader.join(10)
+    os.close(main)
+    assert proc.returncode == 0, err
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode())  # colours
+    lines = [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+    assert len(lines) == 2 + len(jobs) + 1, lines  # header, rule, jobs, summary
+    assert max(len(line) for line in lines) <= 100, lines
+    assert all(each["id"] in text for each in jobs)
+    assert "…" in text  # the long type and queue were cut to fit

@@ -30,7 +30,7 @@ from jobcore.client import (
 from jobcore.client import retries as retries_module
 from jobcore.states import Status
 from tests.faultproxy import FaultProxy
-from tests.jobcore.client.conftest import TOKEN, Stack
+from tests.jobcore.client.conftest import LATE, PATIENT, TOKEN, WAIT, Stack, polls_end_in_time
 from tests.procs import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("jobcore_client")]
@@ -405,3 +405,32 @@ def test_an_answer_that_is_not_the_apis_json_is_a_client_error_with_its_text(scr
     server = scripted((200, {"Content-Type": "text/plain"}, b"hello"))
     with Client(server.url, retries=FAST) as client, pytest.raises(ClientError, match="hello"):
         client.queues()
+
+
+@pytest.mark.parametrize("mode", ["drop", "stall"])
+@pytest.mark.parametrize("answered", [1, 0])
+def test_a_wait_whose_long_polls_break_ends_at_its_timeout(
+    long_polls: Any, mode: str, answered: int
+):
+    """Long polls dropped or held without an answer are retried only until the wait's
+    timeout: then WaitTimeout with the job as last seen, or Unavailable when no answer came
+    at all; never the retry budget, nor a request's own timeout, past it."""
+    api = long_polls(mode, answered)
+    expected = WaitTimeout if answered else Unavailable
+    with (
+        Client(api.url, retries=PATIENT) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        started = time.monotonic()
+        waiting = pool.submit(client.wait, api.job["id"], WAIT)
+        try:
+            with pytest.raises(expected) as raised:
+                waiting.result(timeout=WAIT + LATE)  # else TimeoutError: the wait overran
+        finally:
+            api.released.set()  # held polls end, so that an overrunning wait ends too
+        elapsed = time.monotonic() - started
+    assert WAIT - 0.01 <= elapsed < WAIT + LATE
+    if isinstance(raised.value, WaitTimeout):
+        assert raised.value.job.id == api.job["id"] and raised.value.job.status == "pending"
+        assert f"is still pending after {WAIT:g}s" in str(raised.value)
+    polls_end_in_time(api, started)
