@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from tests.chaos.evidence import CancelRequest
+from tests.chaos.evidence import CancelRequest, ServerError
 
 # The share of each kind of the mix asked to be cancelled while it runs; of the long jobs,
 # every LONG_EVERY-th from the second on.
@@ -76,12 +76,14 @@ class Canceller:
         requests: list[CancelRequest],
         failures: list[str],
         give_up_after: float = 60.0,
+        server_errors: list[ServerError] | None = None,
     ) -> None:
-        self.api_urls = api_urls
+        self.api_urls = api_urls  # replaced as a whole (Load.use_apis), never changed
         self.http = http
         self.requests = requests
         self.failures = failures
         self.give_up_after = give_up_after
+        self.server_errors = server_errors if server_errors is not None else []
         self._serial = 0
 
     async def cancel(self, job_id: str, mode: str, into: float) -> None:
@@ -99,7 +101,8 @@ class Canceller:
         deadline = time.monotonic() + RUNNING_WAIT
         attempt = 0
         while time.monotonic() < deadline:
-            url = self.api_urls[attempt % len(self.api_urls)]
+            urls = self.api_urls
+            url = urls[attempt % len(urls)]
             attempt += 1
             try:
                 response = await self.http().get(f"{url}/jobs/{job_id}/status")
@@ -115,10 +118,12 @@ class Canceller:
 
     async def _ask(self, job_id: str, mode: str) -> None:
         self._serial += 1
+        serial = self._serial
         give_up = time.monotonic() + self.give_up_after
         attempt = 0
         while time.monotonic() < give_up:
-            url = self.api_urls[(self._serial + attempt) % len(self.api_urls)]
+            urls = self.api_urls
+            url = urls[(serial + attempt) % len(urls)]
             attempt += 1
             sent = time.time()
             try:
@@ -129,6 +134,10 @@ class Canceller:
                 continue
             answered = time.time()
             code = response.status_code
+            if code >= 500:
+                self.server_errors.append(
+                    ServerError(url, answered, code, f"POST /jobs/{job_id}/cancel")
+                )
             attempts = None
             if code in (200, 202):
                 attempts = int(response.json()["attempts"])

@@ -68,6 +68,7 @@ def check_cancels(
     for r in sorted(cancels, key=lambda r: r.sent_at):
         asked[r.job_id].append(r)
     stops: list[float] = []
+    stops_by_mode: dict[str, list[float]] = defaultdict(list)
     stale_starts = 0
     limit = lease / RENEWALS_PER_LEASE + CANCEL_MARGIN
     for job_id, requests in asked.items():
@@ -88,6 +89,7 @@ def check_cancels(
                 stop = _holder_stopped(r, final, runs, logged, hits, killed, lease, limit, bad)
                 if stop is not None:
                     stops.append(stop)
+                    stops_by_mode[requests[0].mode].append(stop)
     written: dict[str, list[Write]] = defaultdict(list)
     for w in logged.values():
         written[w.job_id].append(w)
@@ -107,6 +109,7 @@ def check_cancels(
             for j, rs in asked.items()
         ),
         "stop_seconds": _spread(stops),
+        "stop_seconds_by_mode": {m: _spread(v) for m, v in sorted(stops_by_mode.items())},
         "stale_starts_after_cancel": stale_starts,
     }
 
@@ -151,7 +154,11 @@ def _no_run_after(
         if e.start < r.sent_at:
             end = attempt_end(e, logged)
             ran_on = end is None or (r.answered_at is not None and end > r.answered_at)
-            if at_once and ran_on and not disturbed(hits, e.pid, e.start, r.answered_at or 0):
+            if (
+                at_once
+                and ran_on
+                and not disturbed(hits, e.pid, e.start, r.answered_at or 0, e.job_id)
+            ):
                 bad.append(
                     f"job {r.job_id} was cancelled at once (200) while lease {e.lease_token}'s "
                     f"handler (pid {e.pid}) still ran"
@@ -163,7 +170,7 @@ def _no_run_after(
                 f"a cancel answered {r.status_code} at attempt {a}"
             )
         elif r.status_code == 200 and r.answered_at is not None and e.start > r.answered_at:
-            if disturbed(hits, e.pid, r.sent_at - lease, e.start):
+            if disturbed(hits, e.pid, r.sent_at - lease, e.start, e.job_id):
                 stale += 1
             else:
                 bad.append(
@@ -201,7 +208,7 @@ def _holder_stopped(
     ran_on = (end if end is not None else float("inf")) - asked_at
     # Only a fault around the request excuses a late stop: one that cut the holder off
     # (its announcement lost, its renewals failing) shortly before or while it should stop.
-    excused = disturbed(hits, e.pid, r.sent_at - lease, asked_at + limit) or (
+    excused = disturbed(hits, e.pid, r.sent_at - lease, asked_at + limit, e.job_id) or (
         end is None and e.pid in killed
     )
     if ran_on > limit and not excused:
@@ -215,7 +222,7 @@ def _holder_stopped(
     if (
         final.status == "cancelled"
         and returned
-        and not disturbed(hits, e.pid, (end or 0.0) - lease, (end or 0.0) + lease)
+        and not disturbed(hits, e.pid, (end or 0.0) - lease, (end or 0.0) + lease, e.job_id)
     ):
         bad.append(
             f"job {r.job_id} ended cancelled, but lease {e.lease_token}'s handler "

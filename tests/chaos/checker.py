@@ -26,13 +26,23 @@ The guarantees checked:
 - every re-execution is explained: a retry, a shutdown release, a crash (its
   process was killed), a pause past the lease, or a lease lost during a fault
   that disturbed its holder. A lease lost while its holder ran undisturbed is a
-  violation;
+  violation, whether or not the job ran again; a fault that locked job rows
+  (`lock_rows`, `lock_enqueue`) disturbs only the holders of those jobs, as their
+  holders, so a lease of another job lost meanwhile (a bystander of the same process)
+  is such a violation;
 - a paused holder, once resumed, stops within a renewal interval (and a margin):
   its renewal finds the lease lost, by the database or by its own clock;
 - attempts never exceed max_attempts, and a dead-lettered job used all of them;
 - a completed (failed) job's final lease belongs to an execution that returned
   (raised PermanentError);
-- every answer to a cancel is kept (`tests.chaos.check_cancels`);
+- every answer to a cancel is kept (`tests.chaos.check_cancels`); the cancels asked around
+  a cut of the workers' LISTEN connections (`cut_listener`, which disturbs no lease)
+  are held to the same bound, and each cut must have terminated listeners, seen them
+  all back within RECONNECT_LIMIT and stopped a running job by its cancel;
+- the rollout phase, if there was one (`tests.chaos.rollout`): the head's migration
+  succeeded and reached its newest revision, no service turned unready while it
+  should serve, every old service exited 0 on SIGTERM, no API answered 5xx (503
+  included) while the phase went on, and both releases acknowledged and ran jobs;
 - a held MVCC horizon (`tests.chaos.horizon`) was held: pg_stat_activity showed its idle
   transaction's xid and its repeatable-read reader's xmin, both at once for a while. It
   touches no process of the system, so it explains no lost lease.
@@ -48,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
-from tests.chaos.check_cancels import check_cancels
+from tests.chaos.check_cancels import CANCEL_MARGIN, check_cancels
 from tests.chaos.check_retention import accounted_as_pruned, check_pruned
 from tests.chaos.evidence import (
     HELD_HORIZON,
@@ -59,8 +69,11 @@ from tests.chaos.evidence import (
     Fault,
     JobRow,
     Pruned,
+    Rollout,
+    ServerError,
     Write,
     attempt_end,
+    cancel_paths,
     disturbances,
     executions,
     pruned_logged,
@@ -78,6 +91,15 @@ RESUME_MARGIN = 2.0
 CLAIM_TO_START = 0.5
 # The job type of the long jobs (tests.chaos.handlers): they outlive the lease many times.
 LONG_TYPE = "chaos-long"
+# The fault that cuts the workers' LISTEN connections, and the mode of the cancels it asks.
+CUT_LISTENER = "cut_listener"
+CUT_MODE = "listener_cut"
+# How soon every listener a cut terminated must be back (a connection of its own again).
+RECONNECT_LIMIT = 30.0
+# The faults that lock job rows.
+LOCK_KINDS = ("lock_rows", "lock_enqueue")
+# What a worker logs when a renewal skipped a job whose row another transaction held.
+NOT_RENEWED = "lease not renewed"
 
 
 @dataclass
@@ -101,9 +123,12 @@ def check(
     cancels: Sequence[CancelRequest] = (),
     pruned: Sequence[Pruned] = (),
     retention: Mapping[str, float] | None = None,
+    rollout: Rollout | None = None,
+    server_errors: Sequence[ServerError] = (),
 ) -> Report:
     """Every invariant over one run; see the module docstring. `retention`: the age in
-    seconds at which each finished status is deleted (missing or 0: kept)."""
+    seconds at which each finished status is deleted (missing or 0: kept). `rollout`: the
+    rollout phase's record, if it had one; `server_errors`: every 5xx the client got."""
     report = Report()
     bad = report.violations
     entries = list(log_entries)
@@ -132,6 +157,7 @@ def check(
     stale = _check_stale_writes(per_job, logged, by_id, bad)
     _check_overlaps(per_job, logged, hits, lease_duration, tolerance, bad)
     causes, after_success = _explain_reruns(per_job, logged, killed, paused, hits, bad)
+    undisturbed_losses = _check_lost_leases(per_job, logged, hits, bad)
     stopped = _check_resumed_holders(per_job, logged, faults, lease_duration, bad)
     _check_attempts(finals, execs, bad)
     _check_final_lease(finals, execs, bad)
@@ -140,6 +166,14 @@ def check(
         cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad
     )
     holds = _check_holds(faults, bad)
+    cuts = _check_listener_cuts(
+        faults, cancels, per_job, logged, cancel_paths(entries), lease_duration, bad
+    )
+    rolled = (
+        _check_rollout(rollout, acks, execs, logged, server_errors, bad)
+        if rollout is not None
+        else None
+    )
 
     acked = {a.job_id for a in acks}
     statuses = Counter(row.status for row in finals if row.id in acked)
@@ -172,6 +206,9 @@ def check(
             w.renew_lost_at is not None and w.applied for w in logged.values()
         ),
         "paused_holders_stopped_by_renewal": stopped,
+        "leases_lost_undisturbed": undisturbed_losses,
+        "renewals_skipped_for_a_locked_row": sum(e.get("msg") == NOT_RENEWED for e in entries),
+        "locked_rows": _locks(faults, per_job, logged),
         "long_jobs": _long_jobs(finals, per_job, logged),
         "claims_without_execution_record": _token_gaps(finals, per_job),
         "cancels": cancelled,
@@ -183,6 +220,13 @@ def check(
         "faults_injected": dict(sorted(Counter(f.kind for f in faults).items())),
         "recovery_seconds": recovery_table(faults),
         "held_horizon": holds,
+        "listener_cuts": cuts,
+        "rollout": rolled,
+        "server_errors": dict(
+            sorted(
+                Counter(f"{e.status_code} {e.request.split('/')[1]}" for e in server_errors).items()
+            )
+        ),
         "outcomes_by_type": _outcomes_by_type(finals),
         "violations": len(bad),
     }
@@ -357,7 +401,7 @@ def lease_valid_until(
     """
     valid = end if end is not None else float("inf")
     for d in hits:
-        if d.hits(a.pid, a.start, valid):
+        if d.hits(a.pid, a.start, valid, a.job_id):
             valid = min(valid, max(a.start, d.since) + lease - lease / RENEWALS_PER_LEASE)
     return valid
 
@@ -389,7 +433,7 @@ def _explain_reruns(
             elif a.pid in paused:
                 cause = "paused past lease"
             elif w is not None and (w.lost or w.renew_lost_at is not None):
-                if not any(d.hits(a.pid, a.start, b.start) for d in hits):
+                if not any(d.hits(a.pid, a.start, b.start, a.job_id) for d in hits):
                     bad.append(
                         f"job {job_id}: lease {a.lease_token} was lost while its holder "
                         f"(pid {a.pid}) ran undisturbed, and lease {b.lease_token} re-ran it"
@@ -406,6 +450,256 @@ def _explain_reruns(
             if cause != "retry" and a.outcome == "ok":
                 after_success += 1
     return causes, after_success
+
+
+def _check_lost_leases(
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+    hits: Sequence[Disturbance],
+    bad: list[str],
+) -> int:
+    """Leases lost (by a renewal, or an outcome write that matched no row) while no fault
+    touched their holder as the holder of that job. Returns how many; those whose job ran
+    again are violations of `_explain_reruns` already, the others are reported here (a job
+    cancelled, or dead-lettered by recovery, runs no more, yet its lease was lost)."""
+    count = 0
+    for job_id, runs in per_job.items():
+        for i, a in enumerate(runs):
+            w = logged.get((a.job_id, a.lease_token))
+            if w is None or w.applied:
+                continue  # a renewal that raced the attempt's own outcome write lost nothing
+            at = w.renew_lost_at if w.renew_lost_at is not None else w.lost_at
+            if at is None or any(d.hits(a.pid, a.start, at, job_id) for d in hits):
+                continue
+            count += 1
+            if i + 1 < len(runs):
+                continue  # `_explain_reruns` says it, naming the lease that re-ran the job
+            bad.append(
+                f"job {job_id}: lease {a.lease_token} was lost while its holder (pid {a.pid}) "
+                "ran undisturbed"
+            )
+    return count
+
+
+def _locks(
+    faults: Sequence[Fault],
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+) -> list[dict[str, Any]]:
+    """Each row-locking fault: how, how many rows, and the leases lost meanwhile, of the
+    locked jobs (explained) and of the others (each also a violation, if undisturbed)."""
+    found = []
+    for f in faults:
+        if f.kind not in LOCK_KINDS:
+            continue
+        since = f.stopped_at if f.stopped_at is not None else f.injected_at
+        until = (f.healed_at or since) + 2 * CANCEL_MARGIN
+        locked = set(f.locked_jobs)
+        lost: Counter[str] = Counter()
+        for runs in per_job.values():
+            for e in runs:
+                w = logged.get((e.job_id, e.lease_token))
+                at = None if w is None or w.applied else (w.renew_lost_at or w.lost_at)
+                if at is not None and since <= at <= until:
+                    lost["locked" if e.job_id in locked else "free"] += 1
+        found.append(
+            {
+                "kind": f.kind,
+                "via": f.detail.get("via"),
+                "jobs_taken": f.detail.get("asked", len(locked)),
+                "jobs_locked": len(locked),
+                "seen_locked": f.detail.get("seen_locked"),
+                "jobs_free": f.detail.get("bystanders"),
+                "held_seconds": round((f.healed_at or since) - since, 1),
+                "leases_lost_locked": lost["locked"],
+                "leases_lost_free": lost["free"],
+            }
+        )
+    return found
+
+
+def _check_listener_cuts(
+    faults: Sequence[Fault],
+    cancels: Sequence[CancelRequest],
+    per_job: Mapping[str, list[Execution]],
+    logged: Mapping[tuple[str, int], Write],
+    paths: Mapping[tuple[str, int], str],
+    lease: float,
+    bad: list[str],
+) -> list[dict[str, Any]]:
+    """Each `cut_listener` fault must have cut something and proven something: listeners
+    terminated, all back within RECONNECT_LIMIT, and at least one running probe stopped by
+    its cancel (answered 202). How soon each stopped (`check_cancels` holds each to one
+    renewal interval plus its margin from the answer) is summarized: from the request, from
+    the answer, and, for those asked before the listeners were all back, from their return
+    (negative: before it); the cancel asked once they were back apart; and how each holder
+    heard of its cancel (`via`: the notification, a renewal)."""
+    found = []
+    for f in faults:
+        if f.kind != CUT_LISTENER:
+            continue
+        d = f.detail
+        jobs = set(d.get("jobs", ()))
+        asked = [r for r in cancels if r.mode == CUT_MODE and r.job_id in jobs]
+        back_at = d.get("back_at")
+        cut_at = d.get("cut_at", f.injected_at)
+        if not d.get("terminated"):
+            bad.append("cut_listener: no LISTEN connection was terminated")
+        if back_at is None:
+            bad.append(
+                f"cut_listener: the workers' listeners were not all back within "
+                f"{RECONNECT_LIMIT:g}s of the cut"
+            )
+        from_request, from_answer, from_back, once_back = [], [], [], []
+        answers: Counter[str] = Counter()
+        via: Counter[str] = Counter()
+        after_back = set(d.get("after_back", ()))
+        for job_id in sorted(jobs):
+            mine = sorted((r for r in asked if r.job_id == job_id), key=lambda r: r.sent_at)
+            first = next((r for r in mine if r.answered), None)
+            answers[str(first.status_code) if first else "none"] += 1
+            if first is None or first.status_code != 202 or first.answered_at is None:
+                continue
+            held = [e for e in per_job.get(job_id, []) if e.attempt == first.attempts]
+            if not held:
+                continue
+            e = max(held, key=lambda e: e.lease_token)
+            end = attempt_end(e, logged)
+            if e.outcome != "cancelled" or end is None:
+                continue
+            via[paths.get((e.job_id, e.lease_token), "unknown")] += 1
+            if job_id in after_back:
+                once_back.append(end - max(first.sent_at, e.start))
+                continue
+            from_request.append(end - max(first.sent_at, e.start))
+            from_answer.append(end - max(first.answered_at, e.start))
+            if back_at is not None and first.sent_at < back_at:
+                from_back.append(end - back_at)
+        if jobs and not from_request and not once_back:
+            bad.append(
+                "cut_listener: no running job was stopped by a cancel asked around the cut "
+                f"(answers {dict(sorted(answers.items()))})"
+            )
+        found.append(
+            {
+                "terminated": d.get("terminated"),
+                "listeners_before": d.get("listeners_before"),
+                "back_after_seconds": None if back_at is None else round(back_at - cut_at, 2),
+                "cancels": len(jobs),
+                "answers": dict(sorted(answers.items())),
+                "stopped": len(from_request) + len(once_back),
+                "via": dict(sorted(via.items())),
+                "stop_seconds": _spread(from_request),
+                "stop_after_answer_seconds": _spread(from_answer),
+                "stop_after_listeners_back_seconds": _spread(from_back),
+                "stop_seconds_once_back": _spread(once_back),
+                "limit_seconds": round(lease / RENEWALS_PER_LEASE + CANCEL_MARGIN, 2),
+            }
+        )
+    return found
+
+
+def _check_rollout(
+    r: Rollout,
+    acks: Sequence[Ack],
+    execs: Mapping[tuple[str, int], Execution],
+    logged: Mapping[tuple[str, int], Write],
+    server_errors: Sequence[ServerError],
+    bad: list[str],
+) -> dict[str, Any]:
+    """The rollout phase: the head migrated the schema to its newest revision while the old
+    release served, no service that should serve turned unready, every old service exited 0,
+    no API answered 5xx while it went on, and each release did work in it."""
+    for problem in r.problems:
+        bad.append(f"rollout: {problem}")
+    if r.migration_exit is None:
+        bad.append("rollout: the head's migration never ran")
+    elif r.migration_exit != 0:
+        bad.append(
+            f"rollout: alembic upgrade head exited {r.migration_exit} while the previous "
+            f"release served: {r.migration_output[-300:]}"
+        )
+    if r.migration_exit == 0 and r.to_revision != r.target_revision:
+        bad.append(
+            f"rollout: the schema is at {r.to_revision} after the migration, not at the "
+            f"head's {r.target_revision}"
+        )
+    for name, code in r.old_exits:
+        if code != 0:
+            how = "was killed after not stopping" if code is None else f"exited {code}"
+            bad.append(f"rollout: {name} {how} on SIGTERM")
+    unready: dict[str, list[float]] = defaultdict(list)
+    for name, at in r.unready:
+        unready[name].append(at)
+    for name, times in sorted(unready.items()):
+        bad.append(
+            f"rollout: {name} was not ready {len(times)} times while it should serve, first "
+            f"{times[0] - r.started_at:.1f}s into the phase{_during_migration(r, times[0])}"
+        )
+    during = [e for e in server_errors if r.started_at <= e.at <= r.ended_at]
+    for e in during[:20]:
+        bad.append(
+            f"rollout: {e.request} answered {e.status_code} by {e.api} "
+            f"{e.at - r.started_at:.1f}s into the phase{_during_migration(r, e.at)}"
+        )
+    if len(during) > 20:
+        bad.append(f"rollout: {len(during) - 20} more 5xx answers while the phase went on")
+    in_phase = [
+        a for a in acks if a.answered_at is not None and r.started_at <= a.answered_at <= r.ended_at
+    ]
+    by_old_api = sum(a.api in r.old_apis for a in in_phase)
+    by_new_api = sum(a.api in r.new_apis for a in in_phase)
+    old_pids = set(r.old_worker_pids)
+    by_old = [e for e in execs.values() if e.pid in old_pids]
+    by_new = [
+        e for e in execs.values()
+        if e.pid not in old_pids and r.started_at <= e.start <= r.ended_at
+    ]  # fmt: skip
+    if not by_old_api:
+        bad.append("rollout: the previous release's API acknowledged no job")
+    if not by_old:
+        bad.append("rollout: the previous release's workers ran no job")
+    if r.new_ready_at is not None and not by_new_api:
+        bad.append("rollout: the head's APIs acknowledged no job while both releases served")
+    migrating = (r.migration_started_at or 0.0, r.migration_ended_at or 0.0)
+    return {
+        "previous": r.previous,
+        "from_revision": r.from_revision,
+        "to_revision": r.to_revision,
+        "target_revision": r.target_revision,
+        "revisions_applied": list(r.revisions_applied),
+        "migration_exit": r.migration_exit,
+        "migration_seconds": round(migrating[1] - migrating[0], 2)
+        if r.migration_ended_at
+        else None,
+        "phase_seconds": round(r.ended_at - r.started_at, 1),
+        "acknowledged_by_old_apis": by_old_api,
+        "acknowledged_by_new_apis": by_new_api,
+        "executions_by_old_workers": len(by_old),
+        "executions_by_new_workers": len(by_new),
+        "executions_during_migration": sum(
+            migrating[0] <= e.start <= migrating[1] for e in execs.values()
+        ),
+        "acknowledged_during_migration": sum(
+            migrating[0] <= (a.answered_at or 0.0) <= migrating[1] for a in acks
+        ),
+        "released_by_old_workers": sum(
+            (w := logged.get((e.job_id, e.lease_token))) is not None
+            and w.applied
+            and w.outcome == "released"
+            for e in by_old
+        ),
+        "old_exits": dict(r.old_exits),
+        "unready_samples": len(r.unready),
+        "server_errors": len(during),
+    }
+
+
+def _during_migration(r: Rollout, at: float) -> str:
+    start, end = r.migration_started_at, r.migration_ended_at
+    if start is not None and end is not None and start <= at <= end:
+        return ", during the migration"
+    return ""
 
 
 def _check_resumed_holders(

@@ -10,7 +10,7 @@ outlived its attempt), parsed into the records the checks work on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,8 +18,17 @@ from typing import Any
 # cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
 # its lease, ended then, whenever the handler itself returned.
 ABANDONED = ("handler thread abandoned", "handler did not stop when cancelled")
+# The worker's line when a holder hears of a cancel request (with `via`).
+CANCEL_HEARD = "cancel requested, stopping the attempt"
 # The target of a fault that hits the database itself, and so every worker process at once.
 DATABASE = "postgres"
+# The target of a fault that locks some job rows (`lock_rows`, `lock_enqueue`): it hits every
+# process, but only as the holder of one of those jobs (`Fault.locked_jobs`).
+ROWS = "rows"
+# The target of `cut_listener`: the workers' LISTEN connections. It costs no lease (the
+# heartbeats and outcome writes have connections of their own), so it explains no late stop
+# of a cancelled job either.
+LISTENERS = "listeners"
 # The fault that holds back the MVCC horizon beside the others (`tests.chaos.horizon`), and
 # its target: no process of the system, so it disturbs no lease.
 HELD_HORIZON = "held_horizon"
@@ -58,6 +67,18 @@ class Ack:
     status_code: int
     due: float | None = None  # epoch seconds no execution of the job may start before
     scheduled: bool = False  # sent with a run_at or delay in the future
+    api: str = ""  # the base URL that answered
+    answered_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ServerError:
+    """An answer of 500 or more (503 included) from an API to the client."""
+
+    api: str  # the base URL that answered
+    at: float  # epoch seconds of the answer
+    status_code: int
+    request: str  # e.g. "POST /jobs"
 
 
 @dataclass(frozen=True)
@@ -138,6 +159,40 @@ class Fault:
     # Worker processes whose path to the database the fault cut or slowed (a proxy fault).
     partitioned_pids: tuple[int, ...] = ()
     hold: Hold | None = None  # a held_horizon fault's record
+    # The jobs whose rows a `rows` fault held locked (from `injected_at` to `healed_at`): only
+    # their holders were disturbed, and only as their holders.
+    locked_jobs: tuple[str, ...] = ()
+    # What a fault measured, for the checker and the summary (`cut_listener`: the backends
+    # terminated, when the listeners were all back; lock faults: the rows found locked).
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The rollout phase (`tests.chaos.rollout`): the previous release's services under load
+    while the head migrated, the head's started beside them, the old ones stopped."""
+
+    previous: str  # the previous release's commit
+    started_at: float
+    ended_at: float
+    from_revision: str | None  # the schema when the phase began (the previous release's head)
+    target_revision: str | None  # the head's newest revision, as its migrations declare it
+    to_revision: str | None  # the schema after the head's `alembic upgrade head`
+    revisions_applied: tuple[str, ...] = ()
+    migration_exit: int | None = None  # None: it never ran
+    migration_output: str = ""
+    migration_started_at: float | None = None
+    migration_ended_at: float | None = None
+    old_services: tuple[str, ...] = ()  # names
+    old_apis: tuple[str, ...] = ()  # base URLs
+    new_apis: tuple[str, ...] = ()
+    old_worker_pids: tuple[int, ...] = ()  # every worker process the old services started
+    new_ready_at: float | None = None  # when the head's services were all ready
+    old_stopped_at: float | None = None  # when the old services were sent SIGTERM
+    old_exits: tuple[tuple[str, int | None], ...] = ()  # (name, exit status; None: killed)
+    # (service name, time) of each readiness sample that found a serving service unready.
+    unready: tuple[tuple[str, float], ...] = ()
+    problems: tuple[str, ...] = ()  # what the phase itself could not do
 
 
 @dataclass(frozen=True)
@@ -147,28 +202,44 @@ class Disturbance:
     pids: frozenset[int] | None  # None: every process (the database itself was hit)
     since: float
     until: float
+    # None: every job its processes held; else only these (their rows were locked).
+    jobs: frozenset[str] | None = None
 
-    def hits(self, pid: int, start: float, end: float) -> bool:
-        """Whether it hit process `pid` at some time between `start` and `end`."""
-        touched = self.pids is None or pid in self.pids
+    def hits(self, pid: int, start: float, end: float, job_id: str) -> bool:
+        """Whether it hit process `pid`, as the holder of `job_id`, at some time between
+        `start` and `end`."""
+        touched = (self.pids is None or pid in self.pids) and (
+            self.jobs is None or job_id in self.jobs
+        )
         return touched and self.since <= end and self.until >= start
 
 
 def disturbances(faults: Iterable[Fault]) -> list[Disturbance]:
-    """The faults that could cost a running holder its lease, earliest first."""
+    """The faults that could cost a running holder its lease, earliest first. A fault on
+    the database hits every process; one that locked job rows hits every process too, but
+    only as the holder of one of those jobs: a lease of another job lost meanwhile is not
+    explained by it."""
     found = []
     for f in faults:
         pids = frozenset((*f.killed_pids, *f.paused_pids, *f.partitioned_pids))
-        if f.target != DATABASE and not pids:
+        rows = f.target == ROWS
+        if f.target != DATABASE and not pids and not (rows and f.locked_jobs):
             continue
         since = f.stopped_at if f.stopped_at is not None else f.injected_at
         until = max(since, f.healed_at if f.healed_at is not None else since)
-        found.append(Disturbance(None if f.target == DATABASE else pids, since, until))
+        found.append(
+            Disturbance(
+                None if f.target in (DATABASE, ROWS) else pids,
+                since,
+                until,
+                frozenset(f.locked_jobs) if rows else None,
+            )
+        )
     return sorted(found, key=lambda d: d.since)
 
 
-def disturbed(hits: Iterable[Disturbance], pid: int, start: float, end: float) -> bool:
-    return any(d.hits(pid, start, end) for d in hits)
+def disturbed(hits: Iterable[Disturbance], pid: int, start: float, end: float, job_id: str) -> bool:
+    return any(d.hits(pid, start, end, job_id) for d in hits)
 
 
 @dataclass
@@ -250,6 +321,17 @@ def writes(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Write]
             w.lost, w.lost_at = True, log_time(e["time"])
         else:
             w.abandoned_at = log_time(e["time"])
+    return found
+
+
+def cancel_paths(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], str]:
+    """How each attempt stopped by a cancel heard of it (`via` of the worker's `cancel
+    requested, stopping the attempt` line: `notification`, `renewal`, ...), by (job_id,
+    lease_token); the first, if it heard twice."""
+    found: dict[tuple[str, int], str] = {}
+    for e in entries:
+        if e.get("msg") == CANCEL_HEARD and "lease_token" in e:
+            found.setdefault((str(e["job_id"]), int(e["lease_token"])), str(e.get("via")))
     return found
 
 

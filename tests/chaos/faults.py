@@ -14,6 +14,22 @@ the worker processes it stopped, killed or cut off from the database, and when,
 for the checker to tell a lease lost to a fault from one lost while its holder
 ran undisturbed.
 
+Three faults hold job rows, or cut connections, without touching a process:
+
+- `lock_rows`: an operator's `psql` session runs `BEGIN; SELECT ... FOR UPDATE` on about
+  half of the running jobs of each worker process (probes that outlive the lock among
+  them) and sits idle in that transaction for LOCK_SECONDS, past the lease and the
+  worker's limit on a statement; the other running jobs are bystanders;
+- `lock_enqueue`: the same rows locked by the application's own transactional enqueue
+  (`jobcore.enqueue`) replaying each job's idempotency key in a transaction it keeps
+  open as long;
+- `cut_listener`: the workers' LISTEN connections terminated (`pg_terminate_backend`)
+  while cancels of running probes are in flight, some sent just before, some during.
+
+A locked row disturbs only its own job's holder (`evidence.Fault.locked_jobs`): a
+bystander that loses its lease meanwhile lost it undisturbed, a violation. A cut listener
+disturbs no lease, so the cancels must stop their jobs within the usual bound.
+
 `held_horizon` is not one of the schedule's kinds: `HeldHorizon` holds the MVCC
 horizon back (`tests.chaos.horizon`) in a thread of its own, for a long stretch of the
 fault phase while the schedule injects the others, and records it as a fault at its end.
@@ -21,20 +37,35 @@ fault phase while the schedule injects the others, and records it as a fault at 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
+import tests.chaos.handlers  # noqa: F401 - registers the job types transactional enqueue checks
+from jobcore import enqueue
 from tests.chaos import audit, horizon
-from tests.chaos.checker import LONG_TYPE
-from tests.chaos.evidence import HELD_HORIZON, HORIZON_TARGET, Fault, Hold
+from tests.chaos.checker import CUT_MODE, LONG_TYPE
+from tests.chaos.evidence import (
+    HELD_HORIZON,
+    HORIZON_TARGET,
+    LISTENERS,
+    ROWS,
+    Fault,
+    Hold,
+)
 from tests.chaos.load import LONG_SECONDS, LONG_TIMEOUT, Load
 from tests.chaos.system import LEASE_SECONDS, Service, System, wait_until
 
@@ -61,6 +92,8 @@ KINDS = (
     "block_loop",
     "hang_threads",
     "lock_rows",
+    "lock_enqueue",
+    "cut_listener",
 )
 # A handler blocking its event loop for longer than the supervisor's stall limit (10 s):
 # each attempt costs a process; two attempts, then recovery dead-letters the job.
@@ -68,8 +101,27 @@ BLOCK_SECONDS = 30.0
 BLOCK_ATTEMPTS = 2
 # Row locks on running jobs, held past the worker's own limit on a statement (6 s): the
 # writes (and the claims they carry) stuck behind them must be ended by the server, never
-# commit behind a worker that gave up on them.
+# commit behind a worker that gave up on them; and the leases of the jobs whose rows are
+# not locked must not suffer.
 LOCK_SECONDS = 8.0
+# Probes running through the lock (a plain sleep under a timeout of its own), so that each
+# worker process likely holds some locked and some free jobs at once.
+LOCK_PROBES = 6
+LOCK_PROBE = {
+    "type": "chaos-slow",
+    "payload": {"seconds": LOCK_SECONDS + 4},
+    "timeout": LONG_TIMEOUT,
+}
+LOCK_SHARE = 0.5  # of each process's running jobs, the share whose rows are locked
+# The application_name of the locking sessions (terminate_backends does not kill them).
+PSQL_NAME = "chaos-lock-psql"
+ENQUEUE_NAME = "chaos-lock-enqueue"
+# The workers' LISTEN connections (jobqueue_worker.listener), and the probes whose cancels
+# are asked around the cut: seconds from the cut, just before it and while they are gone.
+LISTEN_NAME = "jobqueue-worker-listen"
+CUT_PROBE = {"type": "chaos-slow", "payload": {"seconds": 12.0}, "timeout": LONG_TIMEOUT}
+CUT_OFFSETS = (-0.2, 0.0, 0.3, 1.0, 2.0)
+RECONNECT_LIMIT = 30.0
 # Plain handlers sleeping past JOB_TIMEOUT, more of them than a process has slots.
 HANG_SECONDS = 6.0
 HANG_JOBS = 12
@@ -134,6 +186,8 @@ class Injected:
     note: str = ""
     stopped_at: float | None = None  # when killed_pids or paused_pids were signalled
     partitioned_pids: tuple[int, ...] = ()  # worker processes cut off from the database
+    locked_jobs: tuple[str, ...] = ()  # jobs whose rows were locked (target ROWS)
+    detail: Mapping[str, Any] = field(default_factory=dict)
 
 
 # --- injectors ----------------------------------------------------------------------
@@ -359,21 +413,280 @@ def hang_threads(c: Chaos) -> Injected:
 
 
 def lock_rows(c: Chaos) -> Injected:
-    """Lock the rows of running jobs (and a probe's) for LOCK_SECONDS on a connection of
-    its own, as a long transaction of an operator or another application would."""
-    probe = c.load.submit({"type": "chaos-slow", "payload": {"seconds": PROBE_SECONDS}})
-    if probe is not None:
-        _wait_start(c, probe, 60)
-    conn = c.system.cluster.connect()
+    """An operator's psql session locks the rows of about half of the running jobs with a
+    plain `SELECT ... FOR UPDATE` and sits idle in its transaction for LOCK_SECONDS."""
+    locked, bystanders = _lock_targets(c)
+    since = time.time()
+    held, how = _psql_lock(c, locked)
+    until = time.time()
+    return _locked(c, how, since, until, held, bystanders)
+
+
+def lock_enqueue(c: Chaos) -> Injected:
+    """The application's transactional enqueue replays the idempotency key of each of about
+    half of the running jobs (the very request each was created by), in a transaction it
+    keeps open for LOCK_SECONDS, then commits: a replay that locks the job's row holds it."""
+    locked, bystanders = _lock_targets(c)
+    rows = c.system.query(
+        "SELECT id, type, payload, max_attempts, queue, priority, timeout, idempotency_key"
+        " FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
+        " AND idempotency_key IS NOT NULL",
+        (locked,),
+    )
+    since = time.time()
+    replayed: list[str] = []
+    held: dict[str, Any] = {}
+    conn = c.system.cluster.connect(application_name=ENQUEUE_NAME)
     try:
         with conn.transaction():
-            rows = conn.execute(
-                "SELECT id FROM jobs WHERE status = 'processing' FOR UPDATE SKIP LOCKED"
-            ).fetchall()
-            time.sleep(LOCK_SECONDS)  # the fault's duration, not a wait for a condition
+            for job_id, job_type, payload, attempts, queue, priority, timeout, key in rows:
+                fields: dict[str, Any] = {
+                    "idempotency_key": key,
+                    "max_attempts": attempts,
+                    "queue": queue,
+                    "priority": priority,
+                }
+                if timeout is not None:
+                    fields["timeout"] = timeout
+                got = enqueue(conn, job_type, payload, **fields)
+                if str(got) != str(job_id):
+                    c.problems.append(
+                        f"lock_enqueue: replaying job {job_id}'s key {key} returned job {got}"
+                    )
+                replayed.append(str(job_id))
+            held = _rows_locked(c, conn.info.backend_pid, replayed)
+            time.sleep(LOCK_SECONDS)  # the open transaction: the fault's duration
+    except Exception as exc:
+        c.problems.append(f"lock_enqueue: the replays failed: {type(exc).__name__}: {exc}")
     finally:
         conn.close()
-    return Injected("postgres", time.time(), note=f"{len(rows)} running jobs locked")
+    until = time.time()
+    held.setdefault("jobs", replayed)
+    return _locked(c, "enqueue", since, until, held, bystanders)
+
+
+def _locked(
+    c: Chaos, how: str, since: float, until: float, held: Mapping[str, Any], free: list[str]
+) -> Injected:
+    """The fault's record: the jobs whose rows were seen locked (all those asked for, when
+    the locks could not be read) disturbed their holders from `since` to `until`."""
+    asked = tuple(sorted(held.get("jobs", ())))
+    seen = held.get("seen")
+    jobs = asked if seen is None else tuple(sorted(seen))
+    found = "" if seen is None else f" ({len(seen)} seen locked)"
+    return Injected(
+        ROWS,
+        until,
+        note=f"{how}: {len(asked)} running jobs' rows taken{found}, {len(free)} free",
+        stopped_at=since,
+        locked_jobs=jobs,
+        detail={
+            "via": how,
+            "asked": len(asked),
+            "seen_locked": None if seen is None else len(seen),
+            "bystanders": len(free),
+        },
+    )
+
+
+def _lock_targets(c: Chaos) -> tuple[list[str], list[str]]:
+    """Probes that outlive the lock, submitted and seen running; then the running jobs (as
+    the database and the execution records agree), split per worker process: about
+    LOCK_SHARE of each process's to lock, at least one, and at least one left free where
+    it runs two or more. Returns (to lock, left free)."""
+    probes = [j for _ in range(LOCK_PROBES) if (j := c.load.submit(LOCK_PROBE)) is not None]
+    wait_until(lambda: all(_started(c, j) for j in probes), 30, 0.05)
+    held = set()
+    with contextlib.suppress(Exception):
+        held = {
+            (str(job_id), int(token))
+            for job_id, token in c.system.query(
+                "SELECT id, lease_token FROM jobs WHERE status = 'processing'"
+            )
+        }
+    c.tail.poll()
+    by_pid: dict[int, list[str]] = defaultdict(list)
+    for key, pid in c.tail.running.items():
+        if key in held:
+            by_pid[pid].append(key[0])
+    locked: list[str] = []
+    free: list[str] = []
+    for _, ids in sorted(by_pid.items()):
+        ids = sorted(ids)
+        c.rng.shuffle(ids)
+        if len(ids) == 1:
+            n = 1 if c.rng.random() < LOCK_SHARE else 0
+        else:
+            n = min(len(ids) - 1, max(1, round(len(ids) * LOCK_SHARE)))
+        locked += ids[:n]
+        free += ids[n:]
+    return sorted(locked), sorted(free)
+
+
+def _psql_lock(c: Chaos, ids: list[str]) -> tuple[dict[str, Any], str]:
+    """Lock the rows of `ids` still running from a psql session, idle in its transaction
+    for LOCK_SECONDS once it holds them; then COMMIT. Without a psql binary, the same
+    statements on a psycopg connection."""
+    sql = (
+        "SELECT id FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
+        " ORDER BY id FOR UPDATE"
+    )
+    psql = _psql(c)
+    held: dict[str, Any] = {"jobs": ids}
+    if psql is None:
+        conn = c.system.cluster.connect(application_name=PSQL_NAME)
+        try:
+            with conn.transaction():
+                rows = conn.execute(sql, (ids,)).fetchall()
+                held = _rows_locked(c, conn.info.backend_pid, [str(r[0]) for r in rows])
+                time.sleep(LOCK_SECONDS)  # the fault's duration, not a wait for a condition
+        finally:
+            conn.close()
+        return held, "psycopg (no psql)"
+    array = "{" + ",".join(ids) + "}"
+    url = f"{c.system.cluster.url()}?application_name={PSQL_NAME}"
+    proc = subprocess.Popen(
+        [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write("BEGIN;\n" + sql.replace("%s", f"'{array}'") + ";\n")
+        proc.stdin.flush()
+        # Idle in its transaction: the SELECT returned, every row it found is locked.
+        session = wait_until(lambda: _idle_in_transaction(c, PSQL_NAME), 10, 0.02)
+        if session is None:
+            c.problems.append("lock_rows: the psql session never sat idle in its transaction")
+        else:
+            pids = c.system.query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (PSQL_NAME,)
+            )
+            if pids:
+                held = _rows_locked(c, int(pids[0][0]), ids) or held
+        time.sleep(LOCK_SECONDS)  # the fault's duration, not a wait for a condition
+        proc.stdin.write("COMMIT;\n\\q\n")
+        proc.stdin.flush()
+    except OSError as exc:  # psql is gone (its session was killed): its exit status says why
+        c.problems.append(f"lock_rows: psql stopped reading: {exc}")
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(10)
+        errors = proc.stderr.read() if proc.stderr is not None else ""
+        if code != 0:
+            c.problems.append(f"lock_rows: psql exited {code}: {errors.strip()[:300]}")
+    return held, "psql"
+
+
+def _psql(c: Chaos) -> str | None:
+    beside = c.system.cluster.bin / "psql"
+    return str(beside) if beside.exists() else shutil.which("psql")
+
+
+def _idle_in_transaction(c: Chaos, name: str) -> bool:
+    try:
+        rows = c.system.query(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+            " AND state = 'idle in transaction'",
+            (name,),
+        )
+    except Exception:
+        return False
+    return bool(rows)
+
+
+def _rows_locked(c: Chaos, backend: int, ids: list[str]) -> dict[str, Any]:
+    """Which of the jobs `ids` the session of `backend` holds locked (`seen`), read with
+    pgrowlocks, which takes no lock on a row; {} if it cannot be read."""
+    try:
+        rows = c.system.query(
+            "SELECT j.id FROM pgrowlocks('jobs') l JOIN jobs j ON j.ctid = l.locked_row"
+            " WHERE %s = ANY(l.pids) AND j.id = ANY(%s::uuid[])",
+            (backend, ids),
+        )
+    except psycopg.Error:
+        return {}
+    return {"jobs": ids, "seen": sorted(str(r[0]) for r in rows)}
+
+
+def cut_listener(c: Chaos) -> Injected:
+    """Running probes are asked to be cancelled around the moment every worker's LISTEN
+    connection is terminated: just before, at once and while the listeners are gone (at
+    CUT_OFFSETS from the cut), and one more once they are all back. Their holders must stop
+    them as soon as they hear of it, by a renewal or by a listener back."""
+    probes = [j for _ in range(len(CUT_OFFSETS) + 1) if (j := c.load.submit(CUT_PROBE))]
+    wait_until(lambda: all(_started(c, j) for j in probes), 30, 0.05)
+    running = [j for j in probes if _started(c, j)]
+    if len(running) < len(probes):
+        c.problems.append(f"cut_listener: {len(probes) - len(running)} probes never started")
+    around, after = running[: len(CUT_OFFSETS)], running[len(CUT_OFFSETS) :]
+    before = _listeners(c)
+    lead = max(0.0, -min(CUT_OFFSETS))
+    plan = [(j, lead + at) for j, at in zip(around, CUT_OFFSETS, strict=False)]
+    asked = c.load.cancel_soon(plan, CUT_MODE)
+    time.sleep(lead)  # the first cancel goes out this long before the cut: the plan
+    cut_at = time.time()
+    ((terminated,),) = c.system.query(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name = %s) t",
+        (LISTEN_NAME,),
+    )
+    back_at = wait_until(lambda: _listeners(c, since=cut_at) >= before, RECONNECT_LIMIT, 0.05)
+    if after:
+        asked_after = c.load.cancel_soon([(j, 0.3) for j in after], CUT_MODE)
+    for future in (asked, *([asked_after] if after else [])):
+        try:
+            future.result(90)
+        except Exception as exc:
+            c.problems.append(f"cut_listener: the cancels failed: {type(exc).__name__}: {exc}")
+    wait_until(lambda: all(_ended_any(c, j) for j in running), LEASE_SECONDS + 20, 0.05)
+    back = "never" if back_at is None else f"{back_at - cut_at:.2f}s"
+    return Injected(
+        LISTENERS,
+        back_at if back_at is not None else time.time(),
+        note=f"{terminated} of {before} listeners cut, back after {back}; {len(running)} cancels",
+        stopped_at=cut_at,
+        detail={
+            "terminated": int(terminated),
+            "listeners_before": before,
+            "cut_at": cut_at,
+            "back_at": back_at,
+            "jobs": running,
+            "after_back": after,
+        },
+    )
+
+
+def _listeners(c: Chaos, since: float | None = None) -> int:
+    """The workers' LISTEN connections (opened after `since`, if given)."""
+    try:
+        ((n,),) = c.system.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND (%s::float8 IS NULL OR backend_start > to_timestamp(%s::float8))",
+            (LISTEN_NAME, since, since),
+        )
+    except Exception:
+        return 0
+    return int(n)
+
+
+def _started(c: Chaos, job_id: str) -> bool:
+    """Whether an execution of `job_id` has recorded its start."""
+    c.tail.poll()
+    return any(k[0] == job_id for k in c.tail.running) or any(k[0] == job_id for k in c.tail.ended)
+
+
+def _ended_any(c: Chaos, job_id: str) -> bool:
+    """Whether every execution of `job_id` that started has ended."""
+    c.tail.poll()
+    return not any(k[0] == job_id for k in c.tail.running)
 
 
 def _at_rest(c: Chaos, ids: list[str]) -> bool:
@@ -438,6 +751,8 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
     "block_loop": block_loop,
     "hang_threads": hang_threads,
     "lock_rows": lock_rows,
+    "lock_enqueue": lock_enqueue,
+    "cut_listener": cut_listener,
 }
 
 
@@ -496,6 +811,8 @@ def inject(c: Chaos, kind: str) -> Fault:
         done.note if recovered_at is not None else f"{done.note} ({missing[0]})",
         done.stopped_at,
         done.partitioned_pids,
+        locked_jobs=done.locked_jobs,
+        detail=done.detail,
     )
     c.faults.append(fault)
     c.log(fault_line(fault, since, missing[1]))

@@ -2,9 +2,15 @@
 
 Like a careful real client, it retries a submission that got no answer (or a
 503) with the same Idempotency-Key and the same body, on the other API, until it
-is acknowledged with 201 (created) or 200 (replayed). Only acknowledged jobs are
+is acknowledged with 201 (created) or 200 (replayed). Every job it submits thus has an
+idempotency key (the `lock_enqueue` fault replays them). Only acknowledged jobs are
 owed to the client, so only they count for "never lost". Any other answer (400,
-409, 500) is recorded as a failure: the requests are valid and never conflict.
+409, 500) is recorded as a failure: the requests are valid and never conflict. Every
+answer of 500 or more (503 included) is recorded with its API and time
+(`LoadStats.server_errors`): none is allowed during the rollout phase. The APIs it
+sends to can be replaced while it runs (`use_apis`), as a load balancer's rotation
+changes during a rollout; a fault can ask for cancels of its own probes through it
+(`cancel_soon`), recorded like the load's own.
 
 A sample of the load's own jobs is cancelled through the APIs as well
 (`tests.chaos.canceller`): some while they run, some while they are pending.
@@ -22,10 +28,12 @@ request plus the delay.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -33,7 +41,7 @@ from typing import Any
 import httpx
 
 from tests.chaos.canceller import Canceller, Plan, plan
-from tests.chaos.evidence import Ack, CancelRequest, log_time
+from tests.chaos.evidence import Ack, CancelRequest, ServerError, log_time
 from tests.chaos.system import LEASE_SECONDS
 
 # (kind of job, weight); `job_body` makes each kind's request.
@@ -123,6 +131,9 @@ class LoadStats:
     failures: list[str] = field(default_factory=list)  # answers that must never happen
     unacknowledged: int = 0
     finished_at: float | None = None
+    # Every answer of 500 or more (503 included), submissions and cancels, by API and time:
+    # retried, but none is allowed while the rollout phase goes on (tests.chaos.rollout).
+    server_errors: list[ServerError] = field(default_factory=list)
 
 
 class Load:
@@ -150,7 +161,13 @@ class Load:
         self.cancels = cancels
         # Its own generator: the job mix of a seed stays the same whether or not it cancels.
         self.cancel_rng = random.Random(f"cancels-{seed}")
-        self.canceller = Canceller(api_urls, self._http, self.stats.cancels, self.stats.failures)
+        self.canceller = Canceller(
+            api_urls,
+            self._http,
+            self.stats.cancels,
+            self.stats.failures,
+            server_errors=self.stats.server_errors,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._client: httpx.AsyncClient | None = None
@@ -168,6 +185,30 @@ class Load:
         """Submit one more job now (thread-safe); its id once acknowledged, None if never."""
         future = asyncio.run_coroutine_threadsafe(self._submit_one(body), self._loop)
         return future.result(timeout)
+
+    def use_apis(self, api_urls: Sequence[str]) -> None:
+        """Send every request from now on to these APIs (thread-safe): a load balancer's
+        rotation during a rollout. Requests in flight finish where they were sent."""
+        urls = list(api_urls)
+        self.api_urls = urls
+        self.canceller.api_urls = urls
+
+    def cancel_soon(
+        self, plan: Sequence[tuple[str, float]], mode: str
+    ) -> concurrent.futures.Future[None]:
+        """Ask for each job of `plan` (job id, seconds from now) to be cancelled, each request
+        recorded with `mode` as the load's own are (thread-safe); done once all are answered."""
+
+        async def ask_all() -> None:
+            began = time.monotonic()
+
+            async def one(job_id: str, after: float) -> None:
+                await asyncio.sleep(max(0.0, began + after - time.monotonic()))
+                await self.canceller.cancel(job_id, mode, 0.0)
+
+            await asyncio.gather(*(one(job_id, after) for job_id, after in plan))
+
+        return asyncio.run_coroutine_threadsafe(ask_all(), self._loop)
 
     def close(self) -> None:
         if self._loop.is_running():
@@ -237,8 +278,10 @@ class Load:
         body, earliest = scheduled(body, schedule, time.time())
         give_up = time.monotonic() + self.give_up_after
         attempt = 0
+        serial = self._serial
         while time.monotonic() < give_up:
-            url = self.api_urls[(self._serial + attempt) % len(self.api_urls)]
+            urls = self.api_urls  # one rotation for both reads (use_apis may replace it)
+            url = urls[(serial + attempt) % len(urls)]
             attempt += 1
             self.stats.attempts += 1
             try:
@@ -249,6 +292,11 @@ class Load:
                 self.stats.retried[type(exc).__name__] += 1
                 await asyncio.sleep(0.2)
                 continue
+            answered = time.time()
+            if response.status_code >= 500:
+                self.stats.server_errors.append(
+                    ServerError(url, answered, response.status_code, "POST /jobs")
+                )
             if response.status_code in (200, 201):
                 answer = response.json()
                 job_id = str(answer["id"])
@@ -256,7 +304,15 @@ class Load:
                 if response.status_code == 201 and answer.get("run_at"):
                     due = log_time(answer["run_at"])
                 self.stats.acks.append(
-                    Ack(key, job_id, response.status_code, due, schedule is not None)
+                    Ack(
+                        key,
+                        job_id,
+                        response.status_code,
+                        due,
+                        schedule is not None,
+                        api=url,
+                        answered_at=answered,
+                    )
                 )
                 return job_id
             if response.status_code == 503:

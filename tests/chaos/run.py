@@ -2,12 +2,16 @@
 
     python -m tests.chaos.run [--jobs N] [--duration S] [--json PATH] [--seed N] [--kinds a,b]
                               [--retention S] [--await-prune S] [--no-cancels]
-                              [--horizon-seconds S]
+                              [--horizon-seconds S] [--no-rollout] [--previous COMMIT]
 
-Starts a throwaway PostgreSQL cluster, 2 `jobqueue-api` and 3 `jobqueue-worker`
+Starts a throwaway PostgreSQL cluster; unless `--no-rollout`, first the rollout phase
+(`tests.chaos.rollout`): the previous release's (`--previous`, by default
+`rollout.PREVIOUS_RELEASE`) schema, API and workers under load while the head's
+`alembic upgrade head` runs, then the head's services beside them, then the old ones
+stopped. Then 2 `jobqueue-api` and 3 `jobqueue-worker`
 services (2 processes each, deleting finished jobs after `--retention` seconds),
-each behind a fault proxy; submits N jobs through the APIs over the fault phase,
-cancelling a sample of them, while `tests.chaos.faults` injects one fault after
+each behind a fault proxy; submits N jobs through the APIs over the rollout and the fault
+phase, cancelling a sample of them, while `tests.chaos.faults` injects one fault after
 another and, beside them, holds back the MVCC horizon for `--horizon-seconds`
 (`tests.chaos.horizon`); then restarts whatever is down, waits until every
 acknowledged job is at rest (or deleted by retention), stops every service
@@ -33,9 +37,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import audit, faults, horizon
+from tests.chaos import audit, faults, horizon, rollout
 from tests.chaos.checker import Report, check
-from tests.chaos.evidence import JobRow
+from tests.chaos.evidence import JobRow, Rollout
 from tests.chaos.load import Load
 from tests.chaos.system import (
     DEFAULT_RETENTION,
@@ -62,16 +66,20 @@ def run_chaos(
     cancels: bool = True,
     await_prune: float = 0.0,
     horizon_seconds: float = horizon.DEFAULT_SECONDS,
+    previous: str | None = None,
 ) -> Report:
     """One complete run; the report's violations are empty when every guarantee held.
 
     `await_prune`: after draining, wait up to this long for retention to have deleted a
     job, if none was yet (a short run may end before the retention leader's second round).
     `horizon_seconds`: how long the MVCC horizon is held during the faults
-    (`tests.chaos.horizon.stretch`; 0: not at all)."""
+    (`tests.chaos.horizon.stretch`; 0: not at all). `previous`: a commit of this repository
+    to roll out from before the faults (`tests.chaos.rollout`); None: no rollout phase."""
     started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="jobqueue-chaos-"))
-    system = System(run_dir, retention=retention)
+    release = rollout.checkout(previous, run_dir / "previous") if previous else None
+    system = System(run_dir, retention=retention, previous=release)
+    rolled: Rollout | None = None
     load: Load | None = None
     held: faults.HeldHorizon | None = None
     problems: list[str] = []
@@ -79,16 +87,24 @@ def run_chaos(
         system.start()
         if wait_until(system.all_ready, START_LIMIT) is None:
             raise RuntimeError(f"the services were not ready within {START_LIMIT}s")
-        log(f"system ready in {time.time() - started:.1f}s; {jobs} jobs over {duration:g}s")
+        rollout_for = rollout.ESTIMATE if release is not None else 0.0
+        log(
+            f"system ready in {time.time() - started:.1f}s; {jobs} jobs over "
+            f"{duration + rollout_for:g}s"
+        )
         load = Load(
             [api.url("") for api in system.apis],
             jobs,
-            spread=duration * 0.8,
+            spread=(duration + rollout_for) * 0.8,
             seed=seed,
             run_id=f"chaos-{uuid.uuid4().hex[:8]}",
             cancels=cancels,
         )
         load.start()
+        if release is not None:
+            rolled = rollout.run(system, load, log)
+            if wait_until(system.all_ready, START_LIMIT) is None:
+                problems.append("not every service was ready after the rollout")
         chaos = faults.Chaos(system, load, random.Random(seed), log=log)
         held_for = horizon.stretch(duration, horizon_seconds)
         if held_for is not None:
@@ -134,6 +150,8 @@ def run_chaos(
             cancels=load.stats.cancels,
             pruned=audit.pruned(system),
             retention=retention_ages(retention),
+            rollout=rolled,
+            server_errors=load.stats.server_errors,
         )
         if non_json:
             problems.append(f"{non_json} service log lines were not JSON")
@@ -156,6 +174,7 @@ def run_chaos(
         if load is not None:
             load.close()
         system.close()
+        rollout.cleanup(release)
         if keep:
             log(f"service logs and execution records kept in {run_dir}")
         else:
@@ -269,6 +288,11 @@ def table(report: Report) -> str:
         f"| stale writes applied | {s['stale_writes_applied']} |",
         f"| leases lost on renewal (paused holders stopped by it) | "
         f"{s['leases_lost_on_renewal']} ({s['paused_holders_stopped_by_renewal']}) |",
+        f"| **leases lost while their holder ran undisturbed** | "
+        f"**{s['leases_lost_undisturbed']}** |",
+        f"| renewals that skipped a locked row (`lease not renewed`) | "
+        f"{s['renewals_skipped_for_a_locked_row']} |",
+        *[_lock_line(x) for x in s.get("locked_rows", [])],
         f"| long jobs (2–3 leases): completed / cancelled / run once / longest execution | "
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
@@ -279,6 +303,11 @@ def table(report: Report) -> str:
     for kind, t in s["recovery_seconds"].items():
         lines.append(f"| recovery after {kind} (p50 / max) | {t['p50']}s / {t['max']}s |")
     lines += [_horizon_line(h) for h in s.get("held_horizon", [])]
+    lines += [_cut_line(x) for x in s.get("listener_cuts", [])]
+    if s.get("rollout"):
+        lines += _rollout_lines(s["rollout"])
+    if s.get("server_errors"):
+        lines.append(f"| 5xx answers to the client (retried) | {_pairs(s['server_errors'])} |")
     lines += [
         f"| submissions retried by the client | {sum(s['submission_retries'].values())} |",
         f"| service log lines at level error | {sum(s['error_log_lines'].values())} |",
@@ -300,6 +329,48 @@ def _horizon_line(h: dict[str, Any]) -> str:
         f"{h['held_seconds']}s of {h['planned_seconds']:g}s / {h['reconnects']} / "
         f"{h['max_age']} / {dead} |"
     )
+
+
+def _lock_line(x: dict[str, Any]) -> str:
+    seen = "not read" if x["seen_locked"] is None else x["seen_locked"]
+    return (
+        f"| {x['kind']} ({x['via']}): running jobs' rows taken (seen locked) / free running "
+        f"jobs / held / leases lost, locked / free | {x['jobs_taken']} ({seen}) / "
+        f"{x['jobs_free']} / {x['held_seconds']}s / {x['leases_lost_locked']} / "
+        f"{x['leases_lost_free']} |"
+    )
+
+
+def _cut_line(x: dict[str, Any]) -> str:
+    back = "never" if x["back_after_seconds"] is None else f"{x['back_after_seconds']}s"
+    return (
+        "| cut_listener: listeners cut / back after / cancels (answers) / stopped (heard by) / "
+        "stop after the request, p50 / max (asked before the listeners were back: from their "
+        "return) / asked once back | "
+        f"{x['terminated']} of {x['listeners_before']} / {back} / {x['cancels']} "
+        f"{_pairs(x['answers'])} / {x['stopped']} {_pairs(x['via'])} / "
+        f"{_late(x['stop_seconds'])} ({_late(x['stop_after_listeners_back_seconds'])}) / "
+        f"{_late(x['stop_seconds_once_back'])} |"
+    )
+
+
+def _rollout_lines(r: dict[str, Any]) -> list[str]:
+    applied = ", ".join(r["revisions_applied"]) or "none"
+    exits = ", ".join(f"{k} {v}" for k, v in r["old_exits"].items())
+    took = "-" if r["migration_seconds"] is None else f"{r['migration_seconds']}s"
+    return [
+        f"| rollout from {r['previous']}: schema / revisions applied / migration (exit) | "
+        f"{r['from_revision']} → {r['to_revision']} (head {r['target_revision']}) / {applied} / "
+        f"{took} ({r['migration_exit']}) |",
+        f"| rollout: acknowledged by old / new APIs; executions by old / new workers; "
+        f"during the migration (acknowledged / started) | {r['acknowledged_by_old_apis']} / "
+        f"{r['acknowledged_by_new_apis']}; {r['executions_by_old_workers']} / "
+        f"{r['executions_by_new_workers']}; {r['acknowledged_during_migration']} / "
+        f"{r['executions_during_migration']} |",
+        f"| rollout: 5xx / unready samples / released by the old workers / old exits / phase | "
+        f"{r['server_errors']} / {r['unready_samples']} / {r['released_by_old_workers']} / "
+        f"{exits} / {r['phase_seconds']}s |",
+    ]
 
 
 def _long(jobs: dict[str, float]) -> str:
@@ -367,6 +438,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="hold the MVCC horizon this long during the faults, from 20%% into them "
         "(the middle half of a shorter fault phase; 0: never)",
     )
+    parser.add_argument(
+        "--no-rollout",
+        action="store_true",
+        help="no rollout phase: the head's services from the start",
+    )
+    parser.add_argument(
+        "--previous",
+        default=rollout.PREVIOUS_RELEASE,
+        help="the commit whose services the rollout phase starts from "
+        f"(default {rollout.PREVIOUS_RELEASE})",
+    )
     args = parser.parse_args(argv)
     if args.horizon_seconds < 0:
         parser.error("--horizon-seconds must not be negative")
@@ -390,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cancels=not args.no_cancels,
         await_prune=args.await_prune,
         horizon_seconds=args.horizon_seconds,
+        previous=None if args.no_rollout else args.previous,
     )
     print(table(report))
     for violation in report.violations[:50]:

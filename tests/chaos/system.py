@@ -6,6 +6,11 @@ delete finished jobs after a short retention, so pruning runs during the faults;
 the database keeps a copy of every row they delete (`tests.chaos.audit`). Each service
 incarnation (a restart makes a new one) writes its stdout to its own file
 under the run directory; the checker reads them all at the end.
+
+With a previous release (`tests.chaos.rollout.Release`) the database starts at that
+release's schema, migrated by its own tree, and the services that start are that
+release's (`api-prev-*`, `worker-prev-*`); the head's own services wait, staged, until
+the rollout phase launches them (`launch_staged`) and retires the old ones (`retire`).
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
@@ -30,6 +36,9 @@ from tests.chaos.cluster import Cluster
 from tests.faultproxy import FaultProxy
 from tests.pg import alembic_config
 from tests.procs import BIN, free_port
+
+if TYPE_CHECKING:
+    from tests.chaos.rollout import Release
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -69,13 +78,16 @@ def retention_ages(retention: float) -> dict[str, float]:
 
 
 class Process:
-    """One incarnation of a console script, in a session of its own, stdout to a file."""
+    """One incarnation of a console script (or of `argv`, a previous release's way to start
+    it), in a session of its own, stdout to a file."""
 
-    def __init__(self, command: str, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, command: str, env: dict[str, str], log: Path, argv: list[str] | None = None
+    ) -> None:
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(BIN / command)],
+                argv or [str(BIN / command)],
                 env={**os.environ, **env},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -84,18 +96,20 @@ class Process:
             )
         self.pid = self.proc.pid
         self._read = 0
+        self._reading = threading.Lock()  # the rollout's monitor reads it from a thread
         self.started_children: set[int] = set()
 
     def working_children(self) -> list[int]:
         """Children that are past their imports and running (they logged their start)."""
-        with open(self.log, "rb") as f:
-            f.seek(self._read)
-            data = f.read()
-        data = data[: data.rfind(b"\n") + 1]
-        self._read += len(data)
-        for line in data.splitlines():
-            if b'"worker process started"' in line:
-                self.started_children.add(int(json.loads(line)["pid"]))
+        with self._reading:
+            with open(self.log, "rb") as f:
+                f.seek(self._read)
+                data = f.read()
+            data = data[: data.rfind(b"\n") + 1]
+            self._read += len(data)
+            for line in data.splitlines():
+                if b'"worker process started"' in line:
+                    self.started_children.add(int(json.loads(line)["pid"]))
         return [pid for pid in self.children() if pid in self.started_children]
 
     def alive(self) -> bool:
@@ -153,6 +167,8 @@ class Service:
     proxy: FaultProxy
     env: dict[str, str]
     incarnations: list[Process] = field(default_factory=list)
+    argv: list[str] | None = None  # how to start it, if not the head's console script
+    release: str = "head"  # the commit its code comes from
 
     @property
     def current(self) -> Process:
@@ -176,15 +192,23 @@ class System:
         workers: int = 3,
         slots: int = 8,
         retention: float = DEFAULT_RETENTION,
+        previous: Release | None = None,
+        previous_apis: int = 1,
+        previous_workers: int = 2,
     ) -> None:
         self.run_dir = run_dir
         self.retention = retention
+        # A tests.chaos.rollout.Release: its services start first, the head's are staged.
+        self.previous = previous
+        self._previous_counts = (previous_apis, previous_workers)
         self.exec_dir = run_dir / "executions"
         self.logs_dir = run_dir / "logs"
         self.exec_dir.mkdir(parents=True)
         self.logs_dir.mkdir()
         self.cluster = Cluster()
-        self.services: list[Service] = []
+        self.services: list[Service] = []  # in service: the faults, readiness and the stop
+        self.staged: list[Service] = []  # the head's, waiting for the rollout to start them
+        self.retired: list[Service] = []  # stopped for good (a previous release's)
         self._apis, self._workers, self._slots = apis, workers, slots
         self.http = httpx.Client(timeout=2.0)
         self._observer: psycopg.Connection | None = None
@@ -195,9 +219,14 @@ class System:
         self.cluster.init()
         self.cluster.start()
         self.cluster.create_database()
-        command.upgrade(alembic_config(self.cluster.url()), "head")
+        if self.previous is None:
+            command.upgrade(alembic_config(self.cluster.url()), "head")
+        else:
+            self.previous.migrate(self.cluster.url())
         with self.cluster.connect() as conn:
             audit.install(conn)
+            with contextlib.suppress(psycopg.Error):  # to read row locks; not everywhere
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pgrowlocks")
         common = {
             **TIMINGS,
             "JOB_HANDLERS": "tests.chaos.handlers",
@@ -206,21 +235,46 @@ class System:
             "CHAOS_LOG_DIR": str(self.exec_dir),
             "LOG_LEVEL": "info",
         }
-        for i in range(self._apis):
-            self._add(f"api-{i}", "jobqueue-api", "HTTP_ADDR", common)
-        for i in range(self._workers):
-            env = {
-                **common,
-                "WORKER_PROCESSES": str(WORKER_PROCESSES),
-                "WORKERS": str(self._slots),
-                "QUEUES": QUEUES,
-                **{name: f"{self.retention:g}s" for name in RETENTION_VARIABLES},
-            }
-            self._add(f"worker-{i}", "jobqueue-worker", "METRICS_ADDR", env)
+        worker_env = {
+            **common,
+            "WORKER_PROCESSES": str(WORKER_PROCESSES),
+            "WORKERS": str(self._slots),
+            "QUEUES": QUEUES,
+            **{name: f"{self.retention:g}s" for name in RETENTION_VARIABLES},
+        }
+        head = [
+            *(
+                self._add(f"api-{i}", "jobqueue-api", "HTTP_ADDR", common)
+                for i in range(self._apis)
+            ),
+            *(
+                self._add(f"worker-{i}", "jobqueue-worker", "METRICS_ADDR", worker_env)
+                for i in range(self._workers)
+            ),
+        ]
+        if self.previous is None:
+            self.services += head
+        else:
+            self.staged += head
+            apis, workers = self._previous_counts
+            for i in range(apis):
+                self.services.append(self._previous("api", i, "HTTP_ADDR", common))
+            for i in range(workers):
+                self.services.append(self._previous("worker", i, "METRICS_ADDR", worker_env))
         for service in self.services:
             self.launch(service)
 
-    def _add(self, name: str, command: str, addr_var: str, env: dict[str, str]) -> None:
+    def _previous(self, kind: str, i: int, addr_var: str, env: dict[str, str]) -> Service:
+        """A service of the previous release: its own tree's code ahead of the head's."""
+        previous = self.previous
+        assert previous is not None
+        command = f"jobqueue-{kind}"
+        service = self._add(f"{kind}-prev-{i}", command, addr_var, {**env, **previous.env()})
+        service.argv = previous.argv(command)
+        service.release = previous.commit
+        return service
+
+    def _add(self, name: str, command: str, addr_var: str, env: dict[str, str]) -> Service:
         proxy = FaultProxy(("127.0.0.1", self.cluster.port))
         port = free_port()
         env = {
@@ -228,7 +282,20 @@ class System:
             "DATABASE_URL": proxy.database_url(self.cluster.url()),
             addr_var: f"127.0.0.1:{port}",
         }
-        self.services.append(Service(name, command, port, proxy, env))
+        return Service(name, command, port, proxy, env)
+
+    def launch_staged(self) -> list[Service]:
+        """Start the staged (head) services, now in service beside whatever runs."""
+        staged, self.staged = self.staged, []
+        for service in staged:
+            self.services.append(service)
+            self.launch(service)
+        return staged
+
+    def retire(self, service: Service) -> None:
+        """Take `service` out of service for good (it has been stopped)."""
+        self.services.remove(service)
+        self.retired.append(service)
 
     def launch(self, service: Service) -> Process:
         """Start a new incarnation of `service`."""
@@ -239,13 +306,14 @@ class System:
             metrics = self.run_dir / "metrics" / f"{service.name}.{n}"
             metrics.mkdir(parents=True)
             env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
-        process = Process(service.command, env, self.logs_dir / f"{service.name}.{n}.log")
+        log = self.logs_dir / f"{service.name}.{n}.log"
+        process = Process(service.command, env, log, service.argv)
         service.incarnations.append(process)
         return process
 
     def close(self) -> None:
         """Kill whatever still runs and stop the cluster; idempotent, never raises."""
-        for service in self.services:
+        for service in [*self.services, *self.staged, *self.retired]:
             for process in service.incarnations:
                 if process.alive():
                     with contextlib.suppress(Exception):
@@ -270,11 +338,11 @@ class System:
     def workers(self) -> list[Service]:
         return [s for s in self.services if s.is_worker]
 
-    def ready(self, service: Service) -> bool:
+    def ready(self, service: Service, http: httpx.Client | None = None) -> bool:
         if not service.incarnations or not service.current.alive():
             return False
         try:
-            ok = self.http.get(service.url("/readyz")).status_code == 200
+            ok = (http or self.http).get(service.url("/readyz")).status_code == 200
         except httpx.HTTPError:
             return False
         if ok and service.is_worker:

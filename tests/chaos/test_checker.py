@@ -5,16 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.chaos.checker import check, recovery_table
+from tests.chaos.checker import CUT_LISTENER, CUT_MODE, check, recovery_table
 from tests.chaos.evidence import (
     HELD_HORIZON,
     HORIZON_TARGET,
+    LISTENERS,
+    ROWS,
     Ack,
     CancelRequest,
     Fault,
     Hold,
     JobRow,
     Pruned,
+    Rollout,
+    ServerError,
 )
 
 LEASE = 8.0
@@ -574,6 +578,7 @@ def test_cancels_of_a_pending_a_running_and_a_finished_job_that_are_kept_are_cle
         "ended_cancelled": 2,
         "lost_races": 0,
         "stop_seconds": {"p50": 0.3, "max": 0.3},
+        "stop_seconds_by_mode": {"race": {"p50": 0.3, "max": 0.3}},
         "stale_starts_after_cancel": 0,
     }
 
@@ -850,3 +855,280 @@ def test_deletions_are_counted_by_statement_and_those_made_while_faults_went_on(
         report.summary["retention"]["statements"],
         report.summary["retention"]["during_faults"],
     ) == (2, 2)
+
+
+# --- locked rows: only the holder of a locked job is disturbed, and only as its holder -----
+
+
+def locked(
+    *job_ids: str, since: float = 2.0, until: float = 10.0, kind: str = "lock_rows"
+) -> Fault:
+    """Rows of `job_ids` locked from T0 + since to T0 + until (psql, or an enqueue replay)."""
+    return Fault(
+        kind, ROWS, T0 + since, T0 + until, T0 + until + 0.2, note="locked",
+        stopped_at=T0 + since, locked_jobs=job_ids,
+        detail={"via": "psql", "asked": len(job_ids), "seen_locked": len(job_ids), "bystanders": 1},
+    )  # fmt: skip
+
+
+def two_long_jobs_of_one_process() -> tuple[list[JobRow], list[Any], list[Any]]:
+    """`held` and `free`, both run by pid 7 from 0 s: each lost its lease on renewal at
+    5.9 s (as one renewal statement stuck behind a lock on one of them would make it),
+    and each ran again on pid 8 from 10.5 s."""
+    rows = [row(j, "completed", attempts=2, token=2, type="chaos-long") for j in ("held", "free")]
+    records = [
+        r
+        for j in ("held", "free")
+        for r in [*long_run(j, 1, 0, 5.9, "cancelled", pid=7),
+                  *long_run(j, 2, 10.5, 20.0, "ok", pid=8)]
+    ]  # fmt: skip
+    logs = [
+        e
+        for j in ("held", "free")
+        for e in (renew_lost(j, 1, 5.9), finished(j, 2, 20.1, "completed"))
+    ]
+    return rows, records, logs
+
+
+def test_a_locked_row_explains_the_lost_lease_of_its_own_job_and_no_other() -> None:
+    rows, records, logs = two_long_jobs_of_one_process()
+    for kind in ("lock_rows", "lock_enqueue"):
+        report = checked(rows, records, logs, [locked("held", kind=kind)])
+        assert report.violations == [
+            "job free: lease 1 was lost while its holder (pid 7) ran undisturbed, "
+            "and lease 2 re-ran it"
+        ], kind
+        s = report.summary
+        assert s["duplicate_causes"] == {"lease lost in a fault": 1}
+        assert s["leases_lost_undisturbed"] == 1
+        assert s["locked_rows"] == [
+            {
+                "kind": kind, "via": "psql", "jobs_taken": 1, "jobs_locked": 1, "seen_locked": 1,
+                "jobs_free": 1, "held_seconds": 8.0, "leases_lost_locked": 1,
+                "leases_lost_free": 1,
+            }
+        ]  # fmt: skip
+    # Both rows locked: both losses explained.
+    assert checked(rows, records, logs, [locked("held", "free")]).violations == []
+    # A lock that ended before the attempt began explains nothing.
+    early = locked("held", "free", since=-20.0, until=-12.0)
+    assert len(checked(rows, records, logs, [early]).violations) == 2
+
+
+def test_a_locked_job_s_holder_may_lose_the_lease_a_lease_after_the_lock_began() -> None:
+    # Its renewals stuck from 2 s: its lease is sure only until 2 + 8 - 8/3 s, so a re-run
+    # from 7 s overlaps nothing; had another row been locked, it held the lease until 7.9 s.
+    rows = [row("held", "completed", attempts=2, token=2, type="chaos-long")]
+    records = [*long_run("held", 1, 0, 7.9, "cancelled", pid=7),
+               *long_run("held", 2, 7.0, 20.0, "ok", pid=8)]  # fmt: skip
+    logs = [renew_lost("held", 1, 7.9), finished("held", 2, 20.1, "completed")]
+    assert checked(rows, records, logs, [locked("held")]).violations == []
+    assert checked(rows, records, logs, [locked("other")]).violations == [
+        "job held: lease 2 started 0.90s before lease 1 ended or expired",
+        "job held: lease 1 was lost while its holder (pid 7) ran undisturbed, "
+        "and lease 2 re-ran it",
+    ]
+
+
+def test_a_lease_lost_undisturbed_is_a_violation_even_if_the_job_never_ran_again() -> None:
+    # Its heartbeat lost the lease; then the job was cancelled (a recovery of a cancel
+    # request), so nothing re-ran it: the loss is still a violation.
+    rows = [long_row("cancelled")]
+    records = long_run("long", 1, 0, 6.0, "cancelled", pid=7)
+    logs = [renew_lost("long", 1, 6.0)]
+    cancels = [cancel("long", 5.5, 5.55, 202, attempts=1)]
+    assert with_cancels(rows, records, logs, cancels).violations == [
+        "job long: lease 1 was lost while its holder (pid 7) ran undisturbed"
+    ]
+    assert with_cancels(rows, records, logs, cancels, [locked("long")]).violations == []
+    # An outcome write that matched no row, from an undisturbed holder, is as much a loss.
+    wrote = [lost("long", 1, 6.0), finished("long", 1, 6.0, "completed")]
+    report = with_cancels(rows, long_run("long", 1, 0, 6.0, "ok", pid=7), wrote, cancels)
+    assert "job long: lease 1 was lost while its holder (pid 7) ran undisturbed" in (
+        report.violations
+    )
+
+
+def test_a_cancel_of_a_locked_job_may_stop_late_but_one_of_a_free_job_may_not() -> None:
+    # The cancel's renewal waits behind the lock: only the locked job's holder is excused.
+    rows = [long_row("cancelled")]
+    records = long_run("long", 1, 0, 9.5, "cancelled", pid=7)
+    logs = [finished("long", 1, 9.6, "cancelled")]
+    cancels = [cancel("long", 3.0, 3.05, 202, attempts=1)]
+    assert with_cancels(rows, records, logs, cancels, [locked("long")]).violations == []
+    assert with_cancels(rows, records, logs, cancels, [locked("other")]).violations == [
+        "job long: lease 1's handler (pid 7) ran on 6.45s after its cancel was answered 202"
+    ]
+
+
+# --- cut listeners: cancels in flight still stop their jobs in time ------------------------
+
+
+def cut(
+    jobs: tuple[str, ...] = ("p1", "p2", "p3"), terminated: int = 6, back: float | None = 3.0
+) -> Fault:
+    """The workers' listeners cut at T0 + 2, all back at T0 + back; p3 asked once back."""
+    detail = {
+        "terminated": terminated, "listeners_before": 6, "cut_at": T0 + 2,
+        "back_at": None if back is None else T0 + back, "jobs": list(jobs),
+        "after_back": ["p3"],
+    }  # fmt: skip
+    healed = T0 + (back if back is not None else 30)
+    return Fault(
+        CUT_LISTENER, LISTENERS, T0 + 2, healed, healed + 0.1, stopped_at=T0 + 2, detail=detail
+    )
+
+
+def cut_cancel(job_id: str, sent: float, answered: float, code: int = 202) -> CancelRequest:
+    return CancelRequest(job_id, T0 + sent, T0 + answered, code, 1, CUT_MODE)
+
+
+def heard(job_id: str, at: float, via: str) -> dict[str, Any]:
+    """The holder's line when it heard of the cancel (by the notification, or a renewal)."""
+    return {
+        "msg": "cancel requested, stopping the attempt", "job_id": job_id, "lease_token": 1,
+        "via": via, "time": stamp(at),
+    }  # fmt: skip
+
+
+def probes(ends: dict[str, tuple[float, str]]) -> tuple[list[JobRow], list[Any], list[Any]]:
+    rows = [row(j, "cancelled", type="chaos-slow") for j in ends]
+    records = [r for j, (end, _) in ends.items() for r in run(j, 1, 0, end, "cancelled", pid=7)]
+    logs = [
+        e
+        for j, (end, via) in ends.items()
+        for e in (heard(j, end - 0.01, via), finished(j, 1, end + 0.01, "cancelled"))
+    ]
+    return rows, records, logs
+
+
+def test_cancels_asked_around_a_listener_cut_are_summarized_with_their_latency() -> None:
+    # p1 asked just before the cut, p2 while the listeners were gone, p3 once they were back.
+    rows, records, logs = probes(
+        {"p1": (2.3, "notification"), "p2": (4.0, "renewal"), "p3": (3.42, "notification")}
+    )
+    cancels = [cut_cancel("p1", 1.8, 1.85), cut_cancel("p2", 2.5, 2.55),
+               cut_cancel("p3", 3.4, 3.41)]  # fmt: skip
+    report = with_cancels(rows, records, logs, cancels, [cut()])
+    assert report.violations == []
+    assert report.summary["listener_cuts"] == [
+        {
+            "terminated": 6, "listeners_before": 6, "back_after_seconds": 1.0, "cancels": 3,
+            "answers": {"202": 3}, "stopped": 3, "via": {"notification": 2, "renewal": 1},
+            "stop_seconds": {"p50": 1.0, "max": 1.5},
+            "stop_after_answer_seconds": {"p50": 0.95, "max": 1.45},
+            "stop_after_listeners_back_seconds": {"p50": 0.15, "max": 1.0},
+            "stop_seconds_once_back": {"p50": 0.02, "max": 0.02},
+            "limit_seconds": 4.67,
+        }
+    ]  # fmt: skip
+    assert report.summary["cancels"]["stop_seconds_by_mode"] == {CUT_MODE: {"p50": 0.5, "max": 1.5}}
+
+
+def test_a_listener_cut_excuses_no_late_stop_and_must_prove_something() -> None:
+    # A cut listener disturbs no lease: a holder that stops late was not excused by it.
+    rows, records, logs = probes({"p1": (2.3, "notification"), "p2": (9.0, "renewal")})
+    cancels = [cut_cancel("p1", 1.8, 1.85), cut_cancel("p2", 2.5, 2.55)]
+    assert with_cancels(rows, records, logs, cancels, [cut(("p1", "p2"))]).violations == [
+        "job p2: lease 1's handler (pid 7) ran on 6.45s after its cancel was answered 202"
+    ]
+    # Nothing terminated, listeners never back, no running job stopped by its cancel.
+    finished_first = [cut_cancel("p1", 2.5, 2.55, code=409), cut_cancel("p2", 2.5, 2.55, 409)]
+    done = [row(j, "completed", type="chaos-slow") for j in ("p1", "p2")]
+    ran = [r for j in ("p1", "p2") for r in run(j, 1, 0, 1.0, "ok", pid=7)]
+    wrote = [finished(j, 1, 1.01, "completed") for j in ("p1", "p2")]
+    never = [cut(("p1", "p2"), terminated=0, back=None)]
+    assert with_cancels(done, ran, wrote, finished_first, never).violations == [
+        "cut_listener: no LISTEN connection was terminated",
+        "cut_listener: the workers' listeners were not all back within 30s of the cut",
+        "cut_listener: no running job was stopped by a cancel asked around the cut "
+        "(answers {'409': 2})",
+    ]  # fmt: skip
+
+
+# --- the rollout phase: the previous release under load while the head migrates -----------
+
+OLD_API, NEW_API = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
+
+
+def rolled(**kw: Any) -> Rollout:
+    """A rollout from T0 to T0 + 30: migrated from 8 s to 9 s, the head ready at 15 s, the
+    old services (worker pid 7) stopped at 24 s."""
+    fields: dict[str, Any] = {
+        "previous": "7ba0894", "started_at": T0, "ended_at": T0 + 30,
+        "from_revision": "0006", "target_revision": "0007", "to_revision": "0007",
+        "revisions_applied": ("0007",), "migration_exit": 0,
+        "migration_started_at": T0 + 8, "migration_ended_at": T0 + 9,
+        "old_services": ("api-prev-0", "worker-prev-0"), "old_apis": (OLD_API,),
+        "new_apis": (NEW_API,), "old_worker_pids": (7,), "new_ready_at": T0 + 15,
+        "old_stopped_at": T0 + 24, "old_exits": (("api-prev-0", 0), ("worker-prev-0", 0)),
+    }  # fmt: skip
+    return Rollout(**fields | kw)
+
+
+def rollout_run(rollout: Rollout, server_errors: Any = ()) -> Any:
+    rows = [row("o", "completed"), row("n", "completed"), row("r", "completed", token=2)]
+    acks_ = [
+        Ack("k-o", "o", 201, api=OLD_API, answered_at=T0 + 8.5),
+        Ack("k-n", "n", 201, api=NEW_API, answered_at=T0 + 18),
+        Ack("k-r", "r", 201, api=OLD_API, answered_at=T0 + 20),
+    ]
+    records = [*run("o", 1, 8.6, 8.7, "ok", pid=7), *run("n", 1, 18.1, 18.2, "ok", pid=8),
+               *run("r", 1, 23.5, 24.05, "cancelled", pid=7),
+               *run("r", 2, 24.5, 24.6, "ok", pid=8)]  # fmt: skip
+    logs = [finished("o", 1, 8.8, "completed"), finished("n", 1, 18.3, "completed"),
+            finished("r", 1, 24.1, "released"), finished("r", 2, 24.7, "completed")]  # fmt: skip
+    return check(
+        rows, acks_, records, logs, [], lease_duration=LEASE, rollout=rollout,
+        server_errors=list(server_errors),
+    )  # fmt: skip
+
+
+def test_a_clean_rollout_is_summarized() -> None:
+    report = rollout_run(rolled())
+    assert report.violations == []
+    assert report.summary["rollout"] == {
+        "previous": "7ba0894", "from_revision": "0006", "to_revision": "0007",
+        "target_revision": "0007", "revisions_applied": ["0007"], "migration_exit": 0,
+        "migration_seconds": 1.0, "phase_seconds": 30.0, "acknowledged_by_old_apis": 2,
+        "acknowledged_by_new_apis": 1, "executions_by_old_workers": 2,
+        "executions_by_new_workers": 2, "executions_during_migration": 1,
+        "acknowledged_during_migration": 1, "released_by_old_workers": 1,
+        "old_exits": {"api-prev-0": 0, "worker-prev-0": 0}, "unready_samples": 0,
+        "server_errors": 0,
+    }  # fmt: skip
+    assert report.summary["duplicate_causes"] == {"shutdown release": 1}
+    # A migration with nothing to do is a rollout too.
+    same = rolled(target_revision="0006", to_revision="0006", revisions_applied=())
+    assert rollout_run(same).violations == []
+
+
+def test_a_rollout_that_broke_anything_is_a_violation() -> None:
+    bad = rolled(
+        migration_exit=1, migration_output="sqlalchemy.exc.OperationalError: lock timeout",
+        to_revision="0006", old_exits=(("api-prev-0", 0), ("worker-prev-0", None)),
+        unready=(("api-prev-0", T0 + 8.5), ("api-prev-0", T0 + 9.0)),
+        problems=("the head's services were not ready within 120s",),
+    )  # fmt: skip
+    errors = [
+        ServerError(OLD_API, T0 + 8.7, 500, "POST /jobs"),
+        ServerError(NEW_API, T0 + 40, 503, "POST /jobs"),  # after the phase: not its concern
+    ]
+    assert rollout_run(bad, errors).violations == [
+        "rollout: the head's services were not ready within 120s",
+        "rollout: alembic upgrade head exited 1 while the previous release served: "
+        "sqlalchemy.exc.OperationalError: lock timeout",
+        "rollout: worker-prev-0 was killed after not stopping on SIGTERM",
+        "rollout: api-prev-0 was not ready 2 times while it should serve, first 8.5s into "
+        "the phase, during the migration",
+        f"rollout: POST /jobs answered 500 by {OLD_API} 8.7s into the phase, during the migration",
+    ]
+    migrated_short = rolled(to_revision="0006")
+    assert rollout_run(migrated_short).violations == [
+        "rollout: the schema is at 0006 after the migration, not at the head's 0007"
+    ]
+    idle = rolled(old_worker_pids=(99,), old_apis=("http://127.0.0.1:1",))
+    assert rollout_run(idle).violations == [
+        "rollout: the previous release's API acknowledged no job",
+        "rollout: the previous release's workers ran no job",
+    ]
