@@ -46,7 +46,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared/jobcore services
+	$(BIN)/mypy shared/jobcore services tests/worker/fakestore.py
 	$(BIN)/python scripts/validate_deploy.py
 
 # Queue benchmarks on the local PostgreSQL (starts and stops its own services; ~20 min,

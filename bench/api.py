@@ -205,7 +205,7 @@ def serve_empty() -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from jobcore.settings import load_settings
+    from jobcore.settings import load_api_settings
     from jobqueue_api.main import hypercorn_config
 
     async def submit(request: Request) -> Response:
@@ -216,7 +216,7 @@ def serve_empty() -> None:
         return Response(b'{"status":"ready"}', media_type="application/json")
 
     app = Starlette(routes=[Route("/jobs", submit, methods=["POST"]), Route("/readyz", ready)])
-    config = hypercorn_config(load_settings())
+    config = hypercorn_config(load_api_settings())
     asyncio.run(serve(app, config))  # type: ignore[arg-type]  # ASGI app, other protocol
 
 
@@ -348,7 +348,7 @@ _HELD_AREAS = [
     ("metrics", ("prometheus_client/",)),
     ("SQLAlchemy", ("sqlalchemy/",)),
     ("request validation", ("jobqueue_api/validation.py", "jobcore/validation.py")),
-    ("JSON", ("json/", "orjson", "jobqueue_api/records.py")),
+    ("JSON", ("json/", "orjson", "jobqueue_api/records.py", "jobcore/record.py")),
 ]
 _INNERMOST = [
     ("asyncpg", "asyncpg/"),

@@ -24,7 +24,8 @@ from bench.adapters.base import log_tail, to_the_end
 from bench.adapters.ours import Ours
 from bench.adapters.ours_jobs import JOB_TYPE
 from bench.stats import latency_ms
-from jobcore import compiled, store
+from jobcore import compiled
+from jobcore.rows import Lease
 from jobcore.states import Operation
 
 LEASE_SECONDS = 60.0
@@ -55,7 +56,7 @@ async def pending_count(adapter: Ours) -> int:
 
 async def claim_latency(adapter: Ours, samples: int, n: int) -> dict[str, Any]:
     durations: list[float] = []
-    leases: list[store.Lease] = []
+    leases: list[Lease] = []
     for _ in range(samples):
         async with adapter.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection

@@ -31,8 +31,8 @@ from bench.adapters.ours_jobs import JOB_TYPE
 from bench.beacon import Receiver
 from bench.procs import ROOT
 from bench.stats import median
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 VARIANTS = ("on", "off")
 PROCESSES = 2
@@ -52,7 +52,7 @@ async def drain_run(
 ) -> dict[str, float]:
     ours = Ours(server, workdir, WORKERS)
     try:
-        jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+        jobs = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
         figures = await costs.drain_with_cpu(
             ours,
             rx,

@@ -30,8 +30,8 @@ from bench.adapters.ours_jobs import JOB_TYPE, LIMITED_TYPE, SLEEP_SECONDS, SLEE
 from bench.beacon import Receiver
 from bench.stats import median
 from bench.webhooks import cpu_seconds
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 LEASES = {"renewing": "3s", "idle": "48h"}  # LEASE_DURATION of each heartbeat run
 LIMITED_EVERY = 10  # one job in ten is of the limited type
@@ -44,7 +44,7 @@ async def drain_with_cpu(
     ours: Ours,
     rx: Receiver,
     processes: int,
-    jobs: list[store.NewJob],
+    jobs: list[NewJob],
     limit: float,
     env: dict[str, str],
     counter: Callable[[], Awaitable[float]] | None = None,
@@ -58,9 +58,7 @@ async def drain_with_cpu(
         ours,
         rx,
         processes,
-        submit=lambda payload: ours.insert(
-            [store.NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]
-        ),
+        submit=lambda payload: ours.insert([NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]),
     )
 
     async def enqueue(n: int) -> None:
@@ -90,7 +88,7 @@ async def heartbeat_session(
     variant: str,
 ) -> dict[str, Any]:
     """One heartbeat run: `variant` "renewing" or "idle" (see `LEASES`)."""
-    jobs = [store.NewJob(new_id(), SLEEP_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+    jobs = [NewJob(new_id(), SLEEP_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
     lease = LEASES[variant]
     ours = Ours(server, workdir, workers)
     try:
@@ -119,9 +117,7 @@ async def limits_session(
 ) -> dict[str, Any]:
     """One limits run: `variant` "limited" (TYPE_CONCURRENCY set) or "unlimited"."""
     jobs = [
-        store.NewJob(
-            new_id(), LIMITED_TYPE if i % LIMITED_EVERY == 0 else JOB_TYPE, {}, MAX_ATTEMPTS
-        )
+        NewJob(new_id(), LIMITED_TYPE if i % LIMITED_EVERY == 0 else JOB_TYPE, {}, MAX_ATTEMPTS)
         for i in range(n)
     ]
     env = {"TYPE_CONCURRENCY": f"{LIMITED_TYPE}:{CONCURRENCY}"} if variant == "limited" else {}

@@ -38,8 +38,8 @@ from bench.adapters.ours_jobs import JOB_TYPE, LIMITED_TYPE
 from bench.beacon import Receiver
 from bench.stats import median
 from bench.webhooks import cpu_seconds
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 SYSTEM = "jobqueue (features on)"
 OURS = "jobqueue"
@@ -76,11 +76,11 @@ def describe(workers: int) -> dict[str, Any]:
     }
 
 
-def jobs(n: int) -> list[store.NewJob]:
+def jobs(n: int) -> list[NewJob]:
     """`n` no-op jobs over both queues, mixed priorities, every tenth of the limited type."""
     rng = random.Random(n)
     return [
-        store.NewJob(
+        NewJob(
             new_id(),
             LIMITED_TYPE if i % costs.LIMITED_EVERY == 0 else JOB_TYPE,
             {},
@@ -123,11 +123,7 @@ async def session(
             rx,
             processes,
             submit=lambda payload: ours.insert(
-                [
-                    store.NewJob(
-                        new_id(), JOB_TYPE, payload, MAX_ATTEMPTS, queue=scheduling.QUEUES[0]
-                    )
-                ]
+                [NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS, queue=scheduling.QUEUES[0])]
             ),
         )
         await _first_prune(ours)

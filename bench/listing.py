@@ -36,7 +36,7 @@ from bench.adapters.base import to_the_end
 from bench.adapters.ours import Ours
 from bench.stats import latency_ms
 from jobcore import search
-from jobcore.compiled import Compiled
+from jobcore.runner import Compiled
 from jobcore.schema import jobs
 from jobcore.search import Filters
 from jobcore.states import Status

@@ -54,8 +54,9 @@ from bench.beacon import Receiver
 from bench.http import Connection
 from bench.stats import median
 from bench.webhooks import cpu_seconds
-from jobcore import store
+from jobcore import queries
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 RETENTIONS = {"pruning": "1s", "keeping": "0"}  # RETENTION_COMPLETED of each run of a pair
 # The churned table's worker: 2M jobs pass through in minutes, far faster than the default
@@ -107,7 +108,7 @@ WITH added AS (
          {_V7_BYTES}
     RETURNING 1
 )
-SELECT count(*), pg_notify('{store.NOTIFY_CHANNEL}', '') FROM added
+SELECT count(*), pg_notify('{queries.NOTIFY_CHANNEL}', '') FROM added
 """
 
 _OLD = (
@@ -163,9 +164,7 @@ async def prune_session(
             ours,
             rx,
             processes,
-            submit=lambda payload: ours.insert(
-                [store.NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]
-            ),
+            submit=lambda payload: ours.insert([NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]),
         )
         if variant == "pruning":
 
@@ -173,7 +172,7 @@ async def prune_session(
                 return await pruned_total(ours) > 0
 
             await _until(begun, "retention's first prune", 60)
-        jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+        jobs = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
 
         async def enqueue(_: int) -> None:
             await ours.insert(jobs)

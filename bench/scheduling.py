@@ -28,8 +28,8 @@ from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE
 from bench.beacon import Receiver
 from bench.stats import latency_ms, median
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 LEAD = 1.0  # seconds between the insert and the first run_at
 GAP = (0.010, 0.030)  # seconds between consecutive run_at
@@ -41,8 +41,8 @@ RATIO_TARGET = 0.9  # two-queue drain rate over the single-queue one, at least
 _markers = itertools.count()
 
 
-def _job(payload: Any, **fields: Any) -> store.NewJob:
-    return store.NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS, **fields)
+def _job(payload: Any, **fields: Any) -> NewJob:
+    return NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS, **fields)
 
 
 async def lateness(ours: Ours, rx: Receiver, samples: int) -> dict[str, Any]:

@@ -36,8 +36,8 @@ from bench.beacon import Receiver
 from bench.pg import server_url
 from bench.procs import ROOT
 from bench.stats import median
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 VARIANTS = ("off", "absent", "on")
 BLOCKER = """import sys
@@ -102,7 +102,7 @@ async def drain_run(
 ) -> dict[str, Any]:
     ours = Ours(server, workdir, 50)
     try:
-        jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+        jobs = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
         return await costs.drain_with_cpu(ours, rx, 2, jobs, 120, env)
     finally:
         await to_the_end(ours.cleanup())

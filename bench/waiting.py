@@ -56,8 +56,9 @@ from bench.beacon import Receiver
 from bench.http import Connection
 from bench.stats import latency_ms, median
 from bench.webhooks import cpu_seconds
-from jobcore import store
+from jobcore import queries, store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobqueue_api.database import POOL_SIZE
 
 WAIT = "30s"  # the wait each latency client asks for
@@ -141,7 +142,7 @@ async def thousand(ours: Ours, waiters: int, limit: float = 120) -> dict[str, An
     """`waiters` concurrent waits on one API process, answered when the worker finishes
     their jobs; the API's database connections meanwhile."""
     _enough_file_descriptors(waiters + 256)
-    jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS, delay=3600) for _ in range(waiters)]
+    jobs = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS, delay=3600) for _ in range(waiters)]
     await ours.insert(jobs)
     sampler_conn = await asyncpg.connect(ours.url)
     most: dict[str, int] = {}
@@ -247,7 +248,7 @@ class _Heard:
 
 
 async def _drain(ours: Ours, n: int, awaited: bool, limit: float, heard: _Heard) -> dict[str, Any]:
-    jobs = [store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+    jobs = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
 
     async def enqueue(_: int) -> None:
         async with ours.engine.begin() as conn:
@@ -286,7 +287,7 @@ async def drains(ours: Ours, n: int, pairs: int, limit: float) -> list[dict[str,
     heard = _Heard()
     listener = await asyncpg.connect(ours.url)
     try:
-        await listener.add_listener(store.FINISHED_CHANNEL, heard)
+        await listener.add_listener(queries.FINISHED_CHANNEL, heard)
         out = []
         for pair in range(pairs):
             order = (True, False) if pair % 2 == 0 else (False, True)
@@ -320,9 +321,7 @@ async def session(
             ours,
             rx,
             processes,
-            submit=lambda payload: ours.insert(
-                [store.NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]
-            ),
+            submit=lambda payload: ours.insert([NewJob(new_id(), JOB_TYPE, payload, MAX_ATTEMPTS)]),
         )
         runs = await drains(ours, jobs, pairs, limit) if jobs and pairs else []
         await ours.start_api(MAX_CONNECTIONS=str(max(512, waiters + clients + 64)))

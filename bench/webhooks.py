@@ -37,6 +37,7 @@ from bench.procs import ROOT
 from bench.stats import median
 from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 TARGET_PER_PROCESS = 500.0  # webhooks/s per worker process
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -97,7 +98,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 async def enqueue(ours: Ours, url: str, n: int) -> None:
     jobs = [
-        store.NewJob(new_id(), "webhook", {"url": url, "body": {"event": "bench", "n": i}}, 5)
+        NewJob(new_id(), "webhook", {"url": url, "body": {"event": "bench", "n": i}}, 5)
         for i in range(n)
     ]
     async with ours.engine.begin() as conn:

@@ -24,6 +24,7 @@ from bench.procs import BIN, ROOT, free_port, start, stop
 from jobcore import store
 from jobcore.db import make_engine
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 
 HANDLERS = "bench.adapters.ours_jobs"
 MAX_ATTEMPTS = 5
@@ -164,9 +165,9 @@ class Ours:
     # --- operations --------------------------------------------------------------
 
     async def enqueue_many(self, n: int) -> None:
-        await self.insert([store.NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)])
+        await self.insert([NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)])
 
-    async def insert(self, jobs: Sequence[store.NewJob]) -> None:
+    async def insert(self, jobs: Sequence[NewJob]) -> None:
         """Insert prepared jobs (any queue, priority, run_at) in one transaction; wake workers."""
         async with self.engine.begin() as conn:
             for i in range(0, len(jobs), ENQUEUE_CHUNK):

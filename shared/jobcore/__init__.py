@@ -15,6 +15,7 @@ from jobcore.backoff import backoff
 from jobcore.errors import (
     ConfigError,
     IdempotencyConflict,
+    InvalidRequest,
     JobqueueError,
     PermanentError,
     SchemaNotAtHead,
@@ -31,6 +32,7 @@ __all__ = [
     "TRANSITIONS",
     "ConfigError",
     "IdempotencyConflict",
+    "InvalidRequest",
     "JobContext",
     "JobqueueError",
     "Operation",

@@ -1,9 +1,11 @@
-"""The worker's calls: `jobcore.store`'s statements, compiled once, run on asyncpg.
+"""The worker's calls: `jobcore.queries`' statements, compiled once, run on asyncpg; and the
+one compile cache (`of`) every caller that sends a construct's SQL itself uses.
 
 SQLAlchemy spends more CPU on a statement (compiled-cache lookup, execution
 context, result processing, the greenlet hop) than PostgreSQL spends on a
-batched claim. So every statement of `store.WORKER_STATEMENTS` is compiled to
-asyncpg's SQL at import, and the calls below run it on an asyncpg connection,
+batched claim. So every statement of `jobcore.queries.named()` is compiled to
+asyncpg's SQL at import (`STATEMENTS`, by SQL name), and the calls below run it on
+an asyncpg connection, reading its rows by column name,
 which prepares each statement once and reuses it. There is one call per
 operation and no other implementation: the worker and the transition tests run
 the same code.
@@ -18,80 +20,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 from uuid import UUID, uuid4
 
-from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
-
-from jobcore import maintenance, search, store
+from jobcore import maintenance, queries
+from jobcore.rows import (
+    Claimed,
+    Lease,
+    LimitedClaim,
+    Renewed,
+    TableStats,
+    TypeLimits,
+    claimed_from_row,
+)
+from jobcore.runner import Compiled, Driver, of
 from jobcore.search import QueueDepth
 from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
-from jobcore.store import Claimed, Lease, TypeLimits
 
-_DIALECT = asyncpg_dialect()  # type: ignore[no-untyped-call]
-
-
-class Driver(Protocol):
-    """The part of an asyncpg connection these calls use."""
-
-    async def fetch(self, query: str, *args: Any) -> list[Any]: ...
-
-    def is_closed(self) -> bool: ...
-
-    def transaction(self) -> Any: ...
-
-
-class Compiled:
-    """A construct's SQL for asyncpg, and how to order its parameters."""
-
-    __slots__ = ("_order", "sql")
-
-    def __init__(self, statement: Any) -> None:
-        compiled = statement.compile(dialect=_DIALECT)
-        self.sql: str = compiled.string
-        binds = compiled.binds
-        # Per positional parameter: the caller's value by name (fixed=None), or the
-        # literal the construct itself holds (e.g. `attempts + 1`).
-        self._order: list[tuple[str, bool, Any]] = [
-            (name, binds[name].required, binds[name].effective_value)
-            for name in compiled.positiontup or ()
-        ]
-
-    @property
-    def parameters(self) -> set[str]:
-        """The names the caller supplies."""
-        return {name for name, required, _ in self._order if required}
-
-    def args(self, values: Mapping[str, Any]) -> list[Any]:
-        return [values[name] if required else fixed for name, required, fixed in self._order]
-
-
-STATEMENTS: dict[str, Compiled] = {
-    name: Compiled(statement)
-    for name, statement in {
-        **store.WORKER_STATEMENTS,
-        "queue_depths": search.QUEUE_DEPTHS,
-        "take_lead": maintenance.TAKE_LEAD,
-        "resign": maintenance.RESIGN,
-        **{f"prune_{status}": statement for status, statement in maintenance.PRUNE.items()},
-        "table_stats": maintenance.TABLE_STATS,
-    }.items()
-}
-_CLAIM = STATEMENTS[Operation.CLAIM]
-_COMPLETE_AND_CLAIM = STATEMENTS["complete_and_claim"]
+STATEMENTS: dict[str, Compiled] = {name: of(s) for name, s in queries.named().items()}
+_CLAIM = STATEMENTS["job_claim"]
+_COMPLETE_AND_CLAIM = STATEMENTS["job_complete_and_claim"]
 # With TYPE_CONCURRENCY or TYPE_RATE set: the same claims, skipping the limited types.
-_CLAIM_UNLIMITED = STATEMENTS["claim_unlimited"]
-_COMPLETE_AND_CLAIM_UNLIMITED = STATEMENTS["complete_and_claim_unlimited"]
-_LOCK_TYPES = STATEMENTS["lock_types"]
-_CLAIM_LIMITED = STATEMENTS["claim_limited"]
-_NEEDS_ERRORS = {op for op in ATTEMPT_OUTCOMES if "errors" in STATEMENTS[op].parameters}
-_NEEDS_DELAYS = {op for op in ATTEMPT_OUTCOMES if "delays" in STATEMENTS[op].parameters}
-_NEEDS_RESULTS = {op for op in ATTEMPT_OUTCOMES if "results" in STATEMENTS[op].parameters}
-
-# Claimed is built from the row by position: RETURNING must list its fields in order.
-_CLAIMED_FIELDS = list(Claimed.__dataclass_fields__)
-if [c["name"] for c in store.CLAIM.returning_column_descriptions] != _CLAIMED_FIELDS:
-    raise RuntimeError("CLAIM's RETURNING columns must be Claimed's fields, in order")
+_CLAIM_UNLIMITED = STATEMENTS["job_claim_unlimited"]
+_COMPLETE_AND_CLAIM_UNLIMITED = STATEMENTS["job_complete_and_claim_unlimited"]
+_LOCK_TYPES = STATEMENTS["job_lock_types"]
+_CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
+_OUTCOMES = {op: STATEMENTS[f"job_set_outcome_{op}"] for op in ATTEMPT_OUTCOMES}
 
 
 def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
@@ -127,17 +81,9 @@ async def claim(
     if limited:
         statement = _CLAIM_UNLIMITED
         values["limited"] = list(limited)
-    return [Claimed(*row) for row in await conn.fetch(statement.sql, *statement.args(values))]
-
-
-class LimitedClaim(NamedTuple):
-    """What `claim_limited` took, and why it may have taken less."""
-
-    jobs: list[Claimed]
-    # Type -> the limit it has reached ("rate" or "concurrency"), for each type that has.
-    held: dict[str, str]
-    # Seconds until the rate window of a type held by its rate ends (the soonest); None: none.
-    wait: float | None
+    return [
+        claimed_from_row(row) for row in await conn.fetch(statement.sql, *statement.args(values))
+    ]
 
 
 async def claim_limited(
@@ -177,7 +123,7 @@ async def claim_limited(
     waits: list[float] = []
     for row in rows:
         if row["id"] is not None:
-            jobs.append(Claimed(*(row[name] for name in _CLAIMED_FIELDS)))
+            jobs.append(claimed_from_row(row))
         elif row["held"] is not None:
             held[row["type"]] = row["held"]
             if row["held"] == "rate" and row["wait"] is not None:
@@ -189,9 +135,9 @@ async def next_due(
     conn: Driver, queues: Sequence[str], floors: Mapping[str, list[Any]] = NO_FLOORS
 ) -> float | None:
     """Seconds until the earliest pending job of `queues` that is not due yet; None if none."""
-    statement = STATEMENTS["next_due"]
+    statement = STATEMENTS["job_next_due"]
     rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues), **floors}))
-    seconds = rows[0][0] if rows else None
+    seconds = rows[0]["seconds"] if rows else None
     return None if seconds is None else float(seconds)
 
 
@@ -206,7 +152,7 @@ class Head(NamedTuple):
 async def claim_heads(conn: Driver, queues: Sequence[str]) -> list[Head]:
     """Per queue and priority present, the earliest due pending job's run_at, read from the
     head of the claim index; locks nothing."""
-    statement = STATEMENTS["claim_heads"]
+    statement = STATEMENTS["job_claim_heads"]
     rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues), **NO_FLOORS}))
     return [Head(row["queue"], row["priority"], row["run_at"]) for row in rows]
 
@@ -226,22 +172,22 @@ async def record(
     Returns the leases that were lost (not applied)."""
     if not leases:
         return []
-    statement = STATEMENTS[operation]
+    statement = _OUTCOMES[operation]
     values: dict[str, Any] = {
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
     }
-    if operation in _NEEDS_ERRORS:
+    if operation.writes_error:
         values["errors"] = list(errors)
-    if operation in _NEEDS_DELAYS:
+    if operation.due_again:
         values["delays"] = list(delays)
-    if operation in _NEEDS_RESULTS:
+    if operation.writes_result:
         values["results"] = list(results) if results else [None] * len(leases)
     rows = await conn.fetch(statement.sql, *statement.args(values))
     if len(rows) == len(leases):
         return []
     # By (id, token): a batch may hold an old and a new lease of the same job.
-    applied = {Lease(row[0], row[1]) for row in rows}
+    applied = {Lease(row["id"], row["lease_token"]) for row in rows}
     return [lease for lease in leases if lease not in applied]
 
 
@@ -275,19 +221,13 @@ async def complete_and_claim(
     applied = set()
     claimed = []
     for row in rows:
-        if row[0]:
-            applied.add(Lease(row[1], row[6]))
+        if row["completed"]:
+            applied.add(Lease(row["id"], row["lease_token"]))
         else:
-            claimed.append(Claimed(*row[1:]))
+            claimed.append(claimed_from_row(row))
     if len(applied) == len(leases):
         return [], claimed
     return [lease for lease in leases if lease not in applied], claimed
-
-
-class Renewed(NamedTuple):
-    lost: list[Lease]  # not renewed: the attempt must stop, its outcome unwritten
-    cancel: list[Lease]  # still held, and a cancel of the job was requested
-    busy: list[Lease]  # still held, but locked by another transaction: not renewed this time
 
 
 async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> Renewed:
@@ -295,7 +235,7 @@ async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> 
     transaction holds locked is left as it is (`busy`), not waited for."""
     if not leases:
         return Renewed([], [], [])
-    statement = STATEMENTS[Operation.RENEW]
+    statement = STATEMENTS["job_renew_many"]
     values = {
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
@@ -313,58 +253,53 @@ async def renew(conn: Driver, leases: Sequence[Lease], lease_seconds: float) -> 
 async def release_claim(conn: Driver, claim_ids: Sequence[UUID]) -> list[UUID]:
     """processing -> pending, attempt given back, for every job these claims took.
     Returns the ids of the jobs handed back."""
-    statement = STATEMENTS[Operation.RELEASE_CLAIM]
+    statement = STATEMENTS["job_release_claim"]
     rows = await conn.fetch(statement.sql, *statement.args({"claim_ids": list(claim_ids)}))
-    return [row[0] for row in rows]
+    return [row["id"] for row in rows]
 
 
 async def recover_expired(conn: Driver, window: float | None = None) -> list[tuple[UUID, Status]]:
     """Jobs whose lease ran out go back to pending, or to dead_letter after their last
     attempt; with `window`, only leases that ran out at most that many seconds ago. At most
-    `store.RECOVER_BATCH` a call: fewer means none are left."""
-    statement = STATEMENTS[Operation.RECOVER_EXPIRED]
+    `queries.RECOVER_BATCH` a call: fewer means none are left."""
+    statement = STATEMENTS["job_recover_expired"]
     rows = await conn.fetch(statement.sql, *statement.args({"window": window}))
-    return [(row[0], Status(row[1])) for row in rows]
+    return [(row["id"], Status(row["status"])) for row in rows]
 
 
 async def queue_depths(conn: Driver) -> list[QueueDepth]:
     """Every queue that holds jobs, with its depths (`jobcore.search.QUEUE_DEPTHS`)."""
-    statement = STATEMENTS["queue_depths"]
-    return [QueueDepth(*row) for row in await conn.fetch(statement.sql)]
+    statement = STATEMENTS["queue_get_depths"]
+    return [
+        QueueDepth(**{name: row[name] for name in QueueDepth.__dataclass_fields__})
+        for row in await conn.fetch(statement.sql)
+    ]
 
 
 async def take_lead(conn: Driver, task: str, holder: UUID, lease_seconds: float) -> bool:
     """Lead `task` for `lease_seconds` from now if nobody else does (or keep leading it);
     whether `holder` leads it now."""
-    statement = STATEMENTS["take_lead"]
+    statement = STATEMENTS["lead_take"]
     values = {"task": task, "holder": holder, "lease_seconds": lease_seconds}
     return bool(await conn.fetch(statement.sql, *statement.args(values)))
 
 
 async def resign(conn: Driver, task: str, holder: UUID) -> None:
     """Stop leading `task`, so another worker may take it at once."""
-    statement = STATEMENTS["resign"]
+    statement = STATEMENTS["lead_resign"]
     await conn.fetch(statement.sql, *statement.args({"task": task, "holder": holder}))
 
 
 async def prune(conn: Driver, status: Status, age_seconds: float) -> int:
     """Delete at most `maintenance.PRUNE_BATCH` jobs of the finished `status` that finished
     more than `age_seconds` ago; how many it deleted (fewer than the batch: none are left)."""
-    statement = STATEMENTS[f"prune_{status}"]
+    statement = STATEMENTS[f"job_prune_{status}"]
     rows = await conn.fetch(statement.sql, *statement.args({"age": age_seconds}))
-    return int(rows[0][0])
-
-
-class TableStats(NamedTuple):
-    """One of jobqueue's tables: its dead tuples, and whether autovacuum vacuums it."""
-
-    name: str
-    dead: int
-    autovacuum: bool
+    return int(rows[0]["pruned"])
 
 
 async def table_stats(conn: Driver) -> list[TableStats]:
-    """jobqueue's tables as `maintenance.TABLE_STATS` reads them."""
-    statement = STATEMENTS["table_stats"]
+    """jobqueue's tables as `maintenance.TABLE_GET_STATS` reads them."""
+    statement = STATEMENTS["table_get_stats"]
     rows = await conn.fetch(statement.sql, *statement.args({"tables": maintenance.TABLES}))
     return [TableStats(row["name"], int(row["dead"]), bool(row["autovacuum"])) for row in rows]

@@ -15,25 +15,18 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from jobcore.queries.common import JOB_COLUMNS, WOKE, guard, status_in, status_literal
+from jobcore.rows import Job, job_from_row
 from jobcore.schema import jobs
 from jobcore.states import FINISHED, Operation, Status
-from jobcore.store import (
-    JOB_COLUMNS,
-    WOKE,
-    Job,
-    get,
-    guard,
-    job_from_row,
-    status_in,
-    status_literal,
-)
+from jobcore.store import get
 
 c = jobs.c
 
 # Workers LISTEN on this channel: the id of a running job whose cancel was requested.
 CANCEL_CHANNEL = "jobqueue_cancel"
 
-MANUAL_RETRY = (
+JOB_RETRY = (
     sa.update(jobs)
     .where(c.id == sa.bindparam("job_id"), guard(Operation.MANUAL_RETRY))
     .values(
@@ -49,7 +42,7 @@ MANUAL_RETRY = (
     .returning(*JOB_COLUMNS)
 )
 
-CANCEL = (
+JOB_CANCEL = (
     sa.update(jobs)
     .where(c.id == sa.bindparam("job_id"), guard(Operation.CANCEL))
     .values(
@@ -62,7 +55,7 @@ CANCEL = (
 
 # The first request's time stands; every request announces it again (a holder that missed
 # the first announcement hears the next).
-REQUEST_CANCEL = (
+JOB_REQUEST_CANCEL = (
     sa.update(jobs)
     .where(c.id == sa.bindparam("job_id"), guard(Operation.REQUEST_CANCEL))
     .values(
@@ -78,8 +71,8 @@ REQUEST_CANCEL = (
 )
 
 # A waiter marks the job it waits for, unless it has finished already: the write that
-# finishes it then notifies (`store.FINISHED_CHANNEL`). No row: finished (or unknown).
-WATCH = (
+# finishes it then notifies (`queries.FINISHED_CHANNEL`). No row: finished (or unknown).
+JOB_WATCH = (
     sa.update(jobs)
     .where(c.id == sa.bindparam("job_id"), sa.not_(status_in(FINISHED)))
     .values(awaited=sa.true())
@@ -97,6 +90,14 @@ class Cancelled(StrEnum):
 
 # A job may move between the statements' snapshots (e.g. processing -> pending when its
 # attempt is retried): try again, a few times at most.
+# By their SQL name, for `jobcore.queries.named()`.
+NAMED = {
+    "job_retry": JOB_RETRY,
+    "job_cancel": JOB_CANCEL,
+    "job_request_cancel": JOB_REQUEST_CANCEL,
+    "job_watch": JOB_WATCH,
+}
+
 _CANCEL_TRIES = 5
 
 
@@ -105,10 +106,10 @@ async def cancel(conn: AsyncConnection, job_id: UUID) -> tuple[Job, Cancelled] |
     returned with `cancel_requested_at` set). None if there is no such job."""
     job = None
     for _ in range(_CANCEL_TRIES):
-        row = await _first(conn, CANCEL, job_id)
+        row = await _first(conn, JOB_CANCEL, job_id)
         if row is not None:
             return job_from_row(row), Cancelled.CANCELLED
-        row = await _first(conn, REQUEST_CANCEL, job_id)
+        row = await _first(conn, JOB_REQUEST_CANCEL, job_id)
         if row is not None:
             return job_from_row(row), Cancelled.REQUESTED
         job = await get(conn, job_id)
@@ -123,14 +124,14 @@ async def cancel(conn: AsyncConnection, job_id: UUID) -> tuple[Job, Cancelled] |
 async def manual_retry(conn: AsyncConnection, job_id: UUID) -> Job | None:
     """dead_letter, failed or cancelled -> pending with a fresh attempt budget; None if the
     job is in no such status."""
-    row = await _first(conn, MANUAL_RETRY, job_id)
+    row = await _first(conn, JOB_RETRY, job_id)
     return job_from_row(row) if row is not None else None
 
 
 async def watch(conn: AsyncConnection, job_id: UUID) -> bool:
     """Ask to be notified when the job finishes; False if it has finished (or is unknown),
     so there is nothing to wait for. Listen on `FINISHED_CHANNEL` before calling this."""
-    return await _first(conn, WATCH, job_id) is not None
+    return await _first(conn, JOB_WATCH, job_id) is not None
 
 
 async def _first(conn: AsyncConnection, statement: Any, job_id: UUID) -> Any:

@@ -27,6 +27,13 @@ class Snooze(JobqueueError):
         super().__init__(f"snoozed for {seconds:g}s")
 
 
+class InvalidRequest(JobqueueError, ValueError):
+    """A job request (or, at the API, any part of an HTTP request) breaks
+    `jobcore.validation`'s rules: nothing was written. The message is meant for whoever
+    sent it and names the field, header or query parameter at fault; the API answers it
+    with 400 (which `jobcore.client` raises as `jobcore.client.Invalid`)."""
+
+
 class IdempotencyConflict(JobqueueError):
     """The idempotency key is already bound to a different request."""
 

@@ -28,14 +28,14 @@ _take = pg.insert(maintenance_leases).values(
     + sa.bindparam("lease_seconds", type_=sa.Float) * sa.literal_column("interval '1 second'"),
 )
 # A row back: the caller leads `task` until the lease it asked for runs out.
-TAKE_LEAD = _take.on_conflict_do_update(
+LEAD_TAKE = _take.on_conflict_do_update(
     index_elements=[_m.task],
     set_={"holder": _take.excluded.holder, "expires_at": _take.excluded.expires_at},
     where=sa.or_(_m.holder == _take.excluded.holder, _m.expires_at < sa.func.now()),
 ).returning(_m.holder)
 
 # Let another worker lead at once (at shutdown).
-RESIGN = sa.delete(maintenance_leases).where(
+LEAD_RESIGN = sa.delete(maintenance_leases).where(
     _m.task == sa.bindparam("task", type_=sa.Text),
     _m.holder == sa.bindparam("holder", type_=pg.UUID(as_uuid=True)),
 )
@@ -84,7 +84,7 @@ SELECT count(*) AS pruned FROM gone"""
 
 # Per finished status: delete at most PRUNE_BATCH of its jobs that finished more than `age`
 # seconds ago; returns how many.
-PRUNE: dict[Status, sa.TextualSelect] = {status: _prune(status) for status in sorted(FINISHED)}
+JOB_PRUNE: dict[Status, sa.TextualSelect] = {status: _prune(status) for status in sorted(FINISHED)}
 
 
 # --- vacuum, where autovacuum does not (jobqueue_worker.vacuum) ----------------------------
@@ -94,7 +94,7 @@ TABLES = [table.fullname for table in metadata.sorted_tables]
 
 # Per table of jobqueue's: its dead tuples as the statistics count them, and whether
 # autovacuum will ever vacuum it (on for the server, not turned off for the table).
-TABLE_STATS = sa.text(
+TABLE_GET_STATS = sa.text(
     """
 SELECT t.name, coalesce(s.n_dead_tup, 0) AS dead,
        current_setting('autovacuum') = 'on'
@@ -116,3 +116,12 @@ def vacuum_sql(table: str) -> str:
     if table not in TABLES:
         raise ValueError(f"not one of jobqueue's tables: {table!r}")
     return f"VACUUM (SKIP_LOCKED) {table}"
+
+
+# By their SQL name, for `jobcore.queries.named()`.
+NAMED = {
+    "lead_take": LEAD_TAKE,
+    "lead_resign": LEAD_RESIGN,
+    **{f"job_prune_{status}": statement for status, statement in JOB_PRUNE.items()},
+    "table_get_stats": TABLE_GET_STATS,
+}

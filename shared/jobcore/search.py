@@ -23,9 +23,10 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from jobcore.queries.common import JOB_COLUMNS, status_literal
+from jobcore.rows import Job, job_from_row
 from jobcore.schema import jobs
 from jobcore.states import Status
-from jobcore.store import JOB_COLUMNS, Job, job_from_row, status_literal
 
 c = jobs.c
 
@@ -121,7 +122,7 @@ async def list_jobs(
 _PENDING = f"'{Status.PENDING.value}'"
 _PROCESSING = f"'{Status.PROCESSING.value}'"
 _DEAD_LETTER = f"'{Status.DEAD_LETTER.value}'"
-QUEUE_DEPTHS = sa.text(
+QUEUE_GET_DEPTHS = sa.text(
     f"""
 WITH RECURSIVE known(queue) AS (
     (SELECT queue FROM jobs WHERE status <> {_PROCESSING} ORDER BY queue LIMIT 1)
@@ -175,7 +176,7 @@ DEPTH_STATUSES: Sequence[str] = ("pending", "scheduled", "processing", "dead_let
 
 async def queue_depths(conn: AsyncConnection) -> list[QueueDepth]:
     """Every queue that holds jobs, by name."""
-    rows = await conn.execute(QUEUE_DEPTHS)
+    rows = await conn.execute(QUEUE_GET_DEPTHS)
     return [QueueDepth(*row) for row in rows]
 
 
@@ -191,7 +192,7 @@ CHART_MINUTES = 60
 # Written out where it is used (not a parameter or a subquery), so the planner knows how
 # recent a range it is and picks the index.
 _FIRST_MINUTE = f"date_trunc('minute', now()) - interval '{CHART_MINUTES - 1} minutes'"
-FINISHED_PER_MINUTE = sa.text(
+JOB_COUNT_FINISHED_PER_MINUTE = sa.text(
     f"""
 WITH finished AS (
     SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
@@ -209,3 +210,11 @@ ORDER BY m.minute, f.status"""
     sa.column("status", sa.Text),
     sa.column("finished", sa.BigInteger),
 )
+
+
+# By their SQL name, for `jobcore.queries.named()`: the depths, the chart (the lists are
+# built per filter, `list_statement`).
+NAMED = {
+    "queue_get_depths": QUEUE_GET_DEPTHS,
+    "job_count_finished_per_minute": JOB_COUNT_FINISHED_PER_MINUTE,
+}

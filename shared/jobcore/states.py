@@ -8,6 +8,7 @@ cannot drift from this table; `next_operation` decides how an attempt ends.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -54,51 +55,119 @@ FINISHED: frozenset[Status] = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class _Declared:
+    name: str
+    sources: frozenset[Status]
+    targets: frozenset[Status]
+    outcome: str
+    gives_back: bool
+    due_again: bool
+    writes_error: bool
+    writes_result: bool
+
+
+def _op(
+    name: str,
+    *,
+    sources: Status | tuple[Status, ...],
+    targets: Status | tuple[Status, ...],
+    outcome: str = "",
+    gives_back: bool = False,
+    due_again: bool = False,
+    writes_error: bool = False,
+    writes_result: bool = False,
+) -> _Declared:
+    def statuses(given: Status | tuple[Status, ...]) -> frozenset[Status]:
+        return frozenset(given if isinstance(given, tuple) else (given,))
+
+    return _Declared(
+        name,
+        statuses(sources),
+        statuses(targets),
+        outcome,
+        gives_back,
+        due_again,
+        writes_error,
+        writes_result,
+    )
+
+
 class Operation(StrEnum):
-    """A store operation: its name, the statuses it may start from (its guard), where it may
-    lead, and, for the writes that end an attempt, the outcome they record (in logs and
-    metrics)."""
+    """A store operation, declared once with its effects: the statuses it may start from
+    (its guard) and where it may lead; for the writes that end an attempt, the outcome they
+    record (in logs and metrics); whether it gives the attempt back (`gives_back`: attempts
+    less one), makes the job due again later (`due_again`: run_at = now() + a delay), and
+    writes the attempt's error (`writes_error`) or the handler's result (`writes_result`).
+    The outcome statements (`jobcore.queries.job_outcome`), the worker's calls, the
+    in-memory store and the worker's executor and completer read these; nothing restates
+    them."""
 
     sources: frozenset[Status]
     targets: frozenset[Status]
     outcome: str
+    gives_back: bool
+    due_again: bool
+    writes_error: bool
+    writes_result: bool
 
-    def __new__(
-        cls, name: str, outcome: str, sources: Status | tuple[Status, ...], *targets: Status
-    ) -> Operation:
-        op = str.__new__(cls, name)
-        op._value_ = name
-        op.outcome = outcome
-        op.sources = frozenset(sources if isinstance(sources, tuple) else (sources,))
-        op.targets = frozenset(targets)
+    def __new__(cls, declared: _Declared) -> Operation:
+        op = str.__new__(cls, declared.name)
+        op._value_ = declared.name
+        op.sources = declared.sources
+        op.targets = declared.targets
+        op.outcome = declared.outcome
+        op.gives_back = declared.gives_back
+        op.due_again = declared.due_again
+        op.writes_error = declared.writes_error
+        op.writes_result = declared.writes_result
         return op
 
     # The writes that end an attempt, in the order a batch of outcomes is written. Those that
     # would make the job due again end it `cancelled` instead when a cancel was requested.
-    COMPLETE = "complete", "completed", _R, Status.COMPLETED
-    FAIL = "fail", "failed", _R, Status.FAILED
-    DEAD_LETTER = "dead_letter", "dead_letter", _R, Status.DEAD_LETTER
+    COMPLETE = _op(
+        "complete", outcome="completed", sources=_R, targets=Status.COMPLETED, writes_result=True
+    )
+    FAIL = _op("fail", outcome="failed", sources=_R, targets=Status.FAILED, writes_error=True)
+    DEAD_LETTER = _op(
+        "dead_letter",
+        outcome="dead_letter",
+        sources=_R,
+        targets=Status.DEAD_LETTER,
+        writes_error=True,
+    )
     # The holder stopped the attempt because a cancel was requested.
-    CANCEL_ATTEMPT = "cancel_attempt", "cancelled", _R, _X
-    RETRY_LATER = "retry_later", "retried", _R, _P, _X
+    CANCEL_ATTEMPT = _op("cancel_attempt", outcome="cancelled", sources=_R, targets=_X)
+    RETRY_LATER = _op(
+        "retry_later",
+        outcome="retried",
+        sources=_R,
+        targets=(_P, _X),
+        due_again=True,
+        writes_error=True,
+    )
     # The handler asked to run later (`Snooze`): the attempt is given back.
-    SNOOZE = "snooze", "snoozed", _R, _P, _X
+    SNOOZE = _op(
+        "snooze", outcome="snoozed", sources=_R, targets=(_P, _X), gives_back=True, due_again=True
+    )
     # Shutdown interrupted the attempt through no fault of the job: the attempt is given back.
-    RELEASE = "release", "released", _R, _P, _X
+    RELEASE = _op("release", outcome="released", sources=_R, targets=(_P, _X), gives_back=True)
     # Everything else.
-    CLAIM = "claim", "", _P, _R
+    CLAIM = _op("claim", sources=_P, targets=_R)
     # The jobs of a claim whose answer never reached its worker: the attempt is given back.
-    RELEASE_CLAIM = "release_claim", "", _R, _P, _X
-    RECOVER_EXPIRED = "recover_expired", "", _R, _P, Status.DEAD_LETTER, _X
+    RELEASE_CLAIM = _op("release_claim", sources=_R, targets=(_P, _X), gives_back=True)
+    RECOVER_EXPIRED = _op(
+        "recover_expired", sources=_R, targets=(_P, Status.DEAD_LETTER, _X), writes_error=True
+    )
     # The lease of a running attempt extended (a heartbeat): no change of status.
-    RENEW = "renew", "", _R, _R
+    RENEW = _op("renew", sources=_R, targets=_R)
     # An operator's retry of a job that ended without success: a fresh attempt budget.
-    MANUAL_RETRY = "manual_retry", "", (Status.DEAD_LETTER, Status.FAILED, _X), _P
+    MANUAL_RETRY = _op("manual_retry", sources=(Status.DEAD_LETTER, Status.FAILED, _X), targets=_P)
     # An operator's cancel of a job no worker holds: at once.
-    CANCEL = "cancel", "", (_P, Status.DEAD_LETTER), _X
+    CANCEL = _op("cancel", sources=(_P, Status.DEAD_LETTER), targets=_X)
     # An operator's cancel of a running job: recorded on the job (no change of status) and
     # announced; the holder stops the attempt and writes `cancel_attempt`.
-    REQUEST_CANCEL = "request_cancel", "", _R, _R
+    REQUEST_CANCEL = _op("request_cancel", sources=_R, targets=_R)
 
 
 # The operations that record how an attempt ended, in write order.

@@ -11,7 +11,7 @@ the async kinds they return a coroutine to await. The driver is recognised by it
 package, so psycopg and asyncpg are imported only by callers that pass their connections.
 
 Items are checked by `jobcore.validation`, as the API checks them (the type must be
-registered in this process), and written by `store.SUBMIT_MANY`, the statement of the
+registered in this process), and written by `queries.JOB_SUBMIT_MANY`, the statement of the
 API's `POST /jobs/batch`, which takes no lock on a job an idempotency key replays (so an
 open transaction does not hold up that job's worker); the workers' NOTIFY is sent in the
 same transaction, so it is delivered at commit. Outside a transaction (asyncpg outside
@@ -25,7 +25,6 @@ import importlib
 import json
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
@@ -35,9 +34,10 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore import store, tracing, validation
-from jobcore.errors import ConfigError, IdempotencyConflict
+from jobcore import connections, idempotency, queries, tracing, validation
+from jobcore.errors import ConfigError, IdempotencyConflict, InvalidRequest
 from jobcore.registry import BUILTIN_MODULES, registered_types
+from jobcore.rows import NewJob, Row
 from jobcore.schema import jobs
 
 if TYPE_CHECKING:
@@ -66,8 +66,8 @@ _UNDO = sa.delete(jobs).where(
 
 @dataclass(frozen=True)
 class _Plan:
-    jobs: list[store.NewJob]  # as given, one per item
-    rows: list[store.NewJob]  # what the statement inserts: the first item of each key
+    jobs: list[NewJob]  # as given, one per item
+    rows: list[NewJob]  # what the statement inserts: the first item of each key
     payloads: list[str]  # each row's payload as JSON text
 
 
@@ -88,11 +88,9 @@ def _jsonable(item: Any) -> tuple[Any, str]:
     try:
         text = _encode(payload)
     except (TypeError, ValueError) as exc:
-        raise validation.Invalid(f"field 'payload' is not JSON: {exc}") from None
+        raise InvalidRequest(f"field 'payload' is not JSON: {exc}") from None
     except RecursionError:
-        raise validation.Invalid(
-            f"JSON is nested deeper than {validation.MAX_DEPTH} levels"
-        ) from None
+        raise InvalidRequest(f"JSON is nested deeper than {validation.MAX_DEPTH} levels") from None
     if not _surely_storable(text):
         validation.check_storable(payload)
     if not _PYTHON_VALUED.isdisjoint(item):
@@ -139,7 +137,7 @@ def _python_values(item: Mapping[str, Any]) -> dict[str, Any]:
     run_at = out.get("run_at")
     if isinstance(run_at, datetime):
         if run_at.utcoffset() is None:
-            raise validation.Invalid("field 'run_at' must be an aware datetime (with tzinfo)")
+            raise InvalidRequest("field 'run_at' must be an aware datetime (with tzinfo)")
         out["run_at"] = run_at.isoformat()
     for name in ("delay", "timeout"):
         if isinstance(out.get(name), timedelta):
@@ -164,9 +162,9 @@ def _default_max_attempts() -> int:
     """MAX_ATTEMPTS from the environment, as the API reads it; else the API's default."""
     text = os.environ.get("MAX_ATTEMPTS")
     if text is None or not text.strip():
-        from jobcore.settings import Settings
+        from jobcore.settings import SharedSettings
 
-        default: int = Settings.model_fields["max_attempts"].default
+        default: int = SharedSettings.model_fields["max_attempts"].default
         return default
     try:
         value = int(text)
@@ -182,7 +180,7 @@ def _default_max_attempts() -> int:
 
 
 def _plan(items: Sequence[Any]) -> _Plan:
-    """Validate every item (all or none: `validation.Invalid`, a ValueError, naming each
+    """Validate every item (all or none: `InvalidRequest`, a ValueError, naming each
     invalid item's index) and keep the first item of each idempotency key. A later item
     with the same key and a different request is an IdempotencyConflict."""
     texts: list[str] = []  # each item's payload as JSON, in order
@@ -198,13 +196,13 @@ def _plan(items: Sequence[Any]) -> _Plan:
         default_max_attempts=_default_max_attempts(),
         prepare=prepare,
     )
-    rows, first = store.batch_rows(new_jobs)
+    rows, first = idempotency.batch_rows(new_jobs)
     payloads: list[str] = []
     for new, text in zip(new_jobs, texts, strict=True):
         key = new.idempotency_key
         if key is None or first[key] is new:
             payloads.append(text)
-        elif not store.same_request(new, first[key]):
+        elif not idempotency.same_request(new, first[key]):
             raise IdempotencyConflict(key)
     return _Plan(new_jobs, rows, payloads)
 
@@ -219,8 +217,8 @@ def _write(plan: _Plan) -> tuple[Any, dict[str, Any]]:
     if traceparent is not None:
         rows = [new._replace(traceparent=traceparent) for new in rows]
     if all(new.idempotency_key is None for new in rows):
-        return store.SUBMIT_MANY_KEYLESS, store.keyless_params(rows, plan.payloads)
-    return store.SUBMIT_MANY, store.many_params(rows, plan.payloads)
+        return queries.JOB_SUBMIT_MANY_KEYLESS, queries.keyless_params(rows, plan.payloads)
+    return queries.JOB_SUBMIT_MANY, queries.many_params(rows, plan.payloads)
 
 
 @dataclass(frozen=True)
@@ -234,33 +232,31 @@ def _uuid(job_id: Any) -> UUID:
     return job_id if type(job_id) is UUID else UUID(str(job_id))  # asyncpg has its own class
 
 
-def _replays(plan: _Plan, rows: Sequence[Sequence[Any]]) -> tuple[Any, dict[str, Any]] | None:
-    """SAME_REQUESTS and its parameters for the keyed rows SUBMIT_MANY did not create (their
-    keys name stored jobs: replays or conflicts), or None when it created them all."""
-    returned = {key for _, key, _ in rows}
+def _replays(plan: _Plan, rows: Sequence[Row]) -> tuple[Any, dict[str, Any]] | None:
+    """JOB_MATCH_REQUESTS and its parameters for the keyed rows JOB_SUBMIT_MANY did not create
+    (their keys name stored jobs: replays or conflicts), or None when it created them all."""
+    returned = {row["idempotency_key"] for row in rows}
     missing = [i for i, new in enumerate(plan.rows) if new.idempotency_key not in (None, *returned)]
     if not missing:
         return None
     rows_ = [plan.rows[i] for i in missing]
     payloads = [plan.payloads[i] for i in missing]
-    return store.SAME_REQUESTS, store.many_params(rows_, payloads)
+    return queries.JOB_MATCH_REQUESTS, queries.many_params(rows_, payloads)
 
 
-def _outcome(
-    plan: _Plan, rows: Iterable[Sequence[Any]], replays: Iterable[Sequence[Any]] = ()
-) -> _Outcome:
-    """Read SUBMIT_MANY's rows (id, idempotency_key, created) and SAME_REQUESTS' (id,
+def _outcome(plan: _Plan, rows: Iterable[Row], replays: Iterable[Row] = ()) -> _Outcome:
+    """Read JOB_SUBMIT_MANY's rows (id, idempotency_key, created) and JOB_MATCH_REQUESTS' (id,
     idempotency_key, same). A job without a key has the id it was given; only keyed ones
     may name a job that existed before."""
     by_key: dict[str, UUID] = {}
     created: list[Any] = []
-    for job_id, key, _ in rows:
-        if key is not None:
-            by_key[key] = _uuid(job_id)
-        created.append(job_id)
-    for job_id, key, same in replays:
-        if same:
-            by_key[key] = _uuid(job_id)
+    for row in rows:
+        if row["idempotency_key"] is not None:
+            by_key[row["idempotency_key"]] = _uuid(row["id"])
+        created.append(row["id"])
+    for row in replays:
+        if row["same"]:
+            by_key[row["idempotency_key"]] = _uuid(row["id"])
     ids: list[UUID] = []
     for new in plan.jobs:
         key = new.idempotency_key
@@ -273,169 +269,15 @@ def _outcome(
     return _Outcome(ids, created, None)
 
 
-# --- connections ------------------------------------------------------------------
-
-
-class _Runner:
-    """Runs jobcore's statements on one kind of connection: `fetch` returns the rows as
-    tuples; `atomic` makes the statements one transaction when none is open."""
-
-    is_async = False
-    # Each kind's own: a plain function for the sync kinds, a coroutine function otherwise.
-    fetch: Callable[[Any, Mapping[str, Any]], Any]
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    def atomic(self) -> Any:
-        return nullcontext()
-
-
-def _refuse_autocommit(conn: Any) -> None:
-    """A SQLAlchemy connection in AUTOCOMMIT commits each statement at once: the jobs would
-    be visible (and run) before the caller's transaction decided, and a conflict could not
-    be undone. (SQLAlchemy's own test, which reads the engine's isolation level too.)"""
-    if getattr(conn, "_is_autocommit_isolation", lambda: False)():
-        raise TypeError(
-            "cannot enqueue on a SQLAlchemy connection in AUTOCOMMIT: it holds no "
-            "transaction; pass one that does (engine.begin(), or engine.connect() without "
-            "isolation_level='AUTOCOMMIT')"
-        )
-
-
-class _SqlAlchemy(_Runner):
-    def __init__(self, conn: Any) -> None:
-        _refuse_autocommit(conn)
-        super().__init__(conn)
-
-    def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        result = self.conn.execute(statement, values)
-        return list(result.all()) if result.returns_rows else []
-
-
-class _SqlAlchemyAsync(_Runner):
-    is_async = True
-
-    def __init__(self, conn: Any) -> None:
-        _refuse_autocommit(conn.sync_connection)
-        super().__init__(conn)
-
-    async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        result = await self.conn.execute(statement, values)
-        return list(result.all()) if result.returns_rows else []
-
-
-_compiled: dict[tuple[str, int], Any] = {}
-
-
-def _for_asyncpg(statement: Any) -> Any:
-    found = _compiled.get(("asyncpg", id(statement)))
-    if found is None:
-        from jobcore.compiled import Compiled
-
-        found = _compiled[("asyncpg", id(statement))] = Compiled(statement)
-    return found
-
-
-class _Asyncpg(_Runner):
-    is_async = True
-
-    async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        compiled = _for_asyncpg(statement)
-        return list(await self.conn.fetch(compiled.sql, *compiled.args(values)))
-
-    def atomic(self) -> AbstractAsyncContextManager[Any]:
-        if self.conn.is_in_transaction():
-            return nullcontext()
-        transaction: AbstractAsyncContextManager[Any] = self.conn.transaction()
-        return transaction
-
-
-def _for_psycopg(statement: Any, values: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    compiled = _compiled.get(("psycopg", id(statement)))
-    if compiled is None:
-        from sqlalchemy.dialects.postgresql.psycopg import dialect
-
-        compiled = statement.compile(dialect=dialect())  # type: ignore[no-untyped-call]
-        _compiled[("psycopg", id(statement))] = compiled
-    sql: str = compiled.string
-    return sql, dict(compiled.construct_params(values))
-
-
-def _psycopg_idle(conn: Any) -> bool:
-    """Autocommit and no transaction block open: each statement would commit on its own."""
-    from psycopg.pq import TransactionStatus
-
-    idle: bool = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
-    return idle
-
-
-class _Psycopg(_Runner):
-    def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        from psycopg.rows import tuple_row
-
-        sql, params = _for_psycopg(statement, values)
-        with self.conn.cursor(row_factory=tuple_row) as cursor:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall()) if cursor.description is not None else []
-
-    def atomic(self) -> AbstractContextManager[Any]:
-        if _psycopg_idle(self.conn):
-            transaction: AbstractContextManager[Any] = self.conn.transaction()
-            return transaction
-        return nullcontext()
-
-
-class _PsycopgAsync(_Runner):
-    is_async = True
-
-    async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        from psycopg.rows import tuple_row
-
-        sql, params = _for_psycopg(statement, values)
-        async with self.conn.cursor(row_factory=tuple_row) as cursor:
-            await cursor.execute(sql, params)
-            return list(await cursor.fetchall()) if cursor.description is not None else []
-
-    def atomic(self) -> AbstractAsyncContextManager[Any]:
-        if _psycopg_idle(self.conn):
-            transaction: AbstractAsyncContextManager[Any] = self.conn.transaction()
-            return transaction
-        return nullcontext()
-
-
-# (package, class name) of a connection class or one of its bases -> how to run on it.
-_RUNNERS: dict[tuple[str, str], Callable[[Any], _Runner]] = {
-    ("sqlalchemy", "Connection"): _SqlAlchemy,
-    ("sqlalchemy", "AsyncConnection"): _SqlAlchemyAsync,
-    ("asyncpg", "Connection"): _Asyncpg,
-    ("asyncpg", "_ConnectionProxy"): _Asyncpg,  # a pool's connection
-    ("psycopg", "Connection"): _Psycopg,
-    ("psycopg", "AsyncConnection"): _PsycopgAsync,
-}
-
-
-def _runner(conn: Any) -> _Runner:
-    for cls in type(conn).__mro__:
-        make = _RUNNERS.get((cls.__module__.partition(".")[0], cls.__qualname__))
-        if make is not None:
-            return make(conn)
-    raise TypeError(
-        f"cannot enqueue on a {type(conn).__module__}.{type(conn).__qualname__}: pass a "
-        "SQLAlchemy Connection or AsyncConnection (for a Session: session.connection()), an "
-        "asyncpg connection, or a psycopg Connection or AsyncConnection"
-    )
-
-
 # --- enqueue ------------------------------------------------------------------------
 
 
-def _run(runner: _Runner, plan: _Plan) -> list[UUID]:
+def _run(runner: connections.Runner, plan: _Plan) -> list[UUID]:
     statement, params = _write(plan)
     with runner.atomic():
         rows = runner.fetch(statement, params)
-        if statement is store.SUBMIT_MANY_KEYLESS:
-            runner.fetch(store.NOTIFY, {})
+        if statement is queries.JOB_SUBMIT_MANY_KEYLESS:
+            runner.fetch(queries.JOB_NOTIFY, {})
             return [new.id for new in plan.jobs]
         replays = _replays(plan, rows)
         found = runner.fetch(*replays) if replays is not None else []
@@ -445,11 +287,11 @@ def _run(runner: _Runner, plan: _Plan) -> list[UUID]:
                 runner.fetch(_UNDO, {"ids": outcome.created})
             raise IdempotencyConflict(outcome.conflict)
         if outcome.created:
-            runner.fetch(store.NOTIFY, {})
+            runner.fetch(queries.JOB_NOTIFY, {})
     return outcome.ids
 
 
-async def _run_async(runner: _Runner, items: Sequence[Any]) -> list[UUID]:
+async def _run_async(runner: connections.Runner, items: Sequence[Any]) -> list[UUID]:
     plan = _plan(items)
     if not plan.rows:
         return []
@@ -457,8 +299,8 @@ async def _run_async(runner: _Runner, items: Sequence[Any]) -> list[UUID]:
     statement, params = _write(plan)
     async with runner.atomic():
         rows = await fetch(statement, params)
-        if statement is store.SUBMIT_MANY_KEYLESS:
-            await fetch(store.NOTIFY, {})
+        if statement is queries.JOB_SUBMIT_MANY_KEYLESS:
+            await fetch(queries.JOB_NOTIFY, {})
             return [new.id for new in plan.jobs]
         replays = _replays(plan, rows)
         found = await fetch(*replays) if replays is not None else []
@@ -468,7 +310,7 @@ async def _run_async(runner: _Runner, items: Sequence[Any]) -> list[UUID]:
                 await fetch(_UNDO, {"ids": outcome.created})
             raise IdempotencyConflict(outcome.conflict)
         if outcome.created:
-            await fetch(store.NOTIFY, {})
+            await fetch(queries.JOB_NOTIFY, {})
     return outcome.ids
 
 
@@ -493,11 +335,11 @@ def enqueue_many(conn: Any, jobs: Iterable[Mapping[str, Any]]) -> Any:
     (a coroutine of them, for an async connection); an item whose idempotency key names an
     existing job of the same request gets that job's id.
 
-    Raises `validation.Invalid` (a ValueError) naming every invalid item, and
+    Raises `InvalidRequest` (a ValueError) naming every invalid item, and
     `IdempotencyConflict` when a key is bound to a different request; either way the
     transaction holds none of these jobs.
     """
-    runner = _runner(conn)
+    runner = connections.runner_for(conn)
     items = list(jobs)
     if runner.is_async:
         return _run_async(runner, items)

@@ -3,8 +3,9 @@
 
 Everything here is pure: no I/O. The API applies these rules to requests, and
 `jobcore.enqueue` to jobs enqueued on a caller's own connection, so both refuse the same
-input with the same message. The limits of the scheduling and routing fields are jobcore's
-(the table's CHECKs use the same); the patterns are also what the OpenAPI document shows.
+input with the same message: `InvalidRequest` (`jobcore.errors`, a ValueError). The limits
+of the scheduling and routing fields are jobcore's (the table's CHECKs use the same); the
+patterns are also what the OpenAPI document shows.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Any
 from uuid import UUID
 
 from jobcore.durations import format_duration, parse_duration
+from jobcore.errors import InvalidRequest as InvalidRequest  # raised here: re-exported
 from jobcore.errors import Snooze
 from jobcore.ids import new_id, new_ids
 from jobcore.periodic import KEY_PREFIX as RESERVED_KEY_PREFIX
+from jobcore.rows import NewJob
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
-from jobcore.store import NewJob
 
 MAX_DEPTH = 100
 MAX_KEY_LENGTH = 255
@@ -51,10 +53,6 @@ _LONG_AGO = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
-class Invalid(ValueError):
-    """The job cannot be accepted; the message is meant for whoever submitted it."""
-
-
 def check_storable(value: Any) -> None:
     """Reject what PostgreSQL jsonb cannot store: U+0000 and lone surrogates in any
     string (keys too), and nesting deeper than MAX_DEPTH (iterative: no recursion limit).
@@ -67,14 +65,18 @@ def check_storable(value: Any) -> None:
         item, where, depth = stack.pop()
         if isinstance(item, dict):
             if depth > MAX_DEPTH:
-                raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels (at {_path(where)})")
+                raise InvalidRequest(
+                    f"JSON is nested deeper than {MAX_DEPTH} levels (at {_path(where)})"
+                )
             for key, child in item.items():
                 if isinstance(key, str) and not _storable(key):
                     check_string(key, f"a key in {_path(where)}")
                 stack.append((child, (where, key, False), depth + 1))
         elif isinstance(item, list | tuple):
             if depth > MAX_DEPTH:
-                raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels (at {_path(where)})")
+                raise InvalidRequest(
+                    f"JSON is nested deeper than {MAX_DEPTH} levels (at {_path(where)})"
+                )
             stack.extend((child, (where, i, True), depth + 1) for i, child in enumerate(item))
         elif isinstance(item, str) and not _storable(item):
             check_string(item, _path(where))
@@ -95,11 +97,13 @@ def _path(where: Any) -> str:
 
 def check_string(text: str, where: str) -> None:
     if "\x00" in text:
-        raise Invalid(f"strings must not contain \\u0000 (found at {shown(where)})")
+        raise InvalidRequest(f"strings must not contain \\u0000 (found at {shown(where)})")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise Invalid(f"string at {shown(where)} holds an unpaired surrogate escape") from None
+        raise InvalidRequest(
+            f"string at {shown(where)} holds an unpaired surrogate escape"
+        ) from None
 
 
 def shown(path: str) -> str:
@@ -126,22 +130,22 @@ def new_job(
     """Validate one create request (already parsed JSON) into a `NewJob` with `job_id`, or a
     fresh id."""
     if type(item) is not dict and not isinstance(item, Mapping):
-        raise Invalid("request body must be a JSON object")
+        raise InvalidRequest("request body must be a JSON object")
     unknown = item.keys() - _as_set(allowed)
     if unknown:
-        raise Invalid(f"unknown field(s): {_names(unknown)}; allowed: {', '.join(allowed)}")
+        raise InvalidRequest(f"unknown field(s): {_names(unknown)}; allowed: {', '.join(allowed)}")
     if "type" not in item:
-        raise Invalid("field 'type' is required")
+        raise InvalidRequest("field 'type' is required")
     job_type = item["type"]
     if not isinstance(job_type, str):
-        raise Invalid("field 'type' must be a string")
+        raise InvalidRequest("field 'type' must be a string")
     known = known_types if isinstance(known_types, frozenset) else frozenset(known_types)
     if job_type not in known:
         registered = ", ".join(sorted(known))
-        raise Invalid(f"unknown job type {shown(job_type)!r}; registered: {registered}")
+        raise InvalidRequest(f"unknown job type {shown(job_type)!r}; registered: {registered}")
     max_attempts = item.get("max_attempts", default_max_attempts)
     if not _is_int(max_attempts) or not MIN_ATTEMPTS <= max_attempts <= MAX_ATTEMPTS:
-        raise Invalid(
+        raise InvalidRequest(
             f"field 'max_attempts' must be an integer from {MIN_ATTEMPTS} to {MAX_ATTEMPTS}"
         )
     return NewJob(
@@ -174,7 +178,7 @@ def scheduling(item: Mapping[str, Any]) -> dict[str, Any]:
     if "priority" in item:
         found["priority"] = _priority(item["priority"])
     if "run_at" in item and "delay" in item:
-        raise Invalid("give either field 'run_at' or field 'delay', not both")
+        raise InvalidRequest("give either field 'run_at' or field 'delay', not both")
     if "run_at" in item:
         found["run_at"] = _timestamp(item["run_at"])
     if "delay" in item:
@@ -186,7 +190,7 @@ def scheduling(item: Mapping[str, Any]) -> dict[str, Any]:
 
 def _queue(value: Any) -> str:
     if not isinstance(value, str) or QUEUE.fullmatch(value) is None:
-        raise Invalid(
+        raise InvalidRequest(
             "field 'queue' must be 1 to 63 characters of a-z, 0-9, '_', '.' and '-', "
             f"starting with a letter or digit ({QUEUE_PATTERN})"
         )
@@ -195,7 +199,9 @@ def _queue(value: Any) -> str:
 
 def _priority(value: Any) -> int:
     if not _is_int(value) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise Invalid(f"field 'priority' must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}")
+        raise InvalidRequest(
+            f"field 'priority' must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}"
+        )
     return int(value)
 
 
@@ -209,7 +215,7 @@ def _duration(value: Any, name: str, low: float, high: float) -> float:
             seconds = None
     if seconds is None or not low <= seconds <= high:
         days = f" ({high / 86400:g} days)" if high > 86400 else ""
-        raise Invalid(
+        raise InvalidRequest(
             f"field {name!r} must be a duration from {format_duration(low)} to "
             f"{format_duration(high)}{days}: a number of seconds, or a string such as 90s, "
             "1m30s or 1.5h"
@@ -221,13 +227,13 @@ def _timestamp(value: Any) -> datetime:
     """An RFC 3339 time with an offset, in UTC (microseconds; further digits dropped)."""
     match = _TIMESTAMP.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise Invalid(
+        raise InvalidRequest(
             "field 'run_at' must be an RFC 3339 timestamp with an offset, such as "
             "2026-12-01T09:30:00Z or 2026-12-01T10:30:00+01:00"
         )
     year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
     if zulu is None and sign is None:
-        raise Invalid(
+        raise InvalidRequest(
             "field 'run_at' has no offset: add Z (UTC) or one such as +01:00, "
             "e.g. 2026-12-01T09:30:00Z"
         )
@@ -248,7 +254,7 @@ def _timestamp(value: Any) -> datetime:
             tzinfo=timezone(-offset if sign == "-" else offset),
         )
     except ValueError:
-        raise Invalid(f"field 'run_at' is not a valid time: {shown(value)!r}") from None
+        raise InvalidRequest(f"field 'run_at' is not a valid time: {shown(value)!r}") from None
     try:
         due: datetime | None = local.astimezone(UTC) + timedelta(seconds=1 if leap else 0)
     except OverflowError:
@@ -256,7 +262,7 @@ def _timestamp(value: Any) -> datetime:
             return _LONG_AGO
         due = None
     if due is None or due > _LATEST:
-        raise Invalid("field 'run_at' must be at most 9999-12-31T23:59:59Z")
+        raise InvalidRequest("field 'run_at' must be at most 9999-12-31T23:59:59Z")
     return due
 
 
@@ -268,18 +274,18 @@ def check_key(key: Any, name: str) -> str:
     key could not be sent back unchanged.
     """
     if not isinstance(key, str):
-        raise Invalid(f"{name} must be a string")
+        raise InvalidRequest(f"{name} must be a string")
     if not 1 <= len(key) <= MAX_KEY_LENGTH:
-        raise Invalid(f"{name} must be 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
+        raise InvalidRequest(f"{name} must be 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
     if not KEY_PATTERN.fullmatch(key):
-        raise Invalid(
+        raise InvalidRequest(
             f"{name} must contain only printable ASCII characters, without leading or "
             "trailing spaces"
         )
     if key.startswith(RESERVED_KEY_PREFIX):
         # A client could otherwise take a schedule's tick ahead of it: skip it (another
         # request under its key) or postpone it (the same request with a delay).
-        raise Invalid(
+        raise InvalidRequest(
             f"{name} must not start with {RESERVED_KEY_PREFIX!r}: those keys are reserved "
             "for the ticks of periodic schedules"
         )
@@ -296,7 +302,7 @@ def new_items(
     """Validate create items, each with an optional `idempotency_key`: every item or none.
 
     When any item is invalid, the message names every invalid item by its index.
-    `prepare` turns an item into parsed JSON first (raising Invalid if it cannot).
+    `prepare` turns an item into parsed JSON first (raising InvalidRequest if it cannot).
     """
     types = frozenset(known_types)
     given_items = items if isinstance(items, list | tuple) else list(items)
@@ -319,9 +325,9 @@ def new_items(
                     job_id=ids[index],
                 )
             )
-        except Invalid as exc:
+        except InvalidRequest as exc:
             problems.append(f"[{index}] {exc}")
     if problems:
         listed = "; ".join(problems[:20]) + ("; ..." if len(problems) > 20 else "")
-        raise Invalid(f"{len(problems)} invalid item(s), nothing was written: {listed}")
+        raise InvalidRequest(f"{len(problems)} invalid item(s), nothing was written: {listed}")
     return valid

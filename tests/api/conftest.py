@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 
 from jobcore import logs
-from jobcore.settings import load_settings
+from jobcore.settings import load_api_settings
 from jobqueue_api.app import close, create_app
 from jobqueue_api.database import open_engine
 
@@ -30,7 +30,7 @@ async def make_api(database_url: str) -> AsyncIterator[MakeApi]:
     clients: list[httpx.AsyncClient] = []
 
     async def make(**env: str) -> httpx.AsyncClient:
-        settings = load_settings({"DATABASE_URL": database_url, **env})
+        settings = load_api_settings({"DATABASE_URL": database_url, **env})
         engine = open_engine(settings.database_url)
         engines.append(engine)
         app = create_app(settings, engine)

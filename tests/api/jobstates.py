@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import compiled, control, store
 from jobcore.ids import new_id
+from jobcore.rows import Job, Lease, NewJob
 from jobcore.states import Operation, Status
 from tests.pg import driver
 
@@ -30,21 +31,21 @@ ENDINGS = {
 }
 
 
-async def submit(engine: AsyncEngine, job_type: str = "sleep", **fields: Any) -> store.Job:
+async def submit(engine: AsyncEngine, job_type: str = "sleep", **fields: Any) -> Job:
     fields.setdefault("max_attempts", 3)
     async with engine.begin() as conn:
-        job, _ = await store.submit(conn, store.NewJob(new_id(), job_type, {}, **fields))
+        job, _ = await store.submit(conn, NewJob(new_id(), job_type, {}, **fields))
     return job
 
 
-async def take(engine: AsyncEngine, job_id: UUID) -> store.Lease:
+async def take(engine: AsyncEngine, job_id: UUID) -> Lease:
     """pending -> processing, as a claim of this job."""
     async with engine.begin() as conn:
         token = (await conn.execute(_TAKE, {"id": job_id})).scalar_one()
-    return store.Lease(job_id, token)
+    return Lease(job_id, token)
 
 
-async def end(engine: AsyncEngine, lease: store.Lease, status: Status, result: Any = None) -> None:
+async def end(engine: AsyncEngine, lease: Lease, status: Status, result: Any = None) -> None:
     """processing -> `status` (completed, failed, dead_letter) through the fenced write."""
     operation = ENDINGS[status]
     async with engine.begin() as conn:
@@ -56,7 +57,7 @@ async def end(engine: AsyncEngine, lease: store.Lease, status: Status, result: A
     assert lost == []
 
 
-async def in_status(engine: AsyncEngine, status: Status, **fields: Any) -> store.Job:
+async def in_status(engine: AsyncEngine, status: Status, **fields: Any) -> Job:
     """A job that has reached `status` the way jobs do."""
     job = await submit(engine, **fields)
     if status is Status.PENDING:
@@ -71,7 +72,7 @@ async def in_status(engine: AsyncEngine, status: Status, **fields: Any) -> store
     return await get(engine, job.id)
 
 
-async def get(engine: AsyncEngine, job_id: UUID) -> store.Job:
+async def get(engine: AsyncEngine, job_id: UUID) -> Job:
     async with engine.connect() as conn:
         job = await store.get(conn, job_id)
     assert job is not None

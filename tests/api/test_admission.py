@@ -17,10 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobcore import store
 from jobcore.errors import ConfigError
 from jobcore.ids import new_id
-from jobcore.settings import load_settings, parse_max_pending
+from jobcore.rows import NewJob
+from jobcore.settings import load_api_settings, parse_max_pending
 from jobqueue_api.admission import REFRESH
 from jobqueue_api.database import REQUEST_DEADLINE
 from jobqueue_api.openapi import document
+from jobqueue_api.state import state_of
 from tests.api.conftest import MakeApi, app_of, job_count
 from tests.faultproxy import FaultProxy
 
@@ -72,7 +74,7 @@ async def _rejected(api: httpx.AsyncClient) -> dict[str, float]:
 )
 def test_max_pending_is_a_bare_cap_per_queue_caps_or_both(value, parsed):
     assert parse_max_pending(value) == parsed
-    assert load_settings({"MAX_PENDING": value}).pending_caps == parsed
+    assert load_api_settings({"MAX_PENDING": value}).max_pending == parsed
 
 
 @pytest.mark.parametrize(
@@ -93,13 +95,13 @@ def test_max_pending_is_a_bare_cap_per_queue_caps_or_both(value, parsed):
 )
 def test_invalid_max_pending_names_the_variable(value, says):
     with pytest.raises(ConfigError) as caught:
-        load_settings({"MAX_PENDING": value})
+        load_api_settings({"MAX_PENDING": value})
     assert caught.value.variable == "MAX_PENDING"
     assert says in str(caught.value)
 
 
 def test_without_max_pending_there_is_no_admission_control_and_no_429_documented():
-    assert load_settings({}).pending_caps == ({}, None)
+    assert load_api_settings({}).max_pending == ({}, None)
     doc = document(["sleep"], auth=False, default_max_attempts=5)
     for path in ("/jobs", "/jobs/batch"):
         assert "429" not in doc["paths"][path]["post"]["responses"]
@@ -115,8 +117,8 @@ def test_the_document_shows_429_with_retry_after_on_both_create_endpoints_when_c
 
 async def test_an_app_without_max_pending_has_no_admission_control(make_api: MakeApi):
     api = await make_api()
-    assert app_of(api).state.admission is None
-    assert "429" not in app_of(api).state.openapi["paths"]["/jobs"]["post"]["responses"]
+    assert state_of(app_of(api)).admission is None
+    assert "429" not in state_of(app_of(api)).openapi["paths"]["/jobs"]["post"]["responses"]
 
 
 # --- refusals -------------------------------------------------------------------
@@ -130,7 +132,7 @@ async def test_a_full_queue_refuses_a_new_job_with_429_and_retry_after_and_write
     _assert_refused(await _post(api), "default")
     _assert_refused(await _post(api, **{"Idempotency-Key": "fresh-key"}), "default")
     assert await job_count(engine) == 3
-    assert "429" in app_of(api).state.openapi["paths"]["/jobs"]["post"]["responses"]
+    assert "429" in state_of(app_of(api)).openapi["paths"]["/jobs"]["post"]["responses"]
 
 
 async def test_other_queues_are_unaffected_by_a_full_one(make_api: MakeApi, engine: AsyncEngine):
@@ -164,7 +166,7 @@ async def test_a_batch_adding_to_a_full_queue_is_refused_whole(
     }
     _assert_refused(await api.post("/jobs/batch", json=batch), "default")
     assert await job_count(engine) == 2
-    assert "429" in app_of(api).state.openapi["paths"]["/jobs/batch"]["post"]["responses"]
+    assert "429" in state_of(app_of(api)).openapi["paths"]["/jobs/batch"]["post"]["responses"]
     # Without the full queue's item, the same batch is admitted.
     ok = await api.post("/jobs/batch", json={"jobs": batch["jobs"][:2]})
     assert ok.status_code == 200
@@ -274,7 +276,7 @@ async def test_jobs_written_by_others_and_scheduled_jobs_count_toward_the_cap(
     async with engine.begin() as conn:
         for i in range(49):
             delay = 0.0 if i == 0 else 3600.0
-            new = store.NewJob(id=new_id(), type="sleep", payload={}, max_attempts=1, delay=delay)
+            new = NewJob(id=new_id(), type="sleep", payload={}, max_attempts=1, delay=delay)
             await store.submit(conn, new)
     started = time.monotonic()
     created = 1

@@ -11,15 +11,15 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore.db import asyncpg_dsn
+from jobcore.queries import NOTIFY_CHANNEL
 from jobcore.schema import jobs
-from jobcore.settings import load_settings
-from jobcore.store import NOTIFY_CHANNEL
+from jobcore.settings import load_api_settings
 from jobqueue_api.app import create_app
 
 
 @pytest.fixture
 async def client(engine):
-    app = create_app(load_settings({}), engine)
+    app = create_app(load_api_settings({}), engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
         yield client
@@ -94,7 +94,7 @@ async def test_an_invalid_batch_is_rejected_whole_naming_the_items(client, engin
 
 
 async def test_batch_body_over_the_limit_is_413(engine):
-    app = create_app(load_settings({"MAX_BODY_BYTES": "1000"}), engine)
+    app = create_app(load_api_settings({"MAX_BODY_BYTES": "1000"}), engine)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
         response = await c.post("/jobs/batch", json={"jobs": [{"type": "sleep"}] * 100})
     assert response.status_code == 413

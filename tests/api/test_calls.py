@@ -1,4 +1,4 @@
-"""jobqueue_api.calls: the API's hot statements are jobcore.store's constructs compiled, with
+"""jobqueue_api.calls: the API's hot statements are jobcore.queries' constructs compiled, with
 no second copy to drift, and they answer as the store's own calls do."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
+from jobcore import queries, runner, store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob, Submitted
 from jobqueue_api import calls, jsonio
 from jobqueue_api.database import on_driver, open_engine
 from tests.pg import driver
@@ -21,27 +22,26 @@ from tests.pg import driver
 
 def test_every_statement_the_api_runs_on_asyncpg_is_its_jobcore_construct_compiled():
     dialect = postgresql.asyncpg.dialect()
-    constructs = {
-        "submit": store.SUBMIT,
-        "submit_and_notify": store.SUBMIT_AND_NOTIFY,
-        "submit_many": store.SUBMIT_MANY,
-        "submit_many_keyless": store.SUBMIT_MANY_KEYLESS,
-        "get_by_keys": store.GET_BY_KEYS,
-        "get": store.GET,
-        "submit_group": store.SUBMIT_GROUP,
-        "submit_group_and_notify": store.SUBMIT_GROUP_AND_NOTIFY,
-        "notify": store.NOTIFY,
+    sent = {
+        calls._SUBMIT: queries.JOB_SUBMIT,
+        calls._SUBMIT_AND_NOTIFY: queries.JOB_SUBMIT_NOTIFY,
+        calls._SUBMIT_MANY: queries.JOB_SUBMIT_MANY,
+        calls._SUBMIT_MANY_KEYLESS: queries.JOB_SUBMIT_MANY_KEYLESS,
+        calls._GET_BY_KEYS: queries.JOB_GET_BY_KEYS,
+        calls._GET: queries.JOB_GET,
+        calls._SUBMIT_GROUP: queries.JOB_SUBMIT_GROUP,
+        calls._SUBMIT_GROUP_NOTIFY: queries.JOB_SUBMIT_GROUP_NOTIFY,
+        calls._NOTIFY: queries.JOB_NOTIFY,
     }
-    assert set(calls.STATEMENTS) == set(constructs)
-    for name, construct in constructs.items():
-        assert calls.STATEMENTS[name].sql == construct.compile(dialect=dialect).string, name
+    for compiled, construct in sent.items():
+        assert compiled.sql == construct.compile(dialect=dialect).string
+        assert compiled is runner.of(construct)  # the one compile cache
 
 
 def test_a_submit_supplies_every_parameter_its_statements_take():
-    new = store.NewJob(new_id(), "sleep", {"a": 1}, 3)
-    for name in ("submit", "submit_and_notify"):
-        supplied = set(store.submit_params(new, "{}"))
-        assert calls.STATEMENTS[name].parameters == supplied, name
+    new = NewJob(new_id(), "sleep", {"a": 1}, 3)
+    for compiled in (calls._SUBMIT, calls._SUBMIT_AND_NOTIFY):
+        assert compiled.parameters == set(queries.submit_params(new, "{}"))
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ async def api_engine(database_url: str):
         await engine.dispose()
 
 
-async def _store_submit(engine: AsyncEngine, new: store.NewJob, notify: bool = False):
+async def _store_submit(engine: AsyncEngine, new: NewJob, notify: bool = False):
     async with engine.begin() as conn:
         return await store.submit(conn, new, notify=notify)
 
@@ -61,13 +61,13 @@ async def _store_submit(engine: AsyncEngine, new: store.NewJob, notify: bool = F
 @pytest.mark.parametrize("notify", [False, True])
 async def test_submit_answers_as_store_submit_does(api_engine: AsyncEngine, notify: bool):
     payload = {"big": 2**70, "float": 0.1, "text": "é", "nested": [1, {"b": None}]}
-    new = store.NewJob(new_id(), "sleep", payload, 3, "k", queue="q", priority=2, timeout=1.5)
+    new = NewJob(new_id(), "sleep", payload, 3, "k", queue="q", priority=2, timeout=1.5)
     job, created = await on_driver(
         api_engine, lambda conn, again: calls.submit(conn, new, notify=notify), retry=False
     )
     assert created and job.id == new.id and job.payload == payload
     # The store's call sees the very same job, and so does the API's read.
-    replay = store.NewJob(new_id(), "sleep", payload, 3, "k", queue="q", priority=2, timeout=1.5)
+    replay = NewJob(new_id(), "sleep", payload, 3, "k", queue="q", priority=2, timeout=1.5)
     assert await _store_submit(api_engine, replay) == (job, False)
     assert (
         await on_driver(api_engine, lambda conn, again: calls.get(conn, new.id), retry=False) == job
@@ -83,18 +83,18 @@ async def test_submit_answers_as_store_submit_does(api_engine: AsyncEngine, noti
 
 
 async def test_a_conflicting_submit_raises_as_store_submit_does(api_engine: AsyncEngine):
-    await _store_submit(api_engine, store.NewJob(new_id(), "sleep", {}, 3, "k"))
-    other = store.NewJob(new_id(), "sleep", {"other": True}, 3, "k")
+    await _store_submit(api_engine, NewJob(new_id(), "sleep", {}, 3, "k"))
+    other = NewJob(new_id(), "sleep", {"other": True}, 3, "k")
     with pytest.raises(store.IdempotencyConflict):
         await on_driver(api_engine, lambda conn, again: calls.submit(conn, other), retry=False)
 
 
-def _batch(prefix: str) -> list[store.NewJob]:
+def _batch(prefix: str) -> list[NewJob]:
     """Keyless items, a key repeated with the same and with a different request, a key
     that replays a stored job and one that conflicts with it."""
 
-    def job(key: str | None, payload: object, **fields: object) -> store.NewJob:
-        return store.NewJob(new_id(), "sleep", payload, 3, key and f"{prefix}{key}", **fields)
+    def job(key: str | None, payload: object, **fields: object) -> NewJob:
+        return NewJob(new_id(), "sleep", payload, 3, key and f"{prefix}{key}", **fields)
 
     return [
         job(None, {"n": 1}),
@@ -113,13 +113,13 @@ async def _seed(engine: AsyncEngine, prefix: str) -> dict[str, object]:
     stored = {}
     for key in ("stored", "clash"):
         job, _ = await _store_submit(
-            engine, store.NewJob(new_id(), "sleep", {"s": 1}, 3, f"{prefix}{key}")
+            engine, NewJob(new_id(), "sleep", {"s": 1}, 3, f"{prefix}{key}")
         )
         stored[key] = job.id
     return stored
 
 
-def _shape(results: list[store.Submitted], batch: list[store.NewJob], stored: dict) -> list:
+def _shape(results: list[Submitted], batch: list[NewJob], stored: dict) -> list:
     """Each result, its id told by what it names: the item's own, a stored job, an
     earlier item's."""
     own = {new.id: i for i, new in enumerate(batch)}
@@ -159,11 +159,11 @@ async def test_submit_many_answers_item_by_item_as_store_submit_many_does(
 
 
 async def test_a_keyless_batch_is_written_whole(api_engine: AsyncEngine):
-    batch = [store.NewJob(new_id(), "sleep", {"n": n}, 3) for n in range(50)]
+    batch = [NewJob(new_id(), "sleep", {"n": n}, 3) for n in range(50)]
     results = await on_driver(
         api_engine, lambda conn, again: calls.submit_many(conn, batch), retry=False
     )
-    assert results == [store.Submitted("created", new.id) for new in batch]
+    assert results == [Submitted("created", new.id) for new in batch]
     async with api_engine.connect() as conn:
         for new in batch[::7]:
             assert (await store.get(conn, new.id)).payload == new.payload
@@ -173,7 +173,7 @@ async def test_payloads_are_written_and_read_as_the_standard_library_would(
     api_engine: AsyncEngine,
 ):
     payload = {"int": 2**64 + 1, "neg": -(2**63) - 1, "f": 1e-7, "e": 1e16, "s": "\u2028\x7f"}
-    new = store.NewJob(new_id(), "sleep", payload, 3)
+    new = NewJob(new_id(), "sleep", payload, 3)
     job, _ = await on_driver(api_engine, lambda conn, again: calls.submit(conn, new), retry=False)
     assert job.payload == payload
     async with api_engine.connect() as conn:
@@ -192,13 +192,13 @@ async def test_a_group_answers_each_job_as_store_get_reads_it_with_at_most_one_n
     api_engine: AsyncEngine, database_url: str, notify: bool
 ):
     news = [
-        store.NewJob(new_id(), "sleep", {"n": 1}, 3),
-        store.NewJob(new_id(), "sleep", [2], 5, queue="other", priority=4, timeout=2.5),
-        store.NewJob(new_id(), "sleep", None, 3, delay=60.0),
+        NewJob(new_id(), "sleep", {"n": 1}, 3),
+        NewJob(new_id(), "sleep", [2], 5, queue="other", priority=4, timeout=2.5),
+        NewJob(new_id(), "sleep", None, 3, delay=60.0),
     ]
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await asyncpg.connect(database_url.replace("postgresql+asyncpg", "postgresql"))
-    await listener.add_listener(store.NOTIFY_CHANNEL, lambda *args: heard.put_nowait(args[3]))
+    await listener.add_listener(queries.NOTIFY_CHANNEL, lambda *args: heard.put_nowait(args[3]))
     try:
         jobs = await on_driver(
             api_engine,
@@ -211,7 +211,7 @@ async def test_a_group_answers_each_job_as_store_get_reads_it_with_at_most_one_n
         assert jobs[2].run_at > jobs[0].run_at
         # Notifications arrive in commit order: all of the group's come before this one.
         async with api_engine.connect() as conn:
-            await conn.execute(sa.select(sa.func.pg_notify(store.NOTIFY_CHANNEL, "end")))
+            await conn.execute(sa.select(sa.func.pg_notify(queries.NOTIFY_CHANNEL, "end")))
         payloads = []
         while not payloads or payloads[-1] != "end":
             payloads.append(await asyncio.wait_for(heard.get(), 10))

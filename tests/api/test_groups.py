@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import Job, NewJob
 from jobcore.states import Status
 from jobqueue_api import calls
 from jobqueue_api.database import open_engine
@@ -134,8 +134,8 @@ async def groups(database_url: str):
         await engine.dispose()
 
 
-def _new() -> store.NewJob:
-    return store.NewJob(new_id(), "sleep", {}, 3)
+def _new() -> NewJob:
+    return NewJob(new_id(), "sleep", {}, 3)
 
 
 async def test_a_submit_whose_deadline_passed_before_its_group_left_is_not_written(
@@ -169,9 +169,9 @@ async def test_a_cancelled_submit_is_not_written_and_its_group_goes_on(
     assert await job_count(engine) == 4
 
 
-def _job(new: store.NewJob) -> store.Job:
+def _job(new: NewJob) -> Job:
     now = datetime.now(UTC)
-    return store.Job(
+    return Job(
         new.id,
         new.type,
         new.payload,
@@ -237,7 +237,7 @@ async def test_a_submit_arriving_as_every_flight_ends_starts_one_of_its_own(
     second = asyncio.create_task(groups.submit(_new(), deadline))
     await _turns(2)  # the second flight holds the second
 
-    async def just_as_they_end() -> tuple[store.Job, bool]:
+    async def just_as_they_end() -> tuple[Job, bool]:
         await held.release.wait()  # woken in the turn both flights end in, after them
         return await groups.submit(_new(), deadline)
 

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import compiled, store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.states import Operation
 from tests.api.conftest import MakeApi, job_count
 from tests.pg import driver
@@ -40,7 +41,7 @@ JOB_FIELDS = {
 async def _dead_lettered(engine: AsyncEngine) -> uuid.UUID:
     async with engine.begin() as conn:
         raw = await driver(conn)
-        job, _ = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1))
+        job, _ = await store.submit(conn, NewJob(new_id(), "sleep", {}, 1))
         (claimed,) = await compiled.claim(raw, {"default": 1}, 60)
         assert await compiled.record(raw, Operation.DEAD_LETTER, [claimed.lease], ["boom"]) == []
     return job.id
@@ -125,7 +126,7 @@ async def test_retry_requeues_a_failed_job_with_attempts_reset(
     api: httpx.AsyncClient, engine: AsyncEngine
 ):
     async with engine.begin() as conn:
-        job, _ = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 3))
+        job, _ = await store.submit(conn, NewJob(new_id(), "sleep", {}, 3))
         raw = await driver(conn)
         (claimed,) = await compiled.claim(raw, {"default": 1}, 60)
         lost = await compiled.record(raw, Operation.FAIL, [claimed.lease], ["bad input"])

@@ -17,7 +17,7 @@ def _outcome(parse: Any, body: bytes) -> tuple[str, str]:
     try:
         # sort_keys and the types json.dumps shows (1 vs 1.0 vs true) make equal values equal.
         return "value", json.dumps(parse(body), sort_keys=True)
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return "invalid", str(exc)
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT
 from jobcore.states import Status
 from jobqueue_api.validation import encode_cursor
@@ -29,8 +30,8 @@ _SET_STATUS = sa.text(
 
 async def _many(engine: AsyncEngine, n: int, **fields: Any) -> list[UUID]:
     """`n` pending jobs, oldest first."""
-    batch = [store.NewJob(new_id(), fields.pop("type", "sleep"), {}, 3, **fields)]
-    batch += [store.NewJob(new_id(), batch[0].type, {}, 3, **fields) for _ in range(n - 1)]
+    batch = [NewJob(new_id(), fields.pop("type", "sleep"), {}, 3, **fields)]
+    batch += [NewJob(new_id(), batch[0].type, {}, 3, **fields) for _ in range(n - 1)]
     async with engine.begin() as conn:
         await store.submit_many(conn, batch)
     return [new.id for new in batch]

@@ -17,13 +17,14 @@ import httpx
 import sqlalchemy as sa
 
 from jobqueue_api.database import CONNECT_TIMEOUT, POOL_SIZE, REQUEST_DEADLINE, in_turn
+from jobqueue_api.state import state_of
 from tests.api.conftest import app_of
 
 
 async def test_request_queued_behind_a_full_pool_past_the_connect_timeout_is_served(
     api: httpx.AsyncClient,
 ) -> None:
-    engine = app_of(api).state.engine
+    engine = state_of(app_of(api)).engine
     # Release the pool between the connect timeout and the request deadline.
     hold = (CONNECT_TIMEOUT + REQUEST_DEADLINE) / 2
     async with contextlib.AsyncExitStack() as stack:
@@ -45,7 +46,7 @@ async def test_under_a_burst_no_request_is_overtaken_by_many_that_came_after_it(
     # a ticket on arrival; for each checkout, count the later tickets served before it.
     # In turn, only the few that were connecting alongside it can pass it; the bare
     # pool sent waiters to the back again and again (overtaken by 500+ here).
-    engine = app_of(api).state.engine
+    engine = state_of(app_of(api)).engine
     tickets = itertools.count()
     served: list[int] = []
     rounds = 8  # a fixed amount of work, so a slow machine cannot shrink the sample

@@ -13,9 +13,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from jobcore import tracing
 from jobcore.schema import jobs
-from jobcore.settings import load_settings
+from jobcore.settings import load_api_settings
 from jobqueue_api.app import close, create_app
 from jobqueue_api.database import open_engine
+from jobqueue_api.state import state_of
+from tests.api.conftest import app_of
 from tests.worker.support import eventually
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -30,7 +32,7 @@ async def traced(
     exported = InMemorySpanExporter()
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")  # ms between exports (5 s by default)
     tracer = tracing.start("jobqueue-api", exporter=exported)
-    settings = load_settings({"DATABASE_URL": database_url})
+    settings = load_api_settings({"DATABASE_URL": database_url})
     engine = open_engine(settings.database_url)
     app = create_app(settings, engine, tracer)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
@@ -41,7 +43,6 @@ async def traced(
         await close(app)
         await client.aclose()
         await engine.dispose()
-        await app.state.engine.dispose()
         tracing.stop(tracer)
 
 
@@ -121,19 +122,25 @@ async def test_requests_are_named_by_route_and_a_server_error_marks_the_span(tra
     assert span.status.status_code == StatusCode.UNSET  # a 4xx is the caller's error
 
     exported.clear()
-    await client.app.state.engine.dispose()  # type: ignore[attr-defined]
-    client.app.state.engine = open_engine("postgresql+asyncpg://nobody@127.0.0.1:1/none")  # type: ignore[attr-defined]
-    assert (await client.get(f"/jobs/{missing}")).status_code >= 500
+    # The same app, tracer and exporter, on a database that cannot be reached.
+    state = state_of(app_of(client))
+    unreachable = open_engine("postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    broken = create_app(state.settings, unreachable, state.tracer)
+    transport = httpx.ASGITransport(app=broken)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as other:
+            assert (await other.get(f"/jobs/{missing}")).status_code >= 500
+    finally:
+        await close(broken)
+        await unreachable.dispose()
     await eventually(_spans(exported, 1), 10, "a span")
     (span,) = exported.get_finished_spans()
     assert span.status.status_code == StatusCode.ERROR
 
 
 async def test_without_a_tracer_no_span_middleware_is_installed_and_jobs_carry_none(api, engine):
-    from tests.api.conftest import app_of
-
     app = app_of(api)
-    assert app.state.tracer is None
+    assert state_of(app).tracer is None
     assert not [m for m in app.user_middleware if m.cls.__name__ == "TraceRequests"]
     answer = await api.post(
         "/jobs",

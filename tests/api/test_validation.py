@@ -143,7 +143,7 @@ def test_new_job_validates_one_item_without_a_request():
         {"type": "sleep", "payload": [1]}, known_types=["sleep"], default_max_attempts=3
     )
     assert (job.type, job.payload, job.max_attempts, job.idempotency_key) == ("sleep", [1], 3, None)
-    with pytest.raises(validation.Invalid, match="unknown field"):
+    with pytest.raises(validation.InvalidRequest, match="unknown field"):
         validation.new_job(
             {"type": "sleep", "idempotency_key": "k"}, known_types=["sleep"], default_max_attempts=3
         )

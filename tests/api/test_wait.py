@@ -19,13 +19,14 @@ from jobcore import control
 from jobcore.states import Status
 from jobqueue_api import waiters as waiters_module
 from jobqueue_api.app import shut_down
+from jobqueue_api.state import state_of
 from jobqueue_api.waiters import Waiters
 from tests.api.conftest import MakeApi, app_of
 from tests.api.jobstates import end, in_status, submit, take
 
 
 def _waiters(api: httpx.AsyncClient) -> Waiters:
-    waiters: Waiters = app_of(api).state.waiters
+    waiters: Waiters = state_of(app_of(api)).waiters
     return waiters
 
 
@@ -68,7 +69,7 @@ async def test_a_waiter_is_answered_when_its_job_completes_with_the_result(
     waiting = asyncio.create_task(api.get(f"/jobs/{job.id}?wait=30"))
     await _waiting(api, engine, job.id)
     # Waiting holds no connection of the pool: it is only a future in a dict.
-    assert app_of(api).state.engine.pool.checkedout() == 0
+    assert state_of(app_of(api)).engine.pool.checkedout() == 0
     await end(engine, lease, Status.COMPLETED, result={"rows": 3})
     finished = time.monotonic()
     r = await waiting

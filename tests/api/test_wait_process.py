@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import compiled, store
 from jobcore.ids import new_id
+from jobcore.rows import Lease, NewJob
 from jobcore.states import Operation, Status
 from tests.api.jobstates import end, submit, take
 from tests.e2e.test_api_process import Api
@@ -90,10 +91,10 @@ async def test_a_thousand_concurrent_waiters_on_one_process_are_all_answered_whe
 ):
     _enough_file_descriptors(WAITERS * 2 + 200)
     api = start_api(MAX_CONNECTIONS=str(WAITERS + 100), LOG_LEVEL="warning")
-    batch = [store.NewJob(new_id(), "sleep", {}, 3) for _ in range(WAITERS)]
+    batch = [NewJob(new_id(), "sleep", {}, 3) for _ in range(WAITERS)]
     async with engine.begin() as conn:
         await store.submit_many(conn, batch)
-        leases = [store.Lease(row.id, row.lease_token) for row in await conn.execute(_TAKE_ALL)]
+        leases = [Lease(row.id, row.lease_token) for row in await conn.execute(_TAKE_ALL)]
     assert len(leases) == WAITERS
 
     opening = asyncio.Semaphore(100)  # the listen backlog: a flood of SYNs would be dropped

@@ -11,13 +11,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobcore.durations import parse_duration
-from jobcore.settings import Settings, load_settings, parse_addr
+from jobcore.settings import (
+    ApiSettings,
+    WorkerSettings,
+    load_api_settings,
+    load_worker_settings,
+    parse_addr,
+)
 from tests.deploy.script import validate_deploy
 
 Manifest = dict[str, Any]
 render = validate_deploy.render_chart
 find = validate_deploy.find
-SETTING_NAMES = {name.upper() for name in Settings.model_fields}
+SETTING_NAMES = {name.upper() for name in (*ApiSettings.model_fields, *WorkerSettings.model_fields)}
 MARGIN = 15  # terminationGraceMarginSeconds in values.yaml
 
 
@@ -231,7 +237,7 @@ def test_rendered_settings_are_accepted_by_the_services(
     data = config_map(manifests)
     assert set(data) <= SETTING_NAMES
     secrets = {s["metadata"]["name"]: s["stringData"] for s in find(manifests, "Secret")}
-    for suffix in ("-api", "-worker"):
+    for suffix, load in (("-api", load_api_settings), ("-worker", load_worker_settings)):
         main = container(only(manifests, "Deployment", suffix))
         env = dict(data)
         for entry in main["env"]:
@@ -241,7 +247,7 @@ def test_rendered_settings_are_accepted_by_the_services(
                 ref = entry["valueFrom"]["secretKeyRef"]
                 stored = secrets.get(ref["name"], {"DATABASE_URL": "postgresql://db/jobqueue"})
                 env[entry["name"]] = stored.get(ref["key"], "")
-        loaded = load_settings(env)  # raises ConfigError naming the variable at fault
+        loaded = load(env)  # raises ConfigError naming the variable at fault
         assert loaded.shutdown_timeout == parse_duration(data["SHUTDOWN_TIMEOUT"])
 
 

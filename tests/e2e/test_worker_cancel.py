@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobcore import control
 from jobcore.control import Cancelled
 from jobcore.ids import new_id
-from jobcore.store import Job, NewJob
+from jobcore.rows import Job, NewJob
 from tests.worker.support import (
     Worker,
     all_in,

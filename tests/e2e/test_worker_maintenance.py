@@ -13,8 +13,9 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobcore import compiled, store
+from jobcore import compiled
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.schema import jobs
 from jobcore.states import Operation
 from tests.pg import driver
@@ -71,16 +72,16 @@ async def test_exactly_one_worker_service_exports_the_queue_gauges_and_another_t
     # 1 processing and 1 dead letter in "reports"; 2 due in "gone".
     async with engine.begin() as conn:
         raw = await driver(conn)
-        await submit_jobs(engine, [store.NewJob(new_id(), "sleep", {}, 1, queue="reports")])
+        await submit_jobs(engine, [NewJob(new_id(), "sleep", {}, 1, queue="reports")])
         (dead,) = await compiled.claim(raw, {"reports": 1}, 3600)
         await compiled.record(raw, Operation.DEAD_LETTER, [dead.lease], ["gave up"])
-        await submit_jobs(engine, [store.NewJob(new_id(), "sleep", {}, 3, queue="reports")])
+        await submit_jobs(engine, [NewJob(new_id(), "sleep", {}, 3, queue="reports")])
         await compiled.claim(raw, {"reports": 1}, 3600)
     await submit_jobs(
         engine,
-        [store.NewJob(new_id(), "sleep", {}, 3, queue="reports") for _ in range(3)]
-        + [store.NewJob(new_id(), "sleep", {}, 3, queue="reports", delay=3600) for _ in range(2)]
-        + [store.NewJob(new_id(), "sleep", {}, 3, queue="gone") for _ in range(2)],
+        [NewJob(new_id(), "sleep", {}, 3, queue="reports") for _ in range(3)]
+        + [NewJob(new_id(), "sleep", {}, 3, queue="reports", delay=3600) for _ in range(2)]
+        + [NewJob(new_id(), "sleep", {}, 3, queue="gone") for _ in range(2)],
     )
     want = expected(reports=(3, 2, 1, 1), gone=(2, 0, 0, 0))
 
@@ -139,7 +140,7 @@ async def test_exactly_one_worker_service_exports_the_queue_gauges_and_another_t
 async def test_a_leader_that_dies_is_replaced_once_its_lease_runs_out(
     database_url, engine, tmp_path
 ):
-    await submit_jobs(engine, [store.NewJob(new_id(), "sleep", {}, 3, queue="reports")])
+    await submit_jobs(engine, [NewJob(new_id(), "sleep", {}, 3, queue="reports")])
     want = expected(reports=(1, 0, 0, 0))
     worker = start_worker(database_url, tmp_path, WORKER_PROCESSES="2")
     try:

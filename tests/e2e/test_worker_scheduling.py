@@ -11,8 +11,8 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.schema import jobs
 from tests.worker.support import (
     all_in,
@@ -32,9 +32,9 @@ pytestmark = pytest.mark.e2e
 LATE_LIMIT = 1.0
 
 
-def _new(type: str = "test.stamp", payload=None, max_attempts=3, **fields) -> store.NewJob:
+def _new(type: str = "test.stamp", payload=None, max_attempts=3, **fields) -> NewJob:
     payload = {} if payload is None else payload
-    return store.NewJob(new_id(), type, payload, max_attempts, **fields)
+    return NewJob(new_id(), type, payload, max_attempts, **fields)
 
 
 async def _run_at(engine, ids) -> dict[str, float]:

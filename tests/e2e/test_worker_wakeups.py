@@ -9,6 +9,7 @@ import pytest
 
 from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from tests.faultproxy import FaultProxy
 from tests.worker.support import all_in, eventually, start_worker, until
 
@@ -20,7 +21,7 @@ POLL = "120s"
 
 async def _submit_and_notify(engine) -> list:
     async with engine.begin() as conn:
-        job, _ = await store.submit(conn, store.NewJob(new_id(), "test.record", {}, 3))
+        job, _ = await store.submit(conn, NewJob(new_id(), "test.record", {}, 3))
         await store.notify(conn)
     return [job.id]
 

@@ -1,38 +1,39 @@
-"""jobcore.compiled: the worker's statements are jobcore.store's constructs compiled, with
-no second copy to drift, and parameters are ordered as the compiled SQL expects."""
+"""jobcore.compiled: every statement is its jobcore.queries construct compiled once, with no
+second copy to drift, and parameters are ordered as the compiled SQL expects."""
 
 from __future__ import annotations
 
 from sqlalchemy.dialects import postgresql
 
-from jobcore import compiled, maintenance, search, store
+from jobcore import compiled, queries, runner
 from jobcore.states import ATTEMPT_OUTCOMES, Operation
 
 
-def test_every_statement_the_worker_runs_is_its_jobcore_construct_compiled():
+def test_every_statement_is_its_jobcore_construct_compiled_once():
     dialect = postgresql.asyncpg.dialect()
-    constructs = {
-        **store.WORKER_STATEMENTS,
-        "queue_depths": search.QUEUE_DEPTHS,
-        "take_lead": maintenance.TAKE_LEAD,
-        "resign": maintenance.RESIGN,
-        **{f"prune_{status}": statement for status, statement in maintenance.PRUNE.items()},
-        "table_stats": maintenance.TABLE_STATS,
-    }
+    constructs = queries.named()
     assert set(compiled.STATEMENTS) == set(constructs)
     for name, construct in constructs.items():
         assert compiled.STATEMENTS[name].sql == construct.compile(dialect=dialect).string, name
+        assert runner.of(construct) is compiled.STATEMENTS[name]  # one compile cache
 
 
-def test_every_operation_but_the_apis_has_a_worker_statement():
-    assert set(Operation) - set(compiled.STATEMENTS) == {
-        Operation.MANUAL_RETRY,
-        Operation.CANCEL,
-        Operation.REQUEST_CANCEL,
+def test_every_operation_has_its_statement_by_name():
+    statement_of = {
+        Operation.CLAIM: "job_claim",
+        Operation.RELEASE_CLAIM: "job_release_claim",
+        Operation.RECOVER_EXPIRED: "job_recover_expired",
+        Operation.RENEW: "job_renew_many",
+        Operation.MANUAL_RETRY: "job_retry",
+        Operation.CANCEL: "job_cancel",
+        Operation.REQUEST_CANCEL: "job_request_cancel",
+        **{op: f"job_set_outcome_{op}" for op in ATTEMPT_OUTCOMES},
     }
+    assert set(statement_of) == set(Operation)
+    assert set(statement_of.values()) <= set(compiled.STATEMENTS)
 
 
-def test_outcome_writes_take_leases_and_only_the_arrays_they_use():
+def test_outcome_writes_take_leases_and_only_the_arrays_their_effects_need():
     expected = {
         Operation.COMPLETE: {"ids", "tokens", "results"},
         Operation.CANCEL_ATTEMPT: {"ids", "tokens"},
@@ -42,11 +43,12 @@ def test_outcome_writes_take_leases_and_only_the_arrays_they_use():
         Operation.RETRY_LATER: {"ids", "tokens", "errors", "delays"},
         Operation.SNOOZE: {"ids", "tokens", "delays"},
     }
-    assert {op: compiled.STATEMENTS[op].parameters for op in ATTEMPT_OUTCOMES} == expected
+    found = {op: compiled.STATEMENTS[f"job_set_outcome_{op}"].parameters for op in ATTEMPT_OUTCOMES}
+    assert found == expected
 
 
 def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals():
-    claim = compiled.STATEMENTS[Operation.CLAIM]
+    claim = compiled.STATEMENTS["job_claim"]
     assert claim.parameters == {
         "queues",
         "slots",

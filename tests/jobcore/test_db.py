@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from jobcore.db import check_url, connect_args, make_engine
 from jobcore.errors import ConfigError
-from jobcore.settings import load_settings
+from jobcore.settings import load_worker_settings
 from jobqueue_worker.listener import Listener
 
 
@@ -177,7 +177,7 @@ def test_unsupported_parameters_and_values_are_refused_naming_them(query, named)
     with pytest.raises(ValueError, match=named):
         check_url(url)
     with pytest.raises(ConfigError) as caught:
-        load_settings({"DATABASE_URL": url})
+        load_worker_settings({"DATABASE_URL": url})
     assert caught.value.variable == "DATABASE_URL"
     assert named in caught.value.message and "s3cret" not in str(caught.value)
     assert "\n" not in str(caught.value)

@@ -19,10 +19,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import compiled, enqueue, enqueue_many, store, transactional, validation
+from jobcore import compiled, connections, enqueue, enqueue_many, queries, transactional, validation
 from jobcore.db import make_engine
-from jobcore.errors import IdempotencyConflict
+from jobcore.errors import IdempotencyConflict, InvalidRequest
 from jobcore.registry import handler
+from jobcore.rows import Claimed, Lease, Renewed
 from jobcore.schema import jobs
 
 KINDS = ["sqlalchemy", "sqlalchemy_async", "asyncpg", "psycopg", "psycopg_async"]
@@ -137,7 +138,7 @@ class Listener:
             await asyncio.sleep(0.02)
         return len(self.received)
 
-    async def claim(self) -> list[store.Claimed]:
+    async def claim(self) -> list[Claimed]:
         return await compiled.claim(self.conn, {"default": 10, "mail": 10}, 30.0)
 
 
@@ -145,7 +146,7 @@ class Listener:
 async def listener(database_url: str) -> AsyncIterator[Listener]:
     conn = await asyncpg.connect(database_url)
     found = Listener(conn)
-    await conn.add_listener(store.NOTIFY_CHANNEL, lambda *args: found.received.append(args[2]))
+    await conn.add_listener(queries.NOTIFY_CHANNEL, lambda *args: found.received.append(args[2]))
     try:
         yield found
     finally:
@@ -259,9 +260,9 @@ async def test_a_replay_in_an_open_transaction_does_not_lock_the_running_job(
     try:
         async with asyncio.timeout(5):  # a lock on the row would hold the renewal
             renewed = await compiled.renew(
-                listener.conn, [store.Lease(running.id, running.lease_token)], 30
+                listener.conn, [Lease(running.id, running.lease_token)], 30
             )
-        assert renewed == compiled.Renewed(lost=[], cancel=[], busy=[])
+        assert renewed == Renewed(lost=[], cancel=[], busy=[])
     finally:
         await tx.commit()
 
@@ -289,7 +290,7 @@ async def test_a_key_bound_to_another_request_raises_and_the_batch_writes_nothin
 
 async def test_a_periodic_schedules_key_is_refused(tx: Tx, engine_: AsyncEngine):
     await tx.begin()
-    with pytest.raises(validation.Invalid, match="reserved"):
+    with pytest.raises(InvalidRequest, match="reserved"):
         await tx.enqueue(
             "enqueue_test", {}, idempotency_key="periodic:nightly:2099-01-01T00:00:00Z"
         )
@@ -301,7 +302,7 @@ async def test_invalid_input_raises_the_apis_message_and_writes_nothing(
     tx: Tx, engine_: AsyncEngine
 ):
     await tx.begin()
-    with pytest.raises(validation.Invalid, match="unknown job type 'nope'; registered: "):
+    with pytest.raises(InvalidRequest, match="unknown job type 'nope'; registered: "):
         await tx.enqueue("nope", {})
     with pytest.raises(ValueError, match=r"field 'priority' must be an integer from -100 to 100"):
         await tx.enqueue("enqueue_test", priority=101)
@@ -327,9 +328,9 @@ def test_bad_items_are_refused_with_the_same_message_as_the_api():
         "delay": "1s",
         "run_at": "2030-01-01T00:00:00Z",
     }
-    with pytest.raises(validation.Invalid) as api:
+    with pytest.raises(InvalidRequest) as api:
         validation.new_items([item], known_types=["enqueue_test"], default_max_attempts=5)
-    with pytest.raises(validation.Invalid) as ours:
+    with pytest.raises(InvalidRequest) as ours:
         enqueue_many(_NoDatabase(), [item])  # refused before any statement
     assert str(ours.value) == str(api.value)
 
@@ -412,18 +413,19 @@ def test_a_batch_without_idempotency_keys_is_written_by_the_keyless_statement():
     """Nothing in it can conflict, so no arbiter and no RETURNING (docs/performance.md)."""
     seen: list[Any] = []
 
-    class Spy(transactional._Runner):
+    class Spy(connections.Runner):
         def fetch(self, statement: Any, values: Any) -> list[Any]:
             seen.append(statement)
-            return [(keyed.rows[0].id, "k", True)] if statement is store.SUBMIT_MANY else []
+            created = {"id": keyed.rows[0].id, "idempotency_key": "k", "created": True}
+            return [created] if statement is queries.JOB_SUBMIT_MANY else []
 
     keyed = transactional._plan([{"type": "enqueue_test", "idempotency_key": "k"}])
     plan = transactional._plan([{"type": "enqueue_test"}, {"type": "sleep"}])
     assert transactional._run(Spy(None), plan) == [new.id for new in plan.rows]
-    assert seen == [store.SUBMIT_MANY_KEYLESS, store.NOTIFY]
+    assert seen == [queries.JOB_SUBMIT_MANY_KEYLESS, queries.JOB_NOTIFY]
     seen.clear()
     assert transactional._run(Spy(None), keyed) == [keyed.rows[0].id]
-    assert seen == [store.SUBMIT_MANY, store.NOTIFY]
+    assert seen == [queries.JOB_SUBMIT_MANY, queries.JOB_NOTIFY]
 
 
 async def test_python_times_are_taken_for_run_at_delay_and_timeout(
@@ -542,13 +544,13 @@ def test_the_batch_statements_get_exactly_the_parameters_they_take():
         [{"type": "enqueue_test", "payload": {1: ("a",)}, "idempotency_key": "k"}]
     )
     statement, params = transactional._write(keyed)
-    assert statement is store.SUBMIT_MANY
-    assert set(params) == _required(store.SUBMIT_MANY)
+    assert statement is queries.JOB_SUBMIT_MANY
+    assert set(params) == _required(queries.JOB_SUBMIT_MANY)
     assert params["payloads"] == ['{"1":["a"]}']
     keyless = transactional._plan([{"type": "enqueue_test"}])
     statement, params = transactional._write(keyless)
-    assert statement is store.SUBMIT_MANY_KEYLESS
-    assert set(params) == _required(store.SUBMIT_MANY_KEYLESS)
+    assert statement is queries.JOB_SUBMIT_MANY_KEYLESS
+    assert set(params) == _required(queries.JOB_SUBMIT_MANY_KEYLESS)
     replays = transactional._replays(keyed, [])
-    assert replays is not None and replays[0] is store.SAME_REQUESTS
-    assert set(replays[1]) == _required(store.SAME_REQUESTS)
+    assert replays is not None and replays[0] is queries.JOB_MATCH_REQUESTS
+    assert set(replays[1]) == _required(queries.JOB_MATCH_REQUESTS)

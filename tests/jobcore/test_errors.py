@@ -1,8 +1,25 @@
-"""jobcore.errors: typed errors carry what an operator needs; describe() names the type."""
+"""jobcore.errors: typed errors carry what an operator needs; describe() names the type; every
+error the project defines (jobcore and both services) is a JobqueueError, with a name of its own."""
 
 from __future__ import annotations
 
-from jobcore.errors import ConfigError, IdempotencyConflict, SchemaNotAtHead, describe
+import importlib
+import inspect
+import pkgutil
+from types import ModuleType
+
+import pytest
+
+import jobcore
+from jobcore import client, validation
+from jobcore.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    InvalidRequest,
+    JobqueueError,
+    SchemaNotAtHead,
+    describe,
+)
 
 
 def test_describe_names_the_type_and_the_message():
@@ -19,3 +36,90 @@ def test_errors_name_what_to_act_on():
     assert "order-42" in str(IdempotencyConflict("order-42"))
     schema = SchemaNotAtHead("0001", "0002")
     assert "alembic upgrade head" in str(schema) and "0001" in str(schema)
+
+
+# --- the hierarchy: every error the project defines is a JobqueueError ------------------
+
+PACKAGES = ("jobcore", "jobqueue_api", "jobqueue_worker")
+# Errors whose module is another change's to edit; strict, so each mark goes once it is done.
+PENDING: dict[str, str] = {}  # errors known not to derive from JobqueueError yet: none
+
+
+def _modules() -> list[ModuleType]:
+    found = []
+    for top in PACKAGES:
+        package = importlib.import_module(top)
+        found.append(package)
+        for info in pkgutil.walk_packages(package.__path__, f"{top}."):
+            found.append(importlib.import_module(info.name))
+    return found
+
+
+MODULES = _modules()
+# Every exception class defined in those packages (by the module that defines it).
+ERRORS = sorted(
+    {
+        value
+        for module in MODULES
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and issubclass(value, BaseException)
+        and value.__module__ == module.__name__
+    },
+    key=lambda cls: f"{cls.__module__}.{cls.__qualname__}",
+)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def test_the_walk_finds_the_errors_of_every_package():
+    found = {_qualified(cls) for cls in ERRORS}
+    assert {
+        "jobcore.errors.InvalidRequest",
+        "jobcore.client.errors.Invalid",
+        "jobqueue_api.errors.BodyTooLarge",
+        "jobqueue_worker.results.ResultError",
+    } <= found
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        pytest.param(
+            cls, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=PENDING[name])
+        )
+        if (name := _qualified(cls)) in PENDING
+        else cls
+        for cls in ERRORS
+    ],
+    ids=_qualified,
+)
+def test_every_error_the_project_defines_is_a_jobqueue_error(cls: type):
+    assert issubclass(cls, JobqueueError)
+
+
+def test_no_two_errors_share_a_name():
+    by_name: dict[str, list[str]] = {}
+    for cls in ERRORS:
+        by_name.setdefault(cls.__name__, []).append(_qualified(cls))
+    assert {name: where for name, where in by_name.items() if len(where) > 1} == {}
+
+
+def test_an_error_is_known_by_its_own_name_alone():
+    aliases = [
+        f"{module.__name__}.{name} is {_qualified(value)}"
+        for module in MODULES
+        for name, value in vars(module).items()
+        if inspect.isclass(value) and value in ERRORS and name != value.__name__
+    ]
+    assert aliases == []
+
+
+def test_validation_errors_keep_their_builtin_bases():
+    """Callers catch them as ValueError (or LookupError, TimeoutError) and go on doing so."""
+    assert issubclass(InvalidRequest, ValueError) and InvalidRequest is validation.InvalidRequest
+    assert jobcore.InvalidRequest is InvalidRequest
+    assert issubclass(client.Invalid, ValueError) and issubclass(client.NotFound, LookupError)
+    assert issubclass(client.WaitTimeout, TimeoutError)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobcore import compiled, store
-from jobcore.compiled import Compiled
+from jobcore import compiled, queries
 from jobcore.floors import ClaimFloors, Sweeps, check_interval
 from jobcore.ids import new_id
+from jobcore.runner import Compiled
 from jobcore.states import Operation
 from tests.pg import driver
 
@@ -172,7 +172,7 @@ async def test_a_floored_claim_still_takes_the_highest_priority_first(engine):
 async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
     """Claim index entries a claim reads, dead ones included (each one the scan returns,
     whether its row turns out visible or not), counted for its transaction, rolled back."""
-    sql = Compiled(store.CLAIM)
+    sql = Compiled(queries.JOB_CLAIM)
     params = {"queues": ["default"], "slots": [10], "lease_seconds": 60.0, "claim": new_id()}
     count = "SELECT pg_stat_get_xact_tuples_returned('jobs_claim_queue_idx'::regclass)"
     async with engine.connect() as conn:

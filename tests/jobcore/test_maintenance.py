@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from jobcore import compiled, maintenance, store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.schema import jobs, maintenance_leases
 from jobcore.states import FINISHED, Status
 from tests.pg import driver
@@ -209,6 +210,6 @@ async def test_a_pruned_jobs_idempotency_key_is_free_again(engine):
     assert await _prune(engine, Status.COMPLETED, HOUR) == 1
     async with engine.begin() as conn:
         job, created = await store.submit(
-            conn, store.NewJob(new_id(), "sleep", {}, 3, idempotency_key="nightly-7")
+            conn, NewJob(new_id(), "sleep", {}, 3, idempotency_key="nightly-7")
         )
     assert created and job.id != old

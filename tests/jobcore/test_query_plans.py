@@ -14,9 +14,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from jobcore import store
-from jobcore.compiled import NO_FLOORS, Compiled
+from jobcore import queries, store
+from jobcore.compiled import NO_FLOORS
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
+from jobcore.runner import Compiled
 from jobcore.schema import jobs
 from tests import pg
 from tests.pg import driver
@@ -84,7 +86,7 @@ async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
     await _fill(engine)
     plan = await _plan(
         engine,
-        store.CLAIM,
+        queries.JOB_CLAIM,
         {
             "queues": ["default", "other"],
             "slots": [10, 5],
@@ -102,7 +104,9 @@ async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_next_due_reads_the_claim_index(engine, generic, floors):
     await _fill(engine)
-    plan = await _plan(engine, store.NEXT_DUE, {"queues": ["default", "other"], **floors}, generic)
+    plan = await _plan(
+        engine, queries.JOB_NEXT_DUE, {"queues": ["default", "other"], **floors}, generic
+    )
     assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
     assert '"Seq Scan"' not in plan, plan
 
@@ -111,7 +115,7 @@ async def test_next_due_reads_the_claim_index(engine, generic, floors):
 async def test_the_check_of_the_heads_reads_the_claim_index(engine, generic):
     await _fill(engine)
     params = {"queues": ["default", "other"], **NO_FLOORS}
-    plan = await _plan(engine, store.CLAIM_HEADS, params, generic)
+    plan = await _plan(engine, queries.JOB_CLAIM_HEADS, params, generic)
     assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
     assert '"Seq Scan"' not in plan, plan
 
@@ -137,10 +141,10 @@ async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine
         await conn.execute(sa.text("ANALYZE jobs"))
     for statement, params in (
         (
-            store.CLAIM,
+            queries.JOB_CLAIM,
             {"queues": ["default"], "slots": [10], "lease_seconds": 60.0, **NO_FLOORS},
         ),
-        (store.NEXT_DUE, {"queues": ["default"], **NO_FLOORS}),
+        (queries.JOB_NEXT_DUE, {"queues": ["default"], **NO_FLOORS}),
     ):
         async with engine.connect() as conn:
             raw = await driver(conn)
@@ -167,7 +171,7 @@ def _rows_read(node: dict) -> int:
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_recovery_reads_the_partial_lease_index(engine, generic):
     await _fill(engine)
-    plan = await _plan(engine, store.RECOVER_EXPIRED, {"window": None}, generic)
+    plan = await _plan(engine, queries.JOB_RECOVER_EXPIRED, {"window": None}, generic)
     assert "jobs_lease_idx" in _index_scans(plan), plan
     assert '"Seq Scan"' not in plan, plan
 
@@ -175,7 +179,7 @@ async def test_recovery_reads_the_partial_lease_index(engine, generic):
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_releasing_a_lost_claim_reads_only_leased_rows(engine, generic):
     await _fill(engine)
-    plan = await _plan(engine, store.RELEASE_CLAIM, {"claim_ids": [new_id()]}, generic)
+    plan = await _plan(engine, queries.JOB_RELEASE_CLAIM, {"claim_ids": [new_id()]}, generic)
     assert "jobs_lease_idx" in _index_scans(plan), plan
     assert '"Seq Scan"' not in plan, plan
 
@@ -183,8 +187,8 @@ async def test_releasing_a_lost_claim_reads_only_leased_rows(engine, generic):
 async def test_submit_with_a_key_uses_the_idempotency_index(engine):
     await _fill(engine)
     async with engine.begin() as conn:
-        await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1, "k"))
-        _, created = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1, "k"))
+        await store.submit(conn, NewJob(new_id(), "sleep", {}, 1, "k"))
+        _, created = await store.submit(conn, NewJob(new_id(), "sleep", {}, 1, "k"))
     assert created is False
     plan = await _plan(
         engine,
@@ -215,7 +219,7 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "limited": ["webhook"],
         **floors,
     }
-    for statement in (store.CLAIM_UNLIMITED, store.COMPLETE_AND_CLAIM_UNLIMITED):
+    for statement in (queries.JOB_CLAIM_UNLIMITED, queries.JOB_COMPLETE_AND_CLAIM_UNLIMITED):
         values = {**params, "ids": [new_id()], "tokens": [1], "results": [None]}
         plan = await _plan(engine, statement, values, generic)
         assert "jobs_claim_queue_idx" in _index_scans(plan), plan
@@ -227,7 +231,7 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
     await _fill(engine)
     plan = await _plan(
         engine,
-        store.CLAIM_LIMITED,
+        queries.JOB_CLAIM_LIMITED,
         {
             "queues": ["default", "other"],
             "slots": [10, 5],
@@ -279,7 +283,7 @@ async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(en
     }
     async with engine.connect() as conn:
         raw = await driver(conn)
-        sql = Compiled(store.CLAIM_LIMITED)
+        sql = Compiled(queries.JOB_CLAIM_LIMITED)
         rows = await raw.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.sql}", *sql.args(params))
         await conn.rollback()
     plan = rows[0][0]

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from jobcore import compiled, control, search, store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.schema import jobs
 from jobcore.search import Filters
 from jobcore.states import FINISHED, Operation, Status
@@ -312,7 +313,7 @@ async def test_queue_depths_follow_a_claim_and_its_completion(engine):
 async def test_a_submitted_job_is_listed_first(engine):
     await _every_kind(engine, per_kind=1)
     async with engine.begin() as conn:
-        job, _ = await store.submit(conn, store.NewJob(new_id(), "a", {}, 3, queue="q1"))
+        job, _ = await store.submit(conn, NewJob(new_id(), "a", {}, 3, queue="q1"))
     async with engine.connect() as conn:
         for filters in (Filters(), Filters(statuses=[P]), Filters(type="a", queue="q1")):
             found, _ = await search.list_jobs(conn, filters, 1, None)

@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.listing import FILL
 from jobcore import maintenance, search
-from jobcore.compiled import Compiled
 from jobcore.db import make_engine
+from jobcore.runner import Compiled
 from jobcore.schema import LIST_INDEXES
 from jobcore.search import Filters
 from jobcore.states import FINISHED, Status
@@ -197,7 +197,7 @@ def _jobs_rows_read(node: dict) -> int:
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_queue_depths_read_indexes_only(big, generic):
-    plan = await _plan(big, search.QUEUE_DEPTHS, {}, generic)
+    plan = await _plan(big, search.QUEUE_GET_DEPTHS, {}, generic)
     reads = _reads(plan)
     assert "Seq Scan" not in {kind for kind, _ in reads}, plan
     used = set().union(*(indexes for _, indexes in reads))
@@ -214,14 +214,14 @@ async def test_queue_depths_read_no_finished_job(big):
         queues = await conn.scalar(sa.text("SELECT count(DISTINCT queue) FROM jobs"))
     counted = counts.get("pending", 0) + counts.get("processing", 0) + counts.get("dead_letter", 0)
     assert sum(counts.values()) > 10 * counted  # the finished jobs are there to be skipped
-    root = await _analyze(big, search.QUEUE_DEPTHS, {})
+    root = await _analyze(big, search.QUEUE_GET_DEPTHS, {})
     assert _jobs_rows_read(root) <= counted + 2 * queues + 2, json.dumps(root)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 @pytest.mark.parametrize("status", sorted(FINISHED))
 async def test_each_prune_selects_through_the_status_index(big, status, generic):
-    plan = await _plan(big, maintenance.PRUNE[status], {"age": 86400.0}, generic)
+    plan = await _plan(big, maintenance.JOB_PRUNE[status], {"age": 86400.0}, generic)
     reads = _reads(plan)
     assert "Seq Scan" not in {kind for kind, _ in reads}, plan
     # The batch is chosen in the status index's (status, id) range below the id bound; the

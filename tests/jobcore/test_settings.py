@@ -1,9 +1,11 @@
 """Settings as documented (docs/configuration.md): defaults, Go-style durations, one clear
-error naming the variable."""
+error naming the variable; each service reads the shared variables and its own, and ignores
+the other's."""
 
 import string
 import urllib.parse
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,7 +15,28 @@ from hypothesis import strategies as st
 from jobcore.db import SUPPORTED_PARAMETERS, connect_args
 from jobcore.durations import format_duration, parse_duration
 from jobcore.errors import ConfigError
-from jobcore.settings import DURATION_LIMITS, load_settings, parse_addr
+from jobcore.settings import (
+    DURATION_LIMITS,
+    Address,
+    ApiSettings,
+    SharedSettings,
+    WorkerSettings,
+    load_api_settings,
+    load_worker_settings,
+    parse_addr,
+)
+
+LOADERS = {ApiSettings: load_api_settings, WorkerSettings: load_worker_settings}
+
+
+def loaders_of(variable: str) -> list[Any]:
+    """The loaders of the services that read `variable`: both for a shared one."""
+    return [load for cls, load in LOADERS.items() if variable.lower() in cls.model_fields]
+
+
+def load_for(variable: str, env: dict[str, str]) -> Any:
+    """`env` loaded by a service that reads `variable` (the worker, for a shared one)."""
+    return loaders_of(variable)[-1](env)
 
 
 @pytest.mark.parametrize(
@@ -32,20 +55,26 @@ def test_bad_durations_are_rejected(text):
 
 
 def test_defaults_are_the_documented_ones():
-    s = load_settings({})
-    assert s.database_url == "postgresql://localhost:5432/jobqueue"
-    assert (s.http_addr, s.metrics_addr) == (":8080", ":9090")
-    assert (s.worker_processes, s.workers, s.max_attempts) == (1, 4, 5)
-    assert (s.job_timeout, s.lease_duration, s.recovery_interval, s.poll_interval) == (
+    for s in (load_api_settings({}), load_worker_settings({})):
+        assert s.database_url == "postgresql://localhost:5432/jobqueue"
+        assert (s.max_attempts, s.shutdown_timeout) == (5, 20)
+        assert s.job_handlers == [] and s.log_level == "info"
+    api = load_api_settings({})
+    assert api.http_addr == ("0.0.0.0", 8080) and str(api.http_addr) == "0.0.0.0:8080"
+    assert api.api_tokens == [] and api.drain_delay == 0
+    assert api.max_body_bytes == 1_048_576
+    assert (api.request_body_timeout, api.max_connections, api.api_processes) == (10, 2048, 1)
+    w = load_worker_settings({})
+    assert w.metrics_addr == Address("0.0.0.0", 9090)
+    assert (w.worker_processes, w.workers, w.queues) == (1, 4, {"default": 4})
+    assert (w.job_timeout, w.lease_duration, w.recovery_interval, w.poll_interval) == (
         30,
         30,
         30,
         1,
     )
-    assert (s.backoff_base, s.backoff_max, s.shutdown_timeout, s.drain_delay) == (1, 300, 20, 0)
-    assert s.max_body_bytes == 1_048_576 and s.webhook_allow_private is False
-    assert (s.request_body_timeout, s.max_connections) == (10, 2048)
-    assert s.handler_modules == [] and s.tokens == [] and s.log_level == "info"
+    assert (w.backoff_base, w.backoff_max) == (1, 300) and w.webhook_allow_private is False
+    assert (w.type_concurrency, w.type_rate) == ({}, {})
 
 
 def test_values_are_read_from_the_environment(monkeypatch):
@@ -55,9 +84,54 @@ def test_values_are_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("API_TOKENS", " a, b ,")
     monkeypatch.setenv("JOB_HANDLERS", "x.y, z")
     monkeypatch.setenv("LOG_LEVEL", "DEBUG")
-    s = load_settings()
+    s = load_worker_settings()
     assert (s.workers, s.job_timeout, s.lease_duration) == (16, 60, 120)
-    assert s.tokens == ["a", "b"] and s.handler_modules == ["x.y", "z"] and s.log_level == "debug"
+    assert s.job_handlers == ["x.y", "z"] and s.log_level == "debug"
+    api = load_api_settings()
+    assert api.api_tokens == ["a", "b"] and api.job_handlers == ["x.y", "z"]
+
+
+def test_a_given_environment_is_read_alone(monkeypatch):
+    monkeypatch.setenv("WORKERS", "16")
+    monkeypatch.setenv("MAX_BODY_BYTES", "100")
+    assert load_worker_settings({}).workers == 4
+    assert load_api_settings({}).max_body_bytes == 1_048_576
+
+
+def test_queues_are_parsed_once_with_workers_slots_for_a_name_alone():
+    s = load_worker_settings({"WORKERS": "7", "QUEUES": " default, bulk:2 "})
+    assert s.queues == {"default": 7, "bulk": 2}
+    assert load_worker_settings({"WORKERS": "3"}).queues == {"default": 3}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("Big", "queue name 'Big'"), ("a,a", "listed twice"), ("a:0", "from 1 to 10000"),
+     ("a:10001", "from 1 to 10000"), ("", "queue name ''")],
+)  # fmt: skip
+def test_invalid_queues_name_the_variable(value, says):
+    with pytest.raises(ConfigError) as caught:
+        load_worker_settings({"QUEUES": value})
+    assert caught.value.variable == "QUEUES" and says in caught.value.message
+
+
+def test_a_service_ignores_the_other_services_variables_even_invalid_ones():
+    """One environment file may serve both services: each checks only what it reads."""
+    worker_only = {"WORKERS": "0", "QUEUES": "Big", "LEASE_DURATION": "1s", "TYPE_RATE": "x"}
+    api_only = {"HTTP_ADDR": "nowhere", "MAX_PENDING": "0", "API_TOKENS": "t", "DRAIN_DELAY": "9h"}
+    assert load_api_settings(worker_only) == load_api_settings({})
+    assert load_worker_settings(api_only) == load_worker_settings({})
+    shared = set(SharedSettings.model_fields)
+    assert set(ApiSettings.model_fields) & set(WorkerSettings.model_fields) == shared
+    assert {"database_url", "log_level", "job_handlers", "max_attempts"} <= shared
+
+
+def test_secrets_stay_out_of_reprs():
+    url = "postgresql://u:s3cret@db.example/jobs"
+    api = load_api_settings({"API_TOKENS": "tok-one,tok-two", "DATABASE_URL": url})
+    assert api.api_tokens == ["tok-one", "tok-two"] and api.database_url == url
+    for text in (repr(api), str(api), repr(load_worker_settings({"DATABASE_URL": url}))):
+        assert "tok-one" not in text and "s3cret" not in text
 
 
 @pytest.mark.parametrize(
@@ -81,11 +155,12 @@ def test_values_are_read_from_the_environment(monkeypatch):
     ],
 )
 def test_bad_values_name_the_variable(env, variable):
-    with pytest.raises(ConfigError) as caught:
-        load_settings(env)
-    assert caught.value.variable == variable
-    assert str(caught.value).startswith(f"{variable}: ")
-    assert "\n" not in str(caught.value)
+    for load in loaders_of(variable):
+        with pytest.raises(ConfigError) as caught:
+            load(env)
+        assert caught.value.variable == variable
+        assert str(caught.value).startswith(f"{variable}: ")
+        assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -96,16 +171,17 @@ def test_a_lease_is_at_least_three_seconds_whatever_job_timeout_is(job_timeout, 
     """Heartbeats renew leases, so a job may run far longer than its lease."""
     env = {"JOB_TIMEOUT": job_timeout, "LEASE_DURATION": lease}
     if ok:
-        load_settings(env)
+        load_worker_settings(env)
     else:
         with pytest.raises(ConfigError) as caught:
-            load_settings(env)
+            load_worker_settings(env)
         assert caught.value.variable == "LEASE_DURATION"
         assert "at least 3s" in caught.value.message
 
 
 def test_postgres_scheme_aliases_are_accepted():
-    assert load_settings({"DATABASE_URL": "postgres://u@h/db"}).database_url.startswith("postgres")
+    for load in (load_api_settings, load_worker_settings):
+        assert load({"DATABASE_URL": "postgres://u@h/db"}).database_url.startswith("postgres")
 
 
 @pytest.mark.parametrize(
@@ -114,6 +190,9 @@ def test_postgres_scheme_aliases_are_accepted():
 )
 def test_listen_addresses(addr, parsed):
     assert parse_addr(addr) == parsed
+    assert load_api_settings({"HTTP_ADDR": addr}).http_addr == parsed
+    assert load_worker_settings({"METRICS_ADDR": addr}).metrics_addr == parsed
+    assert parse_addr(str(parse_addr(addr))) == parsed  # str() is an address again
 
 
 # --- upper bounds of durations, and DATABASE_URL parameters -------------------------
@@ -133,16 +212,17 @@ def test_absurd_durations_are_refused_naming_the_variable(variable, value):
     if variable == "BACKOFF_BASE":
         env["BACKOFF_MAX"] = value
     with pytest.raises(ConfigError) as caught:
-        load_settings(env)
+        load_for(variable, env)
     assert caught.value.variable == variable
     assert "at most" in caught.value.message
 
 
 def test_every_duration_may_reach_its_limit():
     env = {name.upper(): format_duration(limit) for name, limit in DURATION_LIMITS.items()}
-    settings = load_settings(env)
+    loaded = [load_api_settings(env), load_worker_settings(env)]
     for name, limit in DURATION_LIMITS.items():
-        assert getattr(settings, name) == limit
+        owners = [s for s in loaded if name in type(s).model_fields]
+        assert owners and all(getattr(s, name) == limit for s in owners), name
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +253,7 @@ def test_any_accepted_duration_is_usable_as_a_postgresql_interval(pg, name, valu
     if name == "lease_duration":
         env["JOB_TIMEOUT"] = "1s"
     try:
-        seconds = getattr(load_settings(env), name)
+        seconds = getattr(load_for(name, env), name)
     except ConfigError as exc:
         assert exc.variable == name.upper()
         return
@@ -205,7 +285,7 @@ def test_any_database_url_either_translates_or_is_refused_naming_the_parameter(p
     query = urllib.parse.urlencode(params)
     url = "postgresql://u:s3cret@db.example:5432/jobs" + (f"?{query}" if query else "")
     try:
-        settings_ = load_settings({"DATABASE_URL": url})
+        settings_ = load_api_settings({"DATABASE_URL": url})
     except ConfigError as exc:
         assert exc.variable == "DATABASE_URL"
         assert any(
@@ -230,7 +310,7 @@ def test_any_database_url_either_translates_or_is_refused_naming_the_parameter(p
 
 
 def test_retention_defaults_keep_completed_a_day_failed_a_week_and_dead_letters_forever():
-    s = load_settings({})
+    s = load_worker_settings({})
     assert (s.retention_completed, s.retention_failed, s.retention_dead_letter) == (
         86_400,
         604_800,
@@ -245,7 +325,7 @@ def test_retention_defaults_keep_completed_a_day_failed_a_week_and_dead_letters_
     "variable", ["RETENTION_COMPLETED", "RETENTION_FAILED", "RETENTION_DEAD_LETTER"]
 )
 def test_a_retention_is_a_duration_and_zero_means_forever(variable, value, seconds):
-    assert getattr(load_settings({variable: value}), variable.lower()) == seconds
+    assert getattr(load_worker_settings({variable: value}), variable.lower()) == seconds
 
 
 @pytest.mark.parametrize("value", ["soon", "-1h", "1d", "87601h", "1e12"])
@@ -254,6 +334,6 @@ def test_a_retention_is_a_duration_and_zero_means_forever(variable, value, secon
 )
 def test_a_bad_retention_names_its_variable(variable, value):
     with pytest.raises(ConfigError) as caught:
-        load_settings({variable: value})
+        load_worker_settings({variable: value})
     assert caught.value.variable == variable
     assert "\n" not in str(caught.value)

@@ -1,12 +1,13 @@
 from jobcore import compiled, store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.states import Operation
 from tests.pg import driver
 
 
 async def test_submitted_job_can_be_claimed_and_completed(engine):
     async with engine.begin() as conn:
-        job, created = await store.submit(conn, store.NewJob(new_id(), "sleep", {"a": 1}, 3))
+        job, created = await store.submit(conn, NewJob(new_id(), "sleep", {"a": 1}, 3))
     assert created
     async with engine.begin() as conn:
         raw = await driver(conn)

@@ -8,9 +8,10 @@ import random
 import pytest
 import sqlalchemy as sa
 
-from jobcore import compiled, control, store
+from jobcore import compiled, control, queries, store
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from jobcore.schema import jobs
 from jobcore.states import Operation, Status
 from tests.pg import driver
@@ -182,14 +183,14 @@ async def test_retry_later_schedules_by_the_database_clock(engine):
 
 
 async def test_concurrent_duplicate_submissions_create_one_job(engine):
-    new = store.NewJob(new_id(), "sleep", {"b": [1, 2], "a": 1}, 4, "order-42")
+    new = NewJob(new_id(), "sleep", {"b": [1, 2], "a": 1}, 4, "order-42")
 
     async def submit(i: int):
         async with engine.begin() as conn:
             # Same request each time, with a fresh id and reordered keys (jsonb equality).
             payload = dict(reversed(list(new.payload.items()))) if i % 2 else new.payload
             return await store.submit(
-                conn, store.NewJob(new_id(), "sleep", payload, 4, new.idempotency_key)
+                conn, NewJob(new_id(), "sleep", payload, 4, new.idempotency_key)
             )
 
     results = await asyncio.gather(*(submit(i) for i in range(40)))
@@ -211,12 +212,10 @@ async def test_concurrent_duplicate_submissions_create_one_job(engine):
 async def test_a_different_request_with_a_used_key_is_a_conflict(engine, different):
     base = {"type": "sleep", "payload": {"a": 1}, "max_attempts": 4}
     async with engine.begin() as conn:
-        await store.submit(conn, store.NewJob(new_id(), idempotency_key="k", **base))
+        await store.submit(conn, NewJob(new_id(), idempotency_key="k", **base))
     with pytest.raises(IdempotencyConflict):
         async with engine.begin() as conn:
-            await store.submit(
-                conn, store.NewJob(new_id(), idempotency_key="k", **{**base, **different})
-            )
+            await store.submit(conn, NewJob(new_id(), idempotency_key="k", **{**base, **different}))
     async with engine.connect() as conn:
         assert await conn.scalar(sa.select(sa.func.count()).select_from(jobs)) == 1
 
@@ -224,7 +223,7 @@ async def test_a_different_request_with_a_used_key_is_a_conflict(engine, differe
 async def test_submissions_without_a_key_always_create(engine):
     async with engine.begin() as conn:
         for _ in range(3):
-            _, created = await store.submit(conn, store.NewJob(new_id(), "sleep", {}, 1))
+            _, created = await store.submit(conn, NewJob(new_id(), "sleep", {}, 1))
             assert created
 
 
@@ -235,11 +234,11 @@ async def test_submit_with_notify_wakes_listeners_only_when_it_creates(engine, d
 
     listener = await asyncpg.connect(asyncpg_dsn(database_url))
     heard: list[object] = []
-    await listener.add_listener(store.NOTIFY_CHANNEL, lambda *args: heard.append(args))
+    await listener.add_listener(queries.NOTIFY_CHANNEL, lambda *args: heard.append(args))
     try:
         async with engine.begin() as conn:
             job, created = await store.submit(
-                conn, store.NewJob(new_id(), "sleep", {"x": 1}, 3, "n-1"), notify=True
+                conn, NewJob(new_id(), "sleep", {"x": 1}, 3, "n-1"), notify=True
             )
         assert created and job.payload == {"x": 1}
         for _ in range(500):
@@ -249,7 +248,7 @@ async def test_submit_with_notify_wakes_listeners_only_when_it_creates(engine, d
         assert len(heard) == 1
         async with engine.begin() as conn:
             _, created = await store.submit(
-                conn, store.NewJob(new_id(), "sleep", {"x": 1}, 3, "n-1"), notify=True
+                conn, NewJob(new_id(), "sleep", {"x": 1}, 3, "n-1"), notify=True
             )
         assert not created
         await listener.execute("SELECT 1")  # a notification would have arrived by now

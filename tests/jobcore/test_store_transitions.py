@@ -9,8 +9,9 @@ import asyncio
 import pytest
 import sqlalchemy as sa
 
-from jobcore import compiled, control, store
+from jobcore import compiled, control
 from jobcore.ids import new_id
+from jobcore.rows import Lease, Renewed
 from jobcore.schema import jobs
 from jobcore.states import ATTEMPT_OUTCOMES, Operation, Status
 from tests.jobcore.test_states import DOCUMENTED_TRANSITIONS, C, D, F, P, R, X
@@ -50,7 +51,7 @@ TOKEN = 7
 CLAIM_ID = new_id()  # the claim that took every job made here
 
 
-async def _job_in(conn, status: Status, operation: str) -> store.Lease:
+async def _job_in(conn, status: Status, operation: str) -> Lease:
     """A job in `status`; on its last attempt for `..._last` operations, and with a cancel
     requested for `..._cancelling` ones."""
     job_id = new_id()
@@ -69,10 +70,10 @@ async def _job_in(conn, status: Status, operation: str) -> store.Lease:
             cancel_requested_at=sa.func.now() if operation.endswith("_cancelling") else None,
         )
     )
-    return store.Lease(job_id, TOKEN)
+    return Lease(job_id, TOKEN)
 
 
-async def _apply(conn, operation: str, lease: store.Lease) -> None:
+async def _apply(conn, operation: str, lease: Lease) -> None:
     """`operation` through the call the worker (or, for manual_retry, the API) makes."""
     raw = await driver(conn)
     op = Operation(operation.removesuffix("_cancelling").removesuffix("_last"))
@@ -89,9 +90,9 @@ async def _apply(conn, operation: str, lease: store.Lease) -> None:
     elif op is Operation.MANUAL_RETRY:
         await control.manual_retry(conn, lease.job_id)
     elif op is Operation.CANCEL:
-        await conn.execute(control.CANCEL, {"job_id": lease.job_id})
+        await conn.execute(control.JOB_CANCEL, {"job_id": lease.job_id})
     elif op is Operation.REQUEST_CANCEL:
-        await conn.execute(control.REQUEST_CANCEL, {"job_id": lease.job_id})
+        await conn.execute(control.JOB_REQUEST_CANCEL, {"job_id": lease.job_id})
     else:  # pragma: no cover - a new operation must be added to this test
         raise AssertionError(operation)
 
@@ -138,7 +139,7 @@ async def test_every_documented_transition_is_reachable_through_the_store(engine
 async def test_outcome_write_with_another_token_is_rejected(engine, operation):
     async with engine.begin() as conn:
         lease = await _job_in(conn, R, "")
-        stale = store.Lease(lease.job_id, TOKEN - 1)
+        stale = Lease(lease.job_id, TOKEN - 1)
         await _apply(conn, operation, stale)
         assert await conn.scalar(sa.select(jobs.c.status)) == R.value
 
@@ -148,7 +149,7 @@ async def test_outcome_writes_report_the_lost_leases(engine):
         raw = await driver(conn)
         good = await _job_in(conn, R, "")
         other = await _job_in(conn, R, "")
-        stale = store.Lease(other.job_id, TOKEN + 1)
+        stale = Lease(other.job_id, TOKEN + 1)
         assert await compiled.record(raw, Operation.COMPLETE, [good, stale]) == [stale]
         assert await compiled.record(raw, Operation.COMPLETE, [good]) == [good]  # already completed
 
@@ -205,7 +206,7 @@ async def test_a_renewal_tells_the_holder_that_a_cancel_was_requested(engine):
         plain = await _job_in(conn, R, "")
         asked = await _job_in(conn, R, "_cancelling")
         renewed = await compiled.renew(raw, [plain, asked], 60)
-    assert renewed == compiled.Renewed(lost=[], cancel=[asked], busy=[])
+    assert renewed == Renewed(lost=[], cancel=[asked], busy=[])
 
 
 async def test_a_renewal_skips_a_row_another_transaction_holds_locked_and_renews_the_rest(engine):
@@ -223,7 +224,7 @@ async def test_a_renewal_skips_a_row_another_transaction_holds_locked_and_renews
         raw = await driver(renewer)
         async with asyncio.timeout(5):  # the old statement waited for the lock forever
             renewed = await compiled.renew(raw, leases, 600)
-        assert renewed == compiled.Renewed(lost=[], cancel=[], busy=[locked])
+        assert renewed == Renewed(lost=[], cancel=[], busy=[locked])
         rows = await renewer.execute(
             sa.select(
                 jobs.c.id, jobs.c.locked_until > sa.func.now() + sa.text("interval '500 s'")

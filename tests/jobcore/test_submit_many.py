@@ -8,11 +8,12 @@ import sqlalchemy as sa
 
 from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob, Submitted
 from jobcore.schema import jobs
 
 
-def _new(payload=None, key=None, job_type="sleep", max_attempts=3) -> store.NewJob:
-    return store.NewJob(new_id(), job_type, {} if payload is None else payload, max_attempts, key)
+def _new(payload=None, key=None, job_type="sleep", max_attempts=3) -> NewJob:
+    return NewJob(new_id(), job_type, {} if payload is None else payload, max_attempts, key)
 
 
 async def _count(engine) -> int:
@@ -24,7 +25,7 @@ async def test_bulk_submit_creates_every_job_and_reports_in_input_order(engine):
     batch = [_new({"i": i}) for i in range(1000)]
     async with engine.begin() as conn:
         results = await store.submit_many(conn, batch)
-    assert results == [store.Submitted("created", new.id) for new in batch]
+    assert results == [Submitted("created", new.id) for new in batch]
     async with engine.connect() as conn:
         payloads = {row.id: row.payload for row in await conn.execute(sa.select(jobs))}
     assert payloads == {new.id: new.payload for new in batch}
@@ -39,10 +40,10 @@ async def test_bulk_submit_replays_and_conflicts_with_existing_keys(engine):
         await store.submit(conn, _new({"other": True}, key="k1x"))
         results = await store.submit_many(conn, [*batch, conflicting])
     assert results == [
-        store.Submitted("replayed", existing.id),
-        store.Submitted("conflict", None),
-        store.Submitted("created", batch[2].id),
-        store.Submitted("conflict", None),
+        Submitted("replayed", existing.id),
+        Submitted("conflict", None),
+        Submitted("created", batch[2].id),
+        Submitted("conflict", None),
     ]
     assert await _count(engine) == 3
 
@@ -54,9 +55,9 @@ async def test_a_key_repeated_inside_a_batch_acts_like_sequential_submissions(en
     async with engine.begin() as conn:
         results = await store.submit_many(conn, [first, same, different])
     assert results == [
-        store.Submitted("created", first.id),
-        store.Submitted("replayed", first.id),
-        store.Submitted("conflict", None),
+        Submitted("created", first.id),
+        Submitted("replayed", first.id),
+        Submitted("conflict", None),
     ]
     assert await _count(engine) == 1
 
@@ -70,9 +71,9 @@ async def test_a_repeated_key_compares_every_item_with_the_stored_job(engine):
         results = await store.submit_many(conn, [differs, matches, differs])
     # Sent one after another: conflict, replay, conflict.
     assert results == [
-        store.Submitted("conflict", None),
-        store.Submitted("replayed", stored.id),
-        store.Submitted("conflict", None),
+        Submitted("conflict", None),
+        Submitted("replayed", stored.id),
+        Submitted("conflict", None),
     ]
     assert await _count(engine) == 1
 

@@ -6,27 +6,27 @@ from __future__ import annotations
 import pytest
 
 from jobcore.errors import ConfigError
-from jobcore.settings import load_settings
+from jobcore.settings import load_worker_settings
 from tests.worker.support import start_worker
 
 
 def test_limits_are_parsed_per_type():
-    settings = load_settings(
+    settings = load_worker_settings(
         {"TYPE_CONCURRENCY": "webhook:10, report:1", "TYPE_RATE": "webhook:50/s,mail:600/m"}
     )
-    assert settings.type_concurrency_limits == {"webhook": 10, "report": 1}
-    assert settings.type_rate_limits == {"webhook": (50, 1.0), "mail": (600, 60.0)}
+    assert settings.type_concurrency == {"webhook": 10, "report": 1}
+    assert settings.type_rate == {"webhook": (50, 1.0), "mail": (600, 60.0)}
 
 
 def test_no_limits_by_default():
-    settings = load_settings({})
-    assert settings.type_concurrency_limits == {}
-    assert settings.type_rate_limits == {}
+    settings = load_worker_settings({})
+    assert settings.type_concurrency == {}
+    assert settings.type_rate == {}
 
 
 def test_a_type_name_may_hold_dots_and_colons():
-    settings = load_settings({"TYPE_CONCURRENCY": "test.record:2,a:b:3"})
-    assert settings.type_concurrency_limits == {"test.record": 2, "a:b": 3}
+    settings = load_worker_settings({"TYPE_CONCURRENCY": "test.record:2,a:b:3"})
+    assert settings.type_concurrency == {"test.record": 2, "a:b": 3}
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_a_type_name_may_hold_dots_and_colons():
 )
 def test_an_invalid_limit_names_its_variable(variable, value):
     with pytest.raises(ConfigError) as caught:
-        load_settings({variable: value})
+        load_worker_settings({variable: value})
     assert caught.value.variable == variable
 
 

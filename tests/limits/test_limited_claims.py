@@ -14,8 +14,9 @@ import sqlalchemy as sa
 
 from jobcore import compiled
 from jobcore.ids import new_id
+from jobcore.rows import NewJob, TypeLimits
 from jobcore.states import Operation
-from jobcore.store import NewJob, TypeLimits, submit_many
+from jobcore.store import submit_many
 from tests.pg import driver
 
 LEASE = 60.0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import NewJob
 from tests.worker.support import (
     all_in,
     eventually,
@@ -148,14 +148,14 @@ async def test_a_limited_backlog_does_not_hold_up_a_job_of_higher_priority(
 ):
     """80 half-second jobs of a limited type at priority -100 fill every slot for 10 s; a
     job of another type at priority 100 still starts as soon as a slot frees."""
-    backlog = [store.NewJob(new_id(), "test.span", {"seconds": 0.5}, 3, priority=-100)]
+    backlog = [NewJob(new_id(), "test.span", {"seconds": 0.5}, 3, priority=-100)]
     await submit_jobs(engine, [*backlog, *(b._replace(id=new_id()) for b in backlog * 79)])
     worker = start_worker(database_url, tmp_path, WORKERS="4", TYPE_CONCURRENCY="test.span:4")
     try:
         await eventually(_spans_at_least(worker.exec_log, 4), 20, "the backlog running")
         submitted = time.monotonic()
         (urgent,) = await submit_jobs(
-            engine, [store.NewJob(new_id(), "test.record", {}, 3, priority=100)]
+            engine, [NewJob(new_id(), "test.record", {}, 3, priority=100)]
         )
         await eventually(lambda: all_in(engine, [urgent.id], "completed"), 20, "the urgent job")
         waited = time.monotonic() - submitted

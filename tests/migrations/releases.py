@@ -71,15 +71,31 @@ def compiled(statement):
 
 
 found = {}
+try:  # since the statements live in jobcore.queries, by their SQL names
+    from jobcore import queries
+    named = queries.named()
+except (ImportError, AttributeError):
+    named = None
 worker = getattr(store, "WORKER_STATEMENTS", None)
-if worker is not None:
+if named is not None:
+    for name, statement in named.items():
+        if name.startswith("job_set_outcome_"):
+            found[name.removeprefix("job_set_outcome_")] = statement
+        elif name.startswith("job_prune_"):
+            found["prune_" + name.removeprefix("job_prune_")] = statement
+        elif name in ("job_claim", "job_complete_and_claim", "job_release_claim",
+                      "job_recover_expired", "job_submit", "job_get", "job_next_due"):
+            found[name.removeprefix("job_")] = statement
+        elif name == "job_renew_many":
+            found["renew"] = statement
+elif worker is not None:
     found.update((str(name), statement) for name, statement in worker.items())
 else:  # the first releases had module constants only
     for name in ("CLAIM", "COMPLETE", "FAIL", "DEAD_LETTER", "RETRY_LATER", "RELEASE",
                  "RELEASE_CLAIM", "COMPLETE_AND_CLAIM", "RECOVER_EXPIRED", "RENEW"):
         if hasattr(store, name):
             found[name.lower()] = getattr(store, name)
-for name, statement in getattr(store, "OUTCOME_WRITES", {}).items():
+for name, statement in getattr(store, "OUTCOME_WRITES", {}).items() if named is None else ():
     found.setdefault(str(name), statement)
 for name in ("SUBMIT", "SUBMIT_AND_NOTIFY", "SUBMIT_MANY", "SUBMIT_MANY_KEYLESS",
              "SUBMIT_GROUP", "SUBMIT_GROUP_AND_NOTIFY", "GET_BY_KEYS", "GET"):

@@ -23,9 +23,10 @@ import pytest
 from alembic import command
 from sqlalchemy.engine import make_url
 
-from jobcore import compiled, store
-from jobcore.compiled import Compiled
+from jobcore import compiled, queries
 from jobcore.ids import new_id
+from jobcore.rows import job_from_row
+from jobcore.runner import Compiled
 from jobcore.states import FINISHED, Status
 from tests import pg
 from tests.migrations import releases, rollout
@@ -196,11 +197,11 @@ async def _hot_path(conn: asyncpg.Connection, found: dict[str, Statement]) -> di
 
 async def _this_release_reads(conn: asyncpg.Connection, touched: dict[str, Any]) -> None:
     """What the release at the head makes of the rows the previous one wrote: it reads them
-    (`store.GET`, as the API does) and retention deletes the jobs it finished."""
-    get = Compiled(store.GET)
+    (`queries.JOB_GET`, as the API does) and retention deletes the jobs it finished."""
+    get = Compiled(queries.JOB_GET)
     for job_id in [touched["submitted"], *touched["completed"]]:
         (row,) = await conn.fetch(get.sql, *get.args({"id": job_id}))
-        job = store.job_from_row(row)
+        job = job_from_row(row)
         assert job.id == job_id
         assert job.status in {Status.PENDING, Status.COMPLETED}
     # Retention with an age of 0: everything finished before this statement.

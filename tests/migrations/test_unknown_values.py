@@ -23,6 +23,7 @@ from jobcore.client import render
 from jobcore.client.records import Job
 from jobcore.ids import new_id
 from jobcore.states import FINISHED, Operation, Status
+from jobqueue_api.state import state_of
 from tests.api.conftest import api, app_of, make_api  # noqa: F401 (fixtures)
 
 LATER = "paused"  # a status a later release might add
@@ -53,7 +54,7 @@ async def _a_later_release_wrote(engine: AsyncEngine) -> UUID:
 
 
 async def test_the_api_answers_a_job_in_a_status_it_does_not_know_as_it_is(api):  # noqa: F811
-    job_id = await _a_later_release_wrote(app_of(api).state.engine)
+    job_id = await _a_later_release_wrote(state_of(app_of(api)).engine)
     one = await api.get(f"/jobs/{job_id}")
     assert one.status_code == 200, one.text
     assert one.json()["status"] == LATER and one.json()["id"] == str(job_id)
@@ -82,7 +83,7 @@ async def test_the_api_answers_a_job_in_a_status_it_does_not_know_as_it_is(api):
 
 
 async def test_the_dashboard_shows_a_job_in_a_status_it_does_not_know_as_it_is(api):  # noqa: F811
-    job_id = await _a_later_release_wrote(app_of(api).state.engine)
+    job_id = await _a_later_release_wrote(state_of(app_of(api)).engine)
     page = await api.get(f"/ui/jobs/{job_id}")
     assert page.status_code == 200, page.text
     assert f'<span class="status {LATER}">{LATER}</span>' in page.text
@@ -94,7 +95,7 @@ async def test_the_dashboard_shows_a_job_in_a_status_it_does_not_know_as_it_is(a
 
 
 async def test_the_client_reads_a_job_in_a_status_it_does_not_know_as_it_is(api, capsys):  # noqa: F811
-    job_id = await _a_later_release_wrote(app_of(api).state.engine)
+    job_id = await _a_later_release_wrote(state_of(app_of(api)).engine)
     answered = (await api.get(f"/jobs/{job_id}")).json()
     # ... and a field of the later release's API it does not know.
     data = {**answered, "paused_until": "2026-12-01T12:00:00.000000Z"}

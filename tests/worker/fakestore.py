@@ -15,12 +15,13 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from jobcore.compiled import Renewed
-from jobcore.states import Operation, Status, out_of_attempts
-from jobcore.store import Claimed, Lease
+from jobcore.maintenance import PRUNE_BATCH
+from jobcore.rows import Claimed, Lease, LimitedClaim, Renewed, TableStats, TypeLimits
+from jobcore.search import QueueDepth
+from jobcore.states import FINISHED, Operation, Status, out_of_attempts
 
 
 @dataclass
@@ -42,6 +43,8 @@ class FakeJob:
     result: str | None = None  # JSON text, as the handler's return value was encoded
     cancel_requested: bool = False
     locked: bool = False  # another transaction holds its row: renewals skip it
+    finished_at: float | None = None  # on the fake's clock
+    created_at: float = 0.0  # on the fake's clock (retention counts from both)
     traceparent: str | None = None  # the submitting span's context, when tracing was on
 
 
@@ -50,9 +53,15 @@ class DatabaseDown(ConnectionError):
 
 
 class FakeStore:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, limits: TypeLimits | None = None
+    ) -> None:
         self.clock = clock
+        self.limits = limits or TypeLimits()
         self.jobs: dict[UUID, FakeJob] = {}
+        self.leads: dict[str, tuple[UUID, float]] = {}  # task -> (holder, until)
+        self.vacuumed: list[str] = []
+        self._windows: dict[str, tuple[float, int]] = {}  # type -> (window start, started)
         self.claims: list[int] = []  # n asked for by each claim
         self.writes: list[tuple[str, int]] = []  # (operation, batch size) of each outcome write
         self.combined: list[tuple[int, int]] = []  # (completions, n) of each complete_and_claim
@@ -68,6 +77,7 @@ class FakeStore:
         traceparent)."""
         job_id = uuid.UUID(int=next(self._order) + 1)
         payload = {} if payload is None else payload
+        fields.setdefault("created_at", self.clock())
         self.jobs[job_id] = FakeJob(job_id, type, payload, max_attempts, **fields)
         return job_id
 
@@ -106,15 +116,32 @@ class FakeStore:
         ]
         return min(later) if later else None
 
-    def _claim_now(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
+    def _claim_now(
+        self,
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        room: Mapping[str, int] | None = None,
+    ) -> list[Claimed]:
+        """Claim order across every queue's due jobs. `room`: a limited claim, taking at most
+        that many jobs of each limited type; None: the ordinary claims, which skip them."""
         now = self.clock()
+        left = dict(room) if room is not None else {}
+        limited = set(self.limits.types)
         due = sorted(
             (j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now),
             key=lambda j: (-j.priority, j.run_at, j.id),
         )
-        taken = [
-            job for queue, n in slots.items() for job in [j for j in due if j.queue == queue][:n]
-        ]
+        taken = []
+        for queue, n in slots.items():
+            for job in (j for j in due if j.queue == queue):
+                if n == 0:
+                    break
+                if job.type in limited:
+                    if room is None or left[job.type] <= 0:
+                        continue
+                    left[job.type] -= 1
+                taken.append(job)
+                n -= 1
         claimed = []
         for job in taken:
             job.status = Status.PROCESSING
@@ -137,6 +164,116 @@ class FakeStore:
                 )
             )
         return claimed
+
+    async def claim_limited(
+        self,
+        slots: Mapping[str, int],
+        lease_seconds: float,
+        overruns: Mapping[str, int] | None = None,
+    ) -> LimitedClaim:
+        """As the real store: every type in claim order, the limited ones within their
+        TYPE_CONCURRENCY (less `overruns`) and TYPE_RATE (fixed windows on the fake's clock)."""
+        await asyncio.sleep(0)
+        self._check()
+        now = self.clock()
+        overruns = overruns or {}
+        room: dict[str, int] = {}
+        windows: dict[str, float] = {}
+        for name in self.limits.types:
+            left = 1 << 30
+            if name in self.limits.concurrency:
+                running = sum(
+                    1
+                    for j in self.jobs.values()
+                    if j.type == name and j.status is Status.PROCESSING
+                )
+                left = self.limits.concurrency[name] - running - overruns.get(name, 0)
+            if name in self.limits.rate:
+                rate, period = self.limits.rate[name]
+                start = (now // period) * period
+                windows[name] = start + period
+                begun, used = self._windows.get(name, (start, 0))
+                left = min(left, rate - (used if begun == start else 0))
+            room[name] = max(left, 0)
+        jobs = self._claim_now(slots, lease_seconds, room)
+        held: dict[str, str] = {}
+        for name in self.limits.types:
+            started = sum(1 for job in jobs if job.type == name)
+            if name in self.limits.rate:
+                start = windows[name] - self.limits.rate[name][1]
+                begun, used = self._windows.get(name, (start, 0))
+                self._windows[name] = (start, (used if begun == start else 0) + started)
+                if self._windows[name][1] >= self.limits.rate[name][0]:
+                    held[name] = "rate"
+                    continue
+            if name in self.limits.concurrency and room[name] - started <= 0:
+                held[name] = "concurrency"
+        waits = [windows[name] - now for name, why in held.items() if why == "rate"]
+        return LimitedClaim(jobs, held, min(waits) if waits else None)
+
+    # --- maintenance (jobqueue_worker.maintenance.MaintenanceStore) ---
+
+    async def take_lead(self, task: str, holder: UUID, lease_seconds: float) -> bool:
+        await asyncio.sleep(0)
+        self._check()
+        now = self.clock()
+        current = self.leads.get(task)
+        if current is None or current[0] == holder or current[1] <= now:
+            self.leads[task] = (holder, now + lease_seconds)
+            return True
+        return False
+
+    async def resign(self, task: str, holder: UUID) -> None:
+        await asyncio.sleep(0)
+        self._check()
+        if self.leads.get(task, (None, 0.0))[0] == holder:
+            del self.leads[task]
+
+    async def queue_depths(self) -> list[QueueDepth]:
+        await asyncio.sleep(0)
+        self._check()
+        now = self.clock()
+        found = []
+        for queue in sorted({j.queue for j in self.jobs.values()}):
+            held = [j for j in self.jobs.values() if j.queue == queue]
+            due = [j for j in held if j.status is Status.PENDING and j.run_at <= now]
+            found.append(
+                QueueDepth(
+                    queue,
+                    len(due),
+                    sum(1 for j in held if j.status is Status.PENDING and j.run_at > now),
+                    sum(1 for j in held if j.status is Status.PROCESSING),
+                    sum(1 for j in held if j.status is Status.DEAD_LETTER),
+                    max((now - j.run_at for j in due), default=0.0),
+                )
+            )
+        return found
+
+    async def prune(self, status: Status, age_seconds: float) -> int:
+        await asyncio.sleep(0)
+        self._check()
+        before = self.clock() - age_seconds
+        old = [
+            job.id
+            for job in self.jobs.values()
+            if job.status is status
+            and job.finished_at is not None
+            and job.finished_at < before
+            and job.created_at < before
+        ][:PRUNE_BATCH]
+        for job_id in old:
+            del self.jobs[job_id]
+        return len(old)
+
+    async def table_stats(self) -> list[TableStats]:
+        await asyncio.sleep(0)
+        self._check()
+        return []  # nothing is ever dead in memory
+
+    async def vacuum(self, table: str) -> None:
+        await asyncio.sleep(0)
+        self._check()
+        self.vacuumed.append(table)
 
     async def record(
         self,
@@ -167,15 +304,19 @@ class FakeStore:
             job.status, job.locked_until = target, None
             if len(operation.targets) > 1 and job.cancel_requested:
                 job.status = Status.CANCELLED
-            if operation is Operation.COMPLETE:
+            # The operation's declared effects, as the real store's statement applies them.
+            if operation.writes_result:
                 job.result = results[i] if results else None
-            if operation is not Operation.CANCEL_ATTEMPT:
-                job.last_error = errors[i] if i < len(errors) and errors[i] else None
-            if operation in (Operation.RETRY_LATER, Operation.SNOOZE):
+                job.last_error = None
+            if operation.writes_error:
+                job.last_error = errors[i]
+            if operation.due_again:
                 job.delay = delays[i]
                 job.run_at = self.clock() + delays[i]
-            if operation in (Operation.RELEASE, Operation.SNOOZE):
+            if operation.gives_back:
                 job.attempts -= 1
+            if job.status in FINISHED:
+                job.finished_at = self.clock()
         return lost
 
     async def complete_and_claim(
@@ -231,3 +372,11 @@ class FakeStore:
                 job.locked_until = None
                 recovered.append((job.id, job.status))
         return recovered
+
+
+if TYPE_CHECKING:  # `make lint` checks the fake against the protocols the real store has
+    from jobqueue_worker.database import JobStore
+    from jobqueue_worker.maintenance import MaintenanceStore
+
+    _AS_JOB_STORE: JobStore = FakeStore()
+    _AS_MAINTENANCE_STORE: MaintenanceStore = FakeStore()

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
 from jobcore.ids import new_id
+from jobcore.rows import Job, NewJob
 from jobcore.schema import jobs
 from tests.procs import Service, free_port
 
@@ -87,13 +88,13 @@ async def submit(
     async with engine.begin() as conn:
         for _ in range(count):
             job, _created = await store.submit(
-                conn, store.NewJob(new_id(), type, {} if payload is None else payload, max_attempts)
+                conn, NewJob(new_id(), type, {} if payload is None else payload, max_attempts)
             )
             ids.append(job.id)
     return ids
 
 
-async def fetch(engine: AsyncEngine, ids: list[UUID]) -> dict[UUID, store.Job]:
+async def fetch(engine: AsyncEngine, ids: list[UUID]) -> dict[UUID, Job]:
     found = {}
     async with engine.connect() as conn:
         for job_id in ids:
@@ -149,7 +150,7 @@ def read_times(path: Path) -> list[tuple[str, int, float]]:
     return rows
 
 
-async def submit_jobs(engine: AsyncEngine, jobs: list[store.NewJob]) -> list[store.Job]:
+async def submit_jobs(engine: AsyncEngine, jobs: list[NewJob]) -> list[Job]:
     """Submit each NewJob as given (queue, priority, run_at, delay, timeout)."""
     found = []
     async with engine.begin() as conn:

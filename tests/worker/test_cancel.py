@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobcore import JobContext, handler
+from jobcore.rows import Claimed
 from jobcore.states import Operation, Status
-from jobcore.store import Claimed
 from jobqueue_worker.completer import Outcome, Recorded
 from jobqueue_worker.executor import CANCEL_GRACE, Executor
 from jobqueue_worker.heartbeat import Heartbeat

@@ -6,8 +6,8 @@ import asyncio
 import logging
 import time
 
+from jobcore.rows import Lease
 from jobcore.states import Status
-from jobcore.store import Lease
 from jobqueue_worker.completer import Completer, Outcome
 from tests.worker.fakestore import FakeStore
 from tests.worker.support import until

@@ -15,8 +15,9 @@ import asyncpg
 import pytest
 import sqlalchemy as sa
 
-from jobcore import compiled, store
+from jobcore import compiled
 from jobcore.db import make_engine
+from jobcore.rows import Lease
 from jobcore.schema import jobs
 from jobcore.states import Operation, Status
 from jobqueue_worker import database
@@ -110,7 +111,7 @@ async def test_the_worker_store_reports_exactly_the_lost_leases(engine):
         async with engine.begin() as conn:
             good = await _job_in(conn, Status.PROCESSING, "complete")
             other = await _job_in(conn, Status.PROCESSING, "complete")
-        stale = store.Lease(other.job_id, other.lease_token + 1)
+        stale = Lease(other.job_id, other.lease_token + 1)
         assert await pg.record(Operation.COMPLETE, [good, stale]) == [stale]
         assert await pg.record(Operation.COMPLETE, [good]) == [good]  # already completed
         async with engine.connect() as conn:
@@ -124,7 +125,7 @@ def _uuid(i: int) -> uuid.UUID:
     return uuid.UUID(int=i + 1)
 
 
-async def _mixed_jobs(engine) -> dict[str, store.Lease]:
+async def _mixed_jobs(engine) -> dict[str, Lease]:
     """Jobs in the states a completing write meets: fresh and stale leases, due and not due."""
     async with engine.begin() as conn:
         await conn.execute(sa.delete(jobs))
@@ -156,8 +157,8 @@ async def _mixed_jobs(engine) -> dict[str, store.Lease]:
                     else None,
                 )
             )
-            leases[label] = store.Lease(_uuid(i), 7)
-        leases["taken-over"] = store.Lease(leases["taken-over"].job_id, 6)
+            leases[label] = Lease(_uuid(i), 7)
+        leases["taken-over"] = Lease(leases["taken-over"].job_id, 6)
     return leases
 
 
@@ -239,7 +240,7 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
                 " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 5000)"
             )
         )
-    sql = compiled.STATEMENTS[statement].sql
+    sql = compiled.STATEMENTS[f"job_{statement}"].sql
     claim_args = f"1, 60, 1, NULL, '{{default}}', '{{50}}', {_NO_FLOORS}"
     outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
     args = claim_args if statement == "claim" else f"{outcomes}, {claim_args}"
@@ -267,7 +268,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
                 " gen_random_uuid(), 'sleep', '{}', 'completed', 3 FROM generate_series(1, 300)"
             )
         )
-    sql = compiled.STATEMENTS[statement].sql
+    sql = compiled.STATEMENTS[f"job_{statement}"].sql
 
     def claim_args(n: int) -> str:
         args = f"1, 60, 1, NULL, '{{default}}', '{{{n}}}', {_NO_FLOORS}"
@@ -313,7 +314,7 @@ async def test_an_old_and_a_new_lease_of_one_job_in_one_batch_report_the_old_one
 ):
     async with engine.begin() as conn:
         current = await _job_in(conn, Status.PROCESSING, "complete")
-    old = store.Lease(current.job_id, current.lease_token - 1)
+    old = Lease(current.job_id, current.lease_token - 1)
     pg = PgJobStore(engine)
     try:
         if combined:

@@ -10,9 +10,10 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from jobcore import compiled, store
+from jobcore import compiled
 from jobcore.ids import new_id
 from jobcore.maintenance import GAUGES, RETENTION
+from jobcore.rows import NewJob
 from jobcore.schema import jobs, maintenance_leases
 from jobcore.search import DEPTH_STATUSES
 from jobcore.states import Operation
@@ -122,11 +123,11 @@ def _gauges() -> dict[tuple[str, ...], float]:
 
 
 async def test_the_gauges_leader_exports_each_queue_depth_and_no_other_process_does(pg, engine):
-    (running,) = await submit_jobs(engine, [store.NewJob(new_id(), "sleep", {}, 3, queue="alpha")])
+    (running,) = await submit_jobs(engine, [NewJob(new_id(), "sleep", {}, 3, queue="alpha")])
     async with engine.begin() as conn:
         (claimed,) = await compiled.claim(await driver(conn), {"alpha": 1}, 3600)
     assert claimed.id == running.id
-    (dead,) = await submit_jobs(engine, [store.NewJob(new_id(), "sleep", {}, 1, queue="alpha")])
+    (dead,) = await submit_jobs(engine, [NewJob(new_id(), "sleep", {}, 1, queue="alpha")])
     async with engine.begin() as conn:
         raw = await driver(conn)
         (taken,) = await compiled.claim(raw, {"alpha": 1}, 3600)
@@ -134,9 +135,9 @@ async def test_the_gauges_leader_exports_each_queue_depth_and_no_other_process_d
         assert await compiled.record(raw, Operation.DEAD_LETTER, [taken.lease], ["x"]) == []
     due = await submit_jobs(
         engine,
-        [store.NewJob(new_id(), "sleep", {}, 3, queue="alpha") for _ in range(3)]
-        + [store.NewJob(new_id(), "sleep", {}, 3, queue="alpha", delay=3600) for _ in range(2)]
-        + [store.NewJob(new_id(), "sleep", {}, 3, queue="beta")],
+        [NewJob(new_id(), "sleep", {}, 3, queue="alpha") for _ in range(3)]
+        + [NewJob(new_id(), "sleep", {}, 3, queue="alpha", delay=3600) for _ in range(2)]
+        + [NewJob(new_id(), "sleep", {}, 3, queue="beta")],
     )
     async with engine.begin() as conn:
         # The oldest due job of alpha became due 100 s ago.
@@ -196,7 +197,7 @@ async def test_a_gauges_leader_that_loses_its_lead_stops_exporting(pg):
 
 
 async def submit_jobs_default(pg: PgJobStore) -> None:
-    await submit_jobs(pg.engine, [store.NewJob(new_id(), "sleep", {}, 3)])
+    await submit_jobs(pg.engine, [NewJob(new_id(), "sleep", {}, 3)])
 
 
 def test_a_lease_must_outlast_a_round():

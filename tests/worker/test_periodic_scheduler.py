@@ -18,6 +18,7 @@ from jobcore import store
 from jobcore.db import make_engine
 from jobcore.ids import new_id
 from jobcore.periodic import Schedule, check_cron
+from jobcore.rows import Job, NewJob
 from jobcore.schema import jobs
 from jobqueue_worker.periodic import GRACE, Scheduler
 from tests.faultproxy import FaultProxy
@@ -47,7 +48,7 @@ def schedule(cron: str = "*/5 * * * *", **fields: Any) -> Schedule:
     return Schedule(cron=check_cron(cron), **values)
 
 
-async def periodic_jobs(engine: AsyncEngine) -> dict[str, store.Job]:
+async def periodic_jobs(engine: AsyncEngine) -> dict[str, Job]:
     """Jobs with a periodic key, by key."""
     async with engine.connect() as conn:
         rows = await conn.execute(
@@ -180,7 +181,7 @@ async def test_a_key_bound_to_a_different_request_is_logged_and_skipped(engine, 
         # The schedule as an older deploy declared it, submitted by a process still running it.
         await store.submit(
             conn,
-            store.NewJob(
+            NewJob(
                 new_id(),
                 "sleep",
                 {"duration": "1s"},

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from jobcore import compiled, store
+from jobcore import compiled, queries
 from jobcore.schema import jobs
 from jobcore.states import Status
 from jobqueue_worker.database import PgJobStore
@@ -77,7 +77,7 @@ async def _expired(engine, job) -> bool:
 
 
 async def test_recovery_takes_back_more_expired_leases_than_one_statement_holds(engine):
-    count = store.RECOVER_BATCH * 2 + 500
+    count = queries.RECOVER_BATCH * 2 + 500
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(

@@ -15,8 +15,9 @@ from prometheus_client import REGISTRY
 from jobcore import compiled, store
 from jobcore.ids import new_id
 from jobcore.maintenance import PRUNE_BATCH, RETENTION
+from jobcore.rows import NewJob
 from jobcore.schema import jobs, maintenance_leases
-from jobcore.settings import DURATION_LIMITS, load_settings
+from jobcore.settings import DURATION_LIMITS, load_worker_settings
 from jobcore.states import Operation, Status
 from jobqueue_worker.database import PgJobStore
 from jobqueue_worker.maintenance import Lead, Retention, TakingTurns, retention_ages
@@ -155,7 +156,7 @@ async def test_full_batches_start_at_most_once_per_batch_interval(engine, pg):
 
 
 async def test_each_finished_status_keeps_its_own_retention_and_zero_keeps_forever(engine, pg):
-    settings = load_settings(
+    settings = load_worker_settings(
         {"RETENTION_COMPLETED": "0", "RETENTION_FAILED": "1s", "RETENTION_DEAD_LETTER": "1h"}
     )
     ages = retention_ages(settings)
@@ -199,7 +200,9 @@ async def test_only_the_retention_leader_prunes(engine, pg):
 async def test_a_process_that_keeps_everything_does_not_contend_for_the_lead(engine, pg):
     await insert(engine, Status.COMPLETED, 2)
     await older_than(engine, AGE)
-    ages = retention_ages(load_settings({"RETENTION_COMPLETED": "0", "RETENTION_FAILED": "0"}))
+    ages = retention_ages(
+        load_worker_settings({"RETENTION_COMPLETED": "0", "RETENTION_FAILED": "0"})
+    )
     retention = Retention(TakingTurns(pg), ages)
     assert await retention.run_once() == {}
     async with engine.connect() as conn:
@@ -210,7 +213,7 @@ async def test_a_process_that_keeps_everything_does_not_contend_for_the_lead(eng
 async def test_an_idempotency_key_is_free_again_once_its_job_is_pruned(engine, pg):
     async with engine.begin() as conn:
         first, created = await store.submit(
-            conn, store.NewJob(new_id(), "sleep", {"duration": "0s"}, 3, idempotency_key="k-1")
+            conn, NewJob(new_id(), "sleep", {"duration": "0s"}, 3, idempotency_key="k-1")
         )
     assert created
     async with engine.begin() as conn:
@@ -220,7 +223,7 @@ async def test_an_idempotency_key_is_free_again_once_its_job_is_pruned(engine, p
     # Before pruning, the key still answers with the finished job.
     async with engine.begin() as conn:
         again, created = await store.submit(
-            conn, store.NewJob(new_id(), "sleep", {"duration": "0s"}, 3, idempotency_key="k-1")
+            conn, NewJob(new_id(), "sleep", {"duration": "0s"}, 3, idempotency_key="k-1")
         )
     assert not created and again.id == first.id
 
@@ -229,7 +232,7 @@ async def test_an_idempotency_key_is_free_again_once_its_job_is_pruned(engine, p
     assert await retention.run_once() == {Status.COMPLETED: 1}
     async with engine.begin() as conn:
         fresh, created = await store.submit(
-            conn, store.NewJob(new_id(), "sleep", {"duration": "0s"}, 3, idempotency_key="k-1")
+            conn, NewJob(new_id(), "sleep", {"duration": "0s"}, 3, idempotency_key="k-1")
         )
     assert created and fresh.id != first.id and fresh.status == Status.PENDING
     await retention.lead.resign()

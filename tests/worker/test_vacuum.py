@@ -10,7 +10,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from jobcore.compiled import TableStats
+from jobcore.rows import TableStats
 from jobcore.states import Status
 from jobqueue_worker.maintenance import TakingTurns
 from jobqueue_worker.vacuum import HELD_BACK_FIRST, Vacuum

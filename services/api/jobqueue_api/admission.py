@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
-from jobcore.settings import Settings
+from jobcore.rows import NewJob
+from jobcore.settings import ApiSettings
 from jobqueue_api.database import in_turn
 
 # How old the depths may be. Also the Retry-After of a refusal: by then they are fresh.
@@ -69,9 +70,9 @@ class Admission:
         self._first_read = asyncio.Event()
 
     @classmethod
-    def of(cls, settings: Settings) -> Admission | None:
+    def of(cls, settings: ApiSettings) -> Admission | None:
         """The admission control MAX_PENDING asks for; None when it is not set."""
-        caps, others = settings.pending_caps
+        caps, others = settings.max_pending
         return cls(caps, others) if caps or others is not None else None
 
     def cap(self, queue: str) -> int | None:
@@ -85,7 +86,7 @@ class Admission:
         return held >= cap
 
     async def admit(
-        self, engine: AsyncEngine, jobs: Sequence[store.NewJob], deadline: float
+        self, engine: AsyncEngine, jobs: Sequence[NewJob], deadline: float
     ) -> Reservation | str:
         """The first full queue that `jobs` would add to, or their `Reservation`: they may
         be submitted, and hold their places until it is `done`.
@@ -107,7 +108,7 @@ class Admission:
         return Reservation(self, held)
 
     async def _refused(
-        self, engine: AsyncEngine, jobs: Sequence[store.NewJob], deadline: float
+        self, engine: AsyncEngine, jobs: Sequence[NewJob], deadline: float
     ) -> str | None:
         full = {new.queue for new in jobs if self._full(new.queue)}
         if not full:

@@ -1,10 +1,8 @@
 """`create_app(settings, engine)`: the Starlette application with its routes and middleware.
 
-The process-level state the app reads lives on `app.state`: `engine`, `settings`,
-`groups` (the submits sharing statements), `admission` (None without MAX_PENDING),
-`waiters` (the requests waiting for jobs to finish, and their listening connection), and
-`shutting_down` (set by `shut_down` when a signal arrives). `close(app)` releases what the
-app holds besides the engine.
+The process-level state the app reads is one `state.AppState`, read through
+`state.state_of(app)`. `shut_down(app)` marks it shutting down; `close(app)` releases what
+the app holds besides the engine.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jobcore.registry import registered_types
-from jobcore.settings import Settings
+from jobcore.settings import ApiSettings
 from jobqueue_api import jobs, listing, metrics, openapi, ui
 from jobqueue_api.admission import Admission
 from jobqueue_api.errors import error_response, http_error
@@ -30,6 +28,7 @@ from jobqueue_api.groups import SubmitGroups
 from jobqueue_api.hot import HotRoute
 from jobqueue_api.middleware import Authenticate, LimitBody, RequestContext
 from jobqueue_api.notify import Notifier
+from jobqueue_api.state import AppState, state_of
 from jobqueue_api.tracing import TraceRequests
 from jobqueue_api.waiters import Waiters
 
@@ -45,11 +44,11 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    if request.app.state.shutting_down:
+    state = state_of(request.app)
+    if state.shutting_down.is_set():
         return error_response(503, "shutting down")
-    engine: AsyncEngine = request.app.state.engine
     try:
-        async with asyncio.timeout(READY_TIMEOUT), engine.connect() as conn:
+        async with asyncio.timeout(READY_TIMEOUT), state.engine.connect() as conn:
             await conn.execute(sa.text("SELECT 1"))
     except Exception:  # any failure means "not ready"; the reason is in the access log status
         return error_response(503, "database unavailable")
@@ -62,7 +61,7 @@ async def metrics_page(request: Request) -> Response:
 
 
 async def openapi_json(request: Request) -> Response:
-    return JSONResponse(request.app.state.openapi)
+    return JSONResponse(state_of(request.app).openapi)
 
 
 async def jobs_collection(request: Request) -> Response:
@@ -73,7 +72,9 @@ async def jobs_collection(request: Request) -> Response:
     return await listing.list_jobs(request)
 
 
-def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = None) -> Starlette:
+def create_app(
+    settings: ApiSettings, engine: AsyncEngine, tracer: Tracer | None = None
+) -> Starlette:
     """The app; `tracer` (from `jobcore.tracing.start`) traces requests and submits."""
     collection = Route("/jobs", jobs_collection, methods=["GET", "POST"])
     routes = [
@@ -96,7 +97,11 @@ def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = 
             Middleware(RequestContext, routes=routes),
             *([Middleware(TraceRequests, tracer=tracer, routes=routes)] if tracer else []),
             # Without API_TOKENS it would let everything through: not installed at all.
-            *([Middleware(Authenticate, tokens=settings.tokens)] if settings.tokens else []),
+            *(
+                [Middleware(Authenticate, tokens=settings.api_tokens)]
+                if settings.api_tokens
+                else []
+            ),
             Middleware(
                 LimitBody, limit=settings.max_body_bytes, timeout=settings.request_body_timeout
             ),
@@ -106,19 +111,25 @@ def create_app(settings: Settings, engine: AsyncEngine, tracer: Tracer | None = 
     )
     # `/jobs/` is not `/jobs`: a 404, never a redirect.
     app.router.redirect_slashes = False
-    app.state.engine = engine
-    app.state.notifier = Notifier(engine)
-    app.state.groups = SubmitGroups(engine, app.state.notifier)
-    app.state.waiters = Waiters(settings.database_url)
-    app.state.settings = settings
-    app.state.tracer = tracer
-    app.state.shutting_down = False
-    app.state.admission = Admission.of(settings)
-    app.state.openapi = openapi.document(
+    notifier = Notifier(engine)
+    admission = Admission.of(settings)
+    document = openapi.document(
         registered_types(),
-        auth=bool(settings.tokens),
+        auth=bool(settings.api_tokens),
         default_max_attempts=settings.max_attempts,
-        admission=app.state.admission is not None,
+        admission=admission is not None,
+    )
+    # Set once, here; read through `state_of` (Starlette types `app.state` as its own bag).
+    app.state = AppState(  # type: ignore[assignment]
+        engine=engine,
+        settings=settings,
+        notifier=notifier,
+        groups=SubmitGroups(engine, notifier),
+        waiters=Waiters(settings.database_url),
+        admission=admission,
+        tracer=tracer,
+        openapi=document,
+        shutting_down=asyncio.Event(),
     )
     return app
 
@@ -127,17 +138,15 @@ def shut_down(app: Starlette) -> None:
     """A shutdown begins: /readyz answers 503, and waiting requests are answered now with
     their job as it is (a wait must not hold the shutdown; the client asks again, of a
     process that is not stopping)."""
-    app.state.shutting_down = True
-    waiters: Waiters = app.state.waiters
-    waiters.release()
+    state = state_of(app)
+    state.shutting_down.set()
+    state.waiters.release()
 
 
 async def close(app: Starlette) -> None:
     """Answer the waiters, close their listening connection, let the submit groups and a
     NOTIFY in flight end."""
-    waiters: Waiters = app.state.waiters
-    groups: SubmitGroups = app.state.groups
-    notifier: Notifier = app.state.notifier
-    await waiters.close()
-    await groups.close()
-    await notifier.close()
+    state = state_of(app)
+    await state.waiters.close()
+    await state.groups.close()
+    await state.notifier.close()

@@ -1,5 +1,6 @@
 """The API's hot calls: submit, submit_group, submit_many and the read of one job, as
-`jobcore.store`'s constructs compiled once (`jobcore.compiled.Compiled`) and run on asyncpg.
+`jobcore.queries`' constructs compiled once (`jobcore.compiled.of`) and run on asyncpg,
+their rows read by column name.
 
 A submit through a SQLAlchemy connection spent more CPU in SQLAlchemy (execution
 context, result processing, the greenlet hop) than in everything else it does
@@ -17,62 +18,30 @@ Outside a transaction, each statement commits on its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from uuid import UUID
 
 import asyncpg
 
-from jobcore import store
-from jobcore.compiled import Compiled, Driver
+from jobcore import idempotency, queries, runner
 from jobcore.errors import IdempotencyConflict
-from jobcore.states import Status
+from jobcore.rows import Job, NewJob, Submitted, job_from_row
+from jobcore.runner import Driver
 from jobqueue_api.jsonio import dumps_text
 
-STATEMENTS: dict[str, Compiled] = {
-    "submit": Compiled(store.SUBMIT),
-    "submit_and_notify": Compiled(store.SUBMIT_AND_NOTIFY),
-    "submit_many": Compiled(store.SUBMIT_MANY),
-    "submit_many_keyless": Compiled(store.SUBMIT_MANY_KEYLESS),
-    "submit_group": Compiled(store.SUBMIT_GROUP),
-    "submit_group_and_notify": Compiled(store.SUBMIT_GROUP_AND_NOTIFY),
-    "get_by_keys": Compiled(store.GET_BY_KEYS),
-    "get": Compiled(store.GET),
-    "notify": Compiled(store.NOTIFY),
-}
-_SUBMIT = STATEMENTS["submit"]
-_SUBMIT_AND_NOTIFY = STATEMENTS["submit_and_notify"]
-_SUBMIT_MANY = STATEMENTS["submit_many"]
-_SUBMIT_MANY_KEYLESS = STATEMENTS["submit_many_keyless"]
-_SUBMIT_GROUP = STATEMENTS["submit_group"]
-_SUBMIT_GROUP_AND_NOTIFY = STATEMENTS["submit_group_and_notify"]
-_GET_BY_KEYS = STATEMENTS["get_by_keys"]
-_GET = STATEMENTS["get"]
-_NOTIFY = STATEMENTS["notify"]
-
-# A job is built from its row by position: SUBMIT's, SUBMIT_GROUP's and GET's columns are
-# Job's fields, in order (SUBMIT then adds `created`).
-_JOB_FIELDS = list(store.Job.__dataclass_fields__)
-_WIDTH = len(_JOB_FIELDS)
-_STATUS = _JOB_FIELDS.index("status")
-for _columns in (
-    store.SUBMIT.returning_column_descriptions,
-    store.SUBMIT_AND_NOTIFY.column_descriptions,
-    store.SUBMIT_GROUP.returning_column_descriptions,
-    store.GET.column_descriptions,
-):
-    if [c["name"] for c in _columns][: _WIDTH + 1] != [*_JOB_FIELDS, "created"][: len(_columns)]:
-        raise RuntimeError("SUBMIT's and GET's columns must be Job's fields (then `created`)")
-
-
-def _job(row: Any) -> store.Job:
-    values = list(row[:_WIDTH])
-    values[_STATUS] = Status.read(values[_STATUS])
-    return store.Job(*values)
+_SUBMIT = runner.of(queries.JOB_SUBMIT)
+_SUBMIT_AND_NOTIFY = runner.of(queries.JOB_SUBMIT_NOTIFY)
+_SUBMIT_MANY = runner.of(queries.JOB_SUBMIT_MANY)
+_SUBMIT_MANY_KEYLESS = runner.of(queries.JOB_SUBMIT_MANY_KEYLESS)
+_SUBMIT_GROUP = runner.of(queries.JOB_SUBMIT_GROUP)
+_SUBMIT_GROUP_NOTIFY = runner.of(queries.JOB_SUBMIT_GROUP_NOTIFY)
+_GET_BY_KEYS = runner.of(queries.JOB_GET_BY_KEYS)
+_GET = runner.of(queries.JOB_GET)
+_NOTIFY = runner.of(queries.JOB_NOTIFY)
 
 
 async def submit(
-    conn: Driver, new: store.NewJob, *, notify: bool = False, again: bool = False
-) -> tuple[store.Job, bool]:
+    conn: Driver, new: NewJob, *, notify: bool = False, again: bool = False
+) -> tuple[Job, bool]:
     """`store.submit`: insert a job, or return the job already bound to its idempotency
     key; (job, created). Raises IdempotencyConflict.
 
@@ -83,7 +52,7 @@ async def submit(
     statement = _SUBMIT_AND_NOTIFY if notify else _SUBMIT
     try:
         rows = await conn.fetch(
-            statement.sql, *statement.args(store.submit_params(new, dumps_text(new.payload)))
+            statement.sql, *statement.args(queries.submit_params(new, dumps_text(new.payload)))
         )
     except asyncpg.UniqueViolationError:
         stored = await get(conn, new.id) if again else None
@@ -94,27 +63,27 @@ async def submit(
         assert new.idempotency_key is not None
         raise IdempotencyConflict(new.idempotency_key)
     row = rows[0]
-    job = _job(row)
-    return job, bool(row[_WIDTH]) or (again and job.id == new.id)
+    job = job_from_row(row)
+    return job, bool(row["created"]) or (again and job.id == new.id)
 
 
 async def submit_group(
-    conn: Driver, new_jobs: Sequence[store.NewJob], *, notify: bool = False
-) -> list[store.Job]:
+    conn: Driver, new_jobs: Sequence[NewJob], *, notify: bool = False
+) -> list[Job]:
     """Insert `new_jobs` (none with an idempotency key) in one statement; their jobs, in
     input order. With `notify`, one NOTIFY for them all, delivered at commit."""
-    statement = _SUBMIT_GROUP_AND_NOTIFY if notify else _SUBMIT_GROUP
+    statement = _SUBMIT_GROUP_NOTIFY if notify else _SUBMIT_GROUP
     payloads = [dumps_text(new.payload) for new in new_jobs]
-    values = store.keyless_params(new_jobs, payloads)
+    values = queries.keyless_params(new_jobs, payloads)
     rows = await conn.fetch(statement.sql, *statement.args(values))
-    by_id = {row[0]: row for row in rows}
-    return [_job(by_id[new.id]) for new in new_jobs]
+    by_id = {row["id"]: row for row in rows}
+    return [job_from_row(by_id[new.id]) for new in new_jobs]
 
 
-async def get(conn: Driver, job_id: UUID) -> store.Job | None:
+async def get(conn: Driver, job_id: UUID) -> Job | None:
     """`store.get`: the job, or None."""
     rows = await conn.fetch(_GET.sql, *_GET.args({"id": job_id}))
-    return _job(rows[0]) if rows else None
+    return job_from_row(rows[0]) if rows else None
 
 
 async def notify(conn: Driver) -> None:
@@ -122,20 +91,22 @@ async def notify(conn: Driver) -> None:
     await conn.fetch(_NOTIFY.sql, *_NOTIFY.args({}))
 
 
-async def submit_many(conn: Driver, new_jobs: Sequence[store.NewJob]) -> list[store.Submitted]:
+async def submit_many(conn: Driver, new_jobs: Sequence[NewJob]) -> list[Submitted]:
     """`store.submit_many`'s steps: every job in one statement; per-item results in input
     order (a key repeated inside the batch: the first item decides)."""
-    rows, first = store.batch_rows(new_jobs)
+    rows, first = idempotency.batch_rows(new_jobs)
     payloads = [dumps_text(new.payload) for new in rows]
     if not first:
-        values = store.keyless_params(rows, payloads)
+        values = queries.keyless_params(rows, payloads)
         await conn.fetch(_SUBMIT_MANY_KEYLESS.sql, *_SUBMIT_MANY_KEYLESS.args(values))
-        return [store.Submitted("created", new.id) for new in new_jobs]
-    values = store.many_params(rows, payloads)
-    by_key = store.returned_by_key(await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values)))
-    keys = store.keys_to_compare(first, by_key)
-    stored: dict[str, store.NewJob] = {}
+        return [Submitted("created", new.id) for new in new_jobs]
+    values = queries.many_params(rows, payloads)
+    by_key = idempotency.returned_by_key(
+        await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values))
+    )
+    keys = idempotency.keys_to_compare(first, by_key)
+    stored: dict[str, NewJob] = {}
     if keys:
         found = await conn.fetch(_GET_BY_KEYS.sql, *_GET_BY_KEYS.args({"keys": keys}))
-        stored = store.stored_requests(found)
-    return store.batch_results(new_jobs, first, by_key, stored)
+        stored = idempotency.stored_requests(found)
+    return idempotency.batch_results(new_jobs, first, by_key, stored)

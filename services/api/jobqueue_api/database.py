@@ -20,8 +20,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from jobcore.compiled import Driver
 from jobcore.db import make_engine
+from jobcore.runner import Driver
 from jobqueue_api import jsonio
 
 # Not a setting (docs/api.md, "Database connections"): one API process rarely benefits

@@ -9,14 +9,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from jobcore.errors import describe
+from jobcore.errors import JobqueueError, describe
 from jobqueue_api.database import is_unavailable
 from jobqueue_api.records import JSONBody
 
 log = logging.getLogger("jobqueue.api")
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(JobqueueError):
     """The request body exceeds MAX_BODY_BYTES (raised while it is being read)."""
 
     def __init__(self, limit: int) -> None:

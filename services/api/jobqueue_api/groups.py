@@ -7,7 +7,7 @@ Here a submit without an idempotency key joins the waiting group; at most `FLIGH
 groups are in flight at once, and a group leaves as soon as a flight is free, so a lone
 request still goes alone and at once, and under load the requests that arrived during one
 round trip share the next (no timer: nothing waits for company). A group is one
-`store.SUBMIT_GROUP` statement, one commit; every request still gets its own job, exactly
+`queries.JOB_SUBMIT_GROUP` statement, one commit; every request still gets its own job, exactly
 as it would alone.
 
 A submit with an idempotency key always goes alone (`calls.submit`): its answer depends on
@@ -27,8 +27,8 @@ from typing import NamedTuple
 import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import store
-from jobcore.compiled import Driver
+from jobcore.rows import Job, NewJob
+from jobcore.runner import Driver
 from jobqueue_api import calls
 from jobqueue_api.database import on_driver
 from jobqueue_api.notify import Notifier
@@ -41,13 +41,13 @@ GROUP_MAX = 256
 
 
 class _Member(NamedTuple):
-    new: store.NewJob
-    answer: asyncio.Future[tuple[store.Job, bool]]
+    new: NewJob
+    answer: asyncio.Future[tuple[Job, bool]]
     deadline: float
 
 
 class SubmitGroups:
-    """One per app (`app.state.groups`): `await groups.submit(new, deadline)`."""
+    """One per app (`state_of(app).groups`): `await groups.submit(new, deadline)`."""
 
     def __init__(self, engine: AsyncEngine, notifier: Notifier) -> None:
         self._engine = engine
@@ -55,7 +55,7 @@ class SubmitGroups:
         self._waiting: list[_Member] = []
         self._flights: set[asyncio.Task[None]] = set()
 
-    async def submit(self, new: store.NewJob, deadline: float) -> tuple[store.Job, bool]:
+    async def submit(self, new: NewJob, deadline: float) -> tuple[Job, bool]:
         """Create `new`, or find the job its idempotency key names: (job, created), the job
         committed. Raises IdempotencyConflict, TimeoutError after `deadline` (loop time),
         or the database's error."""
@@ -63,7 +63,7 @@ class SubmitGroups:
             async with asyncio.timeout_at(deadline):
                 return await self._submit_alone(new, again=False)
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[tuple[store.Job, bool]] = loop.create_future()
+        answer: asyncio.Future[tuple[Job, bool]] = loop.create_future()
         self._waiting.append(_Member(new, answer, deadline))
         if len(self._flights) < FLIGHTS:
             # A task, so it leaves on the loop's next turn with whatever joined by then; in a
@@ -143,10 +143,10 @@ class SubmitGroups:
         else:
             _answer(member, result)
 
-    async def _submit_alone(self, new: store.NewJob, *, again: bool) -> tuple[store.Job, bool]:
+    async def _submit_alone(self, new: NewJob, *, again: bool) -> tuple[Job, bool]:
         inline = self._notifier.inline()
 
-        async def call(conn: Driver, retried: bool) -> tuple[store.Job, bool]:
+        async def call(conn: Driver, retried: bool) -> tuple[Job, bool]:
             return await calls.submit(conn, new, notify=inline, again=again or retried)
 
         # Retried on a fresh connection if the first one was dead: the job's id makes
@@ -159,7 +159,7 @@ class SubmitGroups:
 
 def _answer(
     member: _Member,
-    result: tuple[store.Job, bool] | None = None,
+    result: tuple[Job, bool] | None = None,
     exc: BaseException | None = None,
 ) -> None:
     if member.answer.done():  # cancelled meanwhile: nobody is waiting for it

@@ -16,16 +16,15 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
-from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from jobcore import control, logs, store
-from jobcore.compiled import Driver
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import parse_id
 from jobcore.registry import registered_types
-from jobcore.settings import Settings
+from jobcore.rows import Job, NewJob, Submitted
+from jobcore.runner import Driver
 from jobcore.states import Operation, Status
 from jobqueue_api import calls, metrics, validation
 from jobqueue_api.admission import REFRESH, Admission
@@ -34,8 +33,8 @@ from jobqueue_api.errors import error_response
 from jobqueue_api.groups import SubmitGroups
 from jobqueue_api.notify import Notifier
 from jobqueue_api.records import JSONBody, job_json, status_json
+from jobqueue_api.state import AppState, state_of
 from jobqueue_api.tracing import submitting
-from jobqueue_api.waiters import Waiters
 
 log = logging.getLogger("jobqueue.api")
 _NO_FIELDS = logs.Fields()
@@ -47,8 +46,8 @@ def _within(deadline: float | None) -> asyncio.Timeout:
 
 
 async def submit(
-    groups: SubmitGroups, new: store.NewJob, deadline: float | None = None
-) -> tuple[store.Job, bool]:
+    groups: SubmitGroups, new: NewJob, deadline: float | None = None
+) -> tuple[Job, bool]:
     """Create `new`, or find the job its idempotency key already names: (job, created).
 
     Raises IdempotencyConflict, TimeoutError past `deadline` (REQUEST_DEADLINE from now by
@@ -72,9 +71,9 @@ async def submit(
 async def submit_many(
     engine: AsyncEngine,
     notifier: Notifier,
-    batch: list[store.NewJob],
+    batch: list[NewJob],
     deadline: float | None = None,
-) -> list[store.Submitted]:
+) -> list[Submitted]:
     """Create every job of `batch` in one statement; per-item results in input order."""
     async with _within(deadline):
         # Not retried: a batch that may have been written cannot be told apart from one
@@ -90,16 +89,6 @@ async def submit_many(
     return results
 
 
-def _engine(request: Request) -> AsyncEngine:
-    engine: AsyncEngine = request.app.state.engine
-    return engine
-
-
-def _notifier(request: Request) -> Notifier:
-    notifier: Notifier = request.app.state.notifier
-    return notifier
-
-
 def _job_id(request: Request) -> UUID | None:
     return parse_id(request.path_params["id"])
 
@@ -111,12 +100,14 @@ def _not_found(request: Request) -> Response:
 async def create_job(request: Request) -> Response:
     """POST /jobs through Starlette's router; the app serves it ahead of the router
     (`hot.HotRoute`), with the same `submit_one`."""
-    return await submit_one(request.app.state, request.headers.raw, await request.body())
+    return await submit_one(state_of(request.app), request.headers.raw, await request.body())
 
 
-async def submit_one(state: State, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> Response:
+async def submit_one(
+    state: AppState, headers: Sequence[tuple[bytes, bytes]], body: bytes
+) -> Response:
     """POST /jobs: validate the request (`headers`, `body`), admit it, submit it, answer."""
-    settings: Settings = state.settings
+    settings = state.settings
     try:
         key = validation.idempotency_key(
             [value.decode("latin-1") for name, value in headers if name == b"idempotency-key"]
@@ -127,9 +118,9 @@ async def submit_one(state: State, headers: Sequence[tuple[bytes, bytes]], body:
             default_max_attempts=settings.max_attempts,
             idempotency_key=key,
         )
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
-    admission: Admission | None = state.admission
+    admission = state.admission
     deadline = None
     reservation = None
     if admission is not None:
@@ -155,17 +146,18 @@ async def submit_one(state: State, headers: Sequence[tuple[bytes, bytes]], body:
 
 async def create_many(request: Request) -> Response:
     """POST /jobs/batch: all items valid or nothing written; one statement for all."""
-    settings: Settings = request.app.state.settings
+    state = state_of(request.app)
+    settings = state.settings
     try:
         batch = validation.new_many(
             validation.parse_json(await request.body()),
             known_types=registered_types(),
             default_max_attempts=settings.max_attempts,
         )
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
-    engine = _engine(request)
-    admission: Admission | None = request.app.state.admission
+    engine = state.engine
+    admission = state.admission
     deadline = None
     reservation = None
     if admission is not None:
@@ -174,10 +166,10 @@ async def create_many(request: Request) -> Response:
         if isinstance(admitted, str):
             return _refused(admission, admitted)
         reservation = admitted
-    results: list[store.Submitted] = []
+    results: list[Submitted] = []
     try:
-        with submitting(request.app.state.tracer, batch) as traced:
-            results = await submit_many(engine, _notifier(request), traced, deadline)
+        with submitting(state.tracer, batch) as traced:
+            results = await submit_many(engine, state.notifier, traced, deadline)
     finally:
         if reservation is not None:
             pairs = zip(results, batch, strict=False)
@@ -196,7 +188,7 @@ def _refused(admission: Admission, queue: str) -> Response:
     )
 
 
-def _many_result(result: store.Submitted, new: store.NewJob) -> dict[str, Any]:
+def _many_result(result: Submitted, new: NewJob) -> dict[str, Any]:
     if result.job_id is None:
         return {
             "status": result.result,
@@ -205,15 +197,15 @@ def _many_result(result: store.Submitted, new: store.NewJob) -> dict[str, Any]:
     return {"status": result.result, "id": str(result.job_id)}
 
 
-async def _read(request: Request) -> store.Job | None:
+async def _read(request: Request) -> Job | None:
     job_id = _job_id(request)
     if job_id is None:
         return None
     async with asyncio.timeout(REQUEST_DEADLINE):
-        return await on_driver(_engine(request), partial(_get, job_id), retry=True)
+        return await on_driver(state_of(request.app).engine, partial(_get, job_id), retry=True)
 
 
-async def _get(job_id: UUID, conn: Driver, again: bool) -> store.Job | None:
+async def _get(job_id: UUID, conn: Driver, again: bool) -> Job | None:
     return await calls.get(conn, job_id)
 
 
@@ -222,17 +214,17 @@ async def get_job(request: Request) -> Response:
     try:
         params = validation.query(request.query_params.multi_items(), ("wait",))
         seconds = validation.wait(params["wait"]) if "wait" in params else None
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
     if seconds is None:
         job = await _read(request)
     else:
         job_id = _job_id(request)
-        waiters: Waiters = request.app.state.waiters
+        state = state_of(request.app)
         job = None
         if job_id is not None:
             job = await _unless_disconnected(
-                request, waiters.wait(_engine(request), job_id, seconds)
+                request, state.waiters.wait(state.engine, job_id, seconds)
             )
     if job is None:
         return _not_found(request)
@@ -277,9 +269,7 @@ RETRYABLE: frozenset[Status] = Operation.MANUAL_RETRY.sources
 CANCELLABLE: frozenset[Status] = Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources
 
 
-async def retry(
-    engine: AsyncEngine, notifier: Notifier, job_id: UUID
-) -> tuple[store.Job, bool] | None:
+async def retry(engine: AsyncEngine, notifier: Notifier, job_id: UUID) -> tuple[Job, bool] | None:
     """An operator's retry (`POST /jobs/{id}/retry`, the dashboard's Retry): the job and
     whether it was retried (else it is shown as it is); None if there is no such job."""
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
@@ -292,7 +282,7 @@ async def retry(
     return None if current is None else (current, False)
 
 
-async def cancel(engine: AsyncEngine, job_id: UUID) -> tuple[store.Job, control.Cancelled] | None:
+async def cancel(engine: AsyncEngine, job_id: UUID) -> tuple[Job, control.Cancelled] | None:
     """An operator's cancel (`POST /jobs/{id}/cancel`, the dashboard's Cancel); None if
     there is no such job."""
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
@@ -313,7 +303,8 @@ async def retry_job(request: Request) -> Response:
     job_id = _job_id(request)
     if job_id is None:
         return _not_found(request)
-    done = await retry(_engine(request), _notifier(request), job_id)
+    state = state_of(request.app)
+    done = await retry(state.engine, state.notifier, job_id)
     if done is None:
         return _not_found(request)
     job, retried = done
@@ -327,7 +318,7 @@ async def cancel_job(request: Request) -> Response:
     job_id = _job_id(request)
     if job_id is None:
         return _not_found(request)
-    done = await cancel(_engine(request), job_id)
+    done = await cancel(state_of(request.app).engine, job_id)
     if done is None:
         return _not_found(request)
     job, what = done
@@ -338,7 +329,7 @@ async def cancel_job(request: Request) -> Response:
     return error_response(409, refusal(job, CANCELLABLE, "cancelled"))
 
 
-def refusal(job: store.Job, sources: frozenset[Status], done: str) -> str:
+def refusal(job: Job, sources: frozenset[Status], done: str) -> str:
     """Why an operation on `job` was refused: it is in none of the statuses it starts from."""
     *others, last = sorted(sources)
     allowed = f"{', '.join(others)} or {last}" if others else last

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -24,20 +24,21 @@ _LONG_NUMBER = re.compile(rb"[0-9]{19}")
 _LONG_NUMBER_TEXT = re.compile(r"[0-9]{19}")
 
 
-class Fallback(Exception):
-    """orjson cannot be trusted with this document: read it with `json`."""
+# What `parse` returns when orjson cannot be trusted with a document: read it with `json`.
+# (A value, not an exception: it is no error, and it never leaves the caller.)
+FALLBACK: Final = object()
 
 
 def parse(body: bytes) -> Any:
-    """The document in `body` as `json.loads` would read it, or Fallback: then only
+    """The document in `body` as `json.loads` would read it, or FALLBACK: then only
     `json.loads` can tell (a long number, or a document orjson refuses, whose error message
     must be `json`'s)."""
     if _LONG_NUMBER.search(body) is not None:
-        raise Fallback
+        return FALLBACK
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise Fallback from None
+        return FALLBACK
 
 
 def loads(text: str | bytes) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -14,15 +13,16 @@ from jobqueue_api import validation
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
 from jobqueue_api.records import depth_json, job_json
+from jobqueue_api.state import state_of
 
 
 async def list_jobs(request: Request) -> Response:
     try:
         params = validation.query(request.query_params.multi_items(), validation.LIST_PARAMETERS)
         asked = validation.list_query(params)
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
-    engine: AsyncEngine = request.app.state.engine
+    engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         found, last = await search.list_jobs(conn, asked.filters, asked.limit, asked.before)
     cursor = validation.encode_cursor(last) if last is not None else None
@@ -32,9 +32,9 @@ async def list_jobs(request: Request) -> Response:
 async def queues(request: Request) -> Response:
     try:
         validation.query(request.query_params.multi_items(), ())
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
-    engine: AsyncEngine = request.app.state.engine
+    engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         depths = await search.queue_depths(conn)
     return JSONResponse({"queues": [depth_json(depth) for depth in depths]})

@@ -40,7 +40,7 @@ from jobcore import logs, tracing
 from jobcore.db import check_schema
 from jobcore.errors import ConfigError, SchemaNotAtHead
 from jobcore.registry import load_handlers
-from jobcore.settings import Settings, load_settings, parse_addr
+from jobcore.settings import ApiSettings, load_api_settings
 from jobqueue_api import processes
 from jobqueue_api.app import close, create_app, shut_down
 from jobqueue_api.database import is_unavailable, open_engine
@@ -63,8 +63,8 @@ _REFUSAL = (
 )
 
 
-def hypercorn_config(settings: Settings) -> Config:
-    host, port = parse_addr(settings.http_addr)
+def hypercorn_config(settings: ApiSettings) -> Config:
+    host, port = settings.http_addr
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     inherited = os.environ.get(processes.LISTEN_FD)
@@ -149,11 +149,11 @@ def without_lifespan(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "lifespan":
             await app(scope, receive, send)
             return
-        while True:
-            message = await receive()
-            await send({"type": f"{message['type']}.complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
+        # Startup only: returning ends Hypercorn's lifespan task now, so a bind that fails
+        # right after leaves no pending task for the garbage collector to log (Hypercorn
+        # counts the shutdown as done once the task has ended).
+        await receive()
+        await send({"type": "lifespan.startup.complete"})
 
     return wrapped
 
@@ -196,7 +196,7 @@ async def _drained(signalled: asyncio.Event, drain_delay: float, budget: Budget)
 
 
 async def run(
-    settings: Settings, tracer: Tracer | None = None, budget: Budget | None = None
+    settings: ApiSettings, tracer: Tracer | None = None, budget: Budget | None = None
 ) -> int:
     budget = budget or Budget(settings.shutdown_timeout)
     try:
@@ -243,9 +243,9 @@ async def run(
 def main() -> None:
     logs.configure("info")
     try:
-        settings = load_settings()
+        settings = load_api_settings()
         logs.configure(settings.log_level)
-        load_handlers(settings.handler_modules)
+        load_handlers(settings.job_handlers)
         limit = ensure_fd_limit(
             settings.max_connections, explicit="max_connections" in settings.model_fields_set
         )
@@ -258,9 +258,9 @@ def main() -> None:
         sys.exit(2)
     if supervising:
         sys.exit(processes.supervise(settings))
-    if not settings.tokens:
+    if not settings.api_tokens:
         log.warning("API_TOKENS is not set: the /jobs endpoints accept requests without a token")
-    log.info("starting", extra={"http_addr": settings.http_addr, "pid": os.getpid()})
+    log.info("starting", extra={"http_addr": str(settings.http_addr), "pid": os.getpid()})
     budget = Budget(settings.shutdown_timeout)
     try:
         status = asyncio.run(run(settings, tracer, budget))

@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from jobcore import logs
+from jobcore.errors import JobqueueError
 from jobqueue_api import metrics
 from jobqueue_api.errors import BodyTooLarge, error_response, response_for
 
@@ -159,8 +160,12 @@ class Authenticate:
         await self.app(scope, receive, send)
 
 
-class BodyTimeout(Exception):
-    """The request body did not arrive within REQUEST_BODY_TIMEOUT."""
+class BodyTimeout(JobqueueError):
+    """The request body did not arrive within REQUEST_BODY_TIMEOUT (`timeout`, seconds)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        super().__init__(f"request body not received within {timeout:g}s")
 
 
 class LimitBody:
@@ -195,7 +200,7 @@ class LimitBody:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
-                raise BodyTimeout from None
+                raise BodyTimeout(self.timeout) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
@@ -210,9 +215,8 @@ class LimitBody:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except BodyTimeout:
+        except BodyTimeout as exc:
             if response_started:
                 raise
-            message = f"request body not received within {self.timeout:g}s"
             # The rest of the body is never read, so the connection cannot be reused.
-            await error_response(408, message, {"Connection": "close"})(scope, receive, send)
+            await error_response(408, str(exc), {"Connection": "close"})(scope, receive, send)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobcore import record
 from jobcore.durations import format_duration
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT
@@ -27,8 +28,7 @@ from jobqueue_api.validation import (
 )
 
 _REF = "#/components/schemas/"
-_TIME = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC"}
-_ID = {"type": "string", "format": "uuid"}
+_ID = dict(record.UUID.schema)
 _STATUSES = [s.value for s in Status]
 
 
@@ -97,40 +97,31 @@ def _scheduling() -> dict[str, Any]:
     }
 
 
+# What the API and the schema allow of the job record's values, beyond each field's kind.
+_LIMITS: dict[str, dict[str, Any]] = {
+    "attempts": {"minimum": 0},
+    "max_attempts": {"minimum": MIN_ATTEMPTS, "maximum": MAX_ATTEMPTS},
+    "queue": _QUEUE,
+    "priority": _PRIORITY,
+    "timeout": {"minimum": MIN_TIMEOUT, "maximum": MAX_TIMEOUT},
+}
+
+
+def _property(field: record.Field) -> dict[str, Any]:
+    """A field of the job record (`jobcore.record`) as a JSON Schema, with its limits."""
+    schema = {**field.kind.schema, **_LIMITS.get(field.name, {})}
+    if field.nullable and "type" in schema:
+        schema["type"] = [schema["type"], "null"]
+    note = field.kind.note
+    schema["description"] = f"{note}: {field.description}" if note else field.description
+    return schema
+
+
+def _record(fields: tuple[record.Field, ...]) -> dict[str, Any]:
+    return _object({field.name: _property(field) for field in fields})
+
+
 def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
-    status = {"type": "string", "enum": _STATUSES}
-    nullable_text = {"type": ["string", "null"]}
-    job = {
-        "id": _ID,
-        "type": {"type": "string"},
-        "payload": {"description": "The JSON value given at submission."},
-        "status": status,
-        "attempts": {"type": "integer", "minimum": 0},
-        "max_attempts": {"type": "integer", "minimum": MIN_ATTEMPTS, "maximum": MAX_ATTEMPTS},
-        "queue": _QUEUE,
-        "priority": _PRIORITY,
-        "timeout": {
-            "type": ["number", "null"],
-            "minimum": MIN_TIMEOUT,
-            "maximum": MAX_TIMEOUT,
-            "description": "Seconds per attempt; null: the worker's JOB_TIMEOUT.",
-        },
-        "run_at": _TIME,
-        "last_error": nullable_text,
-        "result": {"description": "What the handler returned (JSON); null until it completes."},
-        "cancel_requested_at": {
-            **_NULLABLE_TIME,
-            "description": "RFC 3339, UTC: when a cancel of the running attempt was asked.",
-        },
-        "finished_at": {
-            **_NULLABLE_TIME,
-            "description": "RFC 3339, UTC: when the job reached completed, failed, "
-            "dead_letter or cancelled; null before (and again after a retry).",
-        },
-        "created_at": _TIME,
-        "updated_at": _TIME,
-    }
-    status_fields = ("id", "status", "attempts", "max_attempts", "run_at", "last_error")
     create: dict[str, Any] = {
         "type": "object",
         "required": ["type"],
@@ -160,8 +151,8 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
         "not": {"required": ["run_at", "delay"]},
     }
     return {
-        "Job": _object(job),
-        "JobStatus": _object({name: job[name] for name in status_fields}),
+        "Job": _record(record.JOB),
+        "JobStatus": _record(record.JOB_STATUS),
         "CreateJob": create,
         "BatchItem": {
             **create,
@@ -232,9 +223,6 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
         "Error": _object({"error": {"type": "string"}}),
         "Health": _object({"status": {"type": "string"}}),
     }
-
-
-_NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 
 
 def _count(description: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from jobcore.settings import Settings, parse_addr
+from jobcore.settings import Address, ApiSettings
 from jobqueue_api import metrics
 
 log = logging.getLogger("jobqueue.api")
@@ -39,15 +39,15 @@ _BACKLOG = 2048
 _PR_SET_PDEATHSIG = 1
 
 
-def listen(http_addr: str) -> socket.socket:
-    host, port = parse_addr(http_addr)
+def listen(http_addr: Address) -> socket.socket:
+    host, port = http_addr
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
 
-def supervise(settings: Settings) -> int:
+def supervise(settings: ApiSettings) -> int:
     """Serve HTTP_ADDR with API_PROCESSES processes until they stop; the exit status."""
     try:
         sock = listen(settings.http_addr)
@@ -86,7 +86,7 @@ def supervise(settings: Settings) -> int:
     sock.close()
     log.info(
         "API processes started",
-        extra={"http_addr": settings.http_addr, "pids": [p.pid for p in processes]},
+        extra={"http_addr": str(settings.http_addr), "pids": [p.pid for p in processes]},
     )
     stopping = False
 

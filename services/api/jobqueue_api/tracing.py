@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from jobcore import tracing
-from jobcore.store import NewJob
+from jobcore.rows import NewJob
 from jobqueue_api.middleware import route_template
 
 if TYPE_CHECKING:

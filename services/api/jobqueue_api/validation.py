@@ -20,10 +20,10 @@ from typing import Any
 from uuid import UUID
 
 from jobcore.durations import format_duration, parse_duration
+from jobcore.rows import NewJob
 from jobcore.schema import QUEUE_PATTERN
 from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT, Filters
 from jobcore.states import Status
-from jobcore.store import NewJob
 from jobcore.validation import (
     BATCH_ITEM_FIELDS,
     CREATE_FIELDS,
@@ -39,7 +39,7 @@ from jobcore.validation import (
     QUEUE,
     SCHEDULING_FIELDS,
     TIMESTAMP_PATTERN,
-    Invalid,
+    InvalidRequest,
     check_key,
     check_storable,
     check_string,
@@ -67,7 +67,7 @@ __all__ = [
     "MIN_DELAY",
     "SCHEDULING_FIELDS",
     "TIMESTAMP_PATTERN",
-    "Invalid",
+    "InvalidRequest",
     "ListQuery",
     "check_key",
     "check_storable",
@@ -89,12 +89,12 @@ MAX_BATCH = 1000
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise Invalid(f"number {text} is out of range")
+        raise InvalidRequest(f"number {text} is out of range")
     return value
 
 
 def _no_constant(name: str) -> Any:
-    raise Invalid(f"{name} is not valid JSON")
+    raise InvalidRequest(f"{name} is not valid JSON")
 
 
 def parse_json(body: bytes) -> Any:
@@ -103,10 +103,12 @@ def parse_json(body: bytes) -> Any:
     Read with orjson (`jsonio.parse`) whenever that gives the very value `json` gives;
     any other document, and any document found wanting, goes through `parse_json_stdlib`,
     so that every value and every error message is the standard library's."""
+    value = jsonio.parse(body)
+    if value is jsonio.FALLBACK:
+        return parse_json_stdlib(body)
     try:
-        value = jsonio.parse(body)
         check_storable(value)
-    except (jsonio.Fallback, Invalid):
+    except InvalidRequest:
         return parse_json_stdlib(body)
     return value
 
@@ -114,19 +116,19 @@ def parse_json(body: bytes) -> Any:
 def parse_json_stdlib(body: bytes) -> Any:
     """`parse_json` with the standard library alone: the reference for its values and errors."""
     if not body.strip():
-        raise Invalid("request body is empty; expected a JSON object")
+        raise InvalidRequest("request body is empty; expected a JSON object")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        raise Invalid("request body is not valid UTF-8") from None
+        raise InvalidRequest("request body is not valid UTF-8") from None
     try:
         value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
-    except Invalid:
+    except InvalidRequest:
         raise
     except RecursionError:
-        raise Invalid(f"JSON is nested deeper than {MAX_DEPTH} levels") from None
+        raise InvalidRequest(f"JSON is nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError, and integers too long to convert
-        raise Invalid(f"request body is not valid JSON: {exc}") from None
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     check_storable(value)
     return value
 
@@ -138,10 +140,10 @@ def new_many(body: Any, *, known_types: Iterable[str], default_max_attempts: int
     item is invalid, the message names every invalid item by its index.
     """
     if not isinstance(body, Mapping) or set(body) != {"jobs"}:
-        raise Invalid('request body must be a JSON object {"jobs": [...]}')
+        raise InvalidRequest('request body must be a JSON object {"jobs": [...]}')
     items = body["jobs"]
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
-        raise Invalid(f"field 'jobs' must be an array of 1 to {MAX_BATCH} job requests")
+        raise InvalidRequest(f"field 'jobs' must be an array of 1 to {MAX_BATCH} job requests")
     return new_items(items, known_types=known_types, default_max_attempts=default_max_attempts)
 
 
@@ -150,7 +152,7 @@ def idempotency_key(values: list[str]) -> str | None:
     if not values:
         return None
     if len(values) > 1:
-        raise Invalid("Idempotency-Key must be sent at most once")
+        raise InvalidRequest("Idempotency-Key must be sent at most once")
     return check_key(values[0], "Idempotency-Key")
 
 
@@ -178,9 +180,9 @@ def query(pairs: Iterable[tuple[str, str]], allowed: Iterable[str]) -> dict[str,
     for name, value in pairs:
         if name not in known:
             hint = f"; allowed: {', '.join(known)}" if known else "; this endpoint takes none"
-            raise Invalid(f"unknown query parameter {shown(name)!r}{hint}")
+            raise InvalidRequest(f"unknown query parameter {shown(name)!r}{hint}")
         if name in found:
-            raise Invalid(f"query parameter {name!r} is given more than once")
+            raise InvalidRequest(f"query parameter {name!r} is given more than once")
         found[name] = value
     return found
 
@@ -192,7 +194,7 @@ def wait(value: str) -> float:
         with contextlib.suppress(ValueError, OverflowError):
             seconds = parse_duration(value)
     if seconds is None or not 0 < seconds <= MAX_WAIT:
-        raise Invalid(
+        raise InvalidRequest(
             f"query parameter 'wait' must be a duration above 0 and at most "
             f"{format_duration(MAX_WAIT)}: seconds (30, 2.5) or a Go duration such as 500ms "
             "or 1m"
@@ -208,17 +210,19 @@ def list_query(params: Mapping[str, str]) -> ListQuery:
     job_type = params.get("type")
     if job_type is not None:
         if not job_type:
-            raise Invalid("query parameter 'type' must not be empty")
+            raise InvalidRequest("query parameter 'type' must not be empty")
         check_string(job_type, "query parameter 'type'")
     queue = params.get("queue")
     if queue is not None and QUEUE.fullmatch(queue) is None:
-        raise Invalid(f"query parameter 'queue' must match {QUEUE_PATTERN}")
+        raise InvalidRequest(f"query parameter 'queue' must match {QUEUE_PATTERN}")
     limit = DEFAULT_LIMIT
     if "limit" in params:
         text = params["limit"]
         limit = int(text) if _LIMIT.fullmatch(text) else 0
         if not 1 <= limit <= MAX_LIMIT:
-            raise Invalid(f"query parameter 'limit' must be an integer from 1 to {MAX_LIMIT}")
+            raise InvalidRequest(
+                f"query parameter 'limit' must be an integer from 1 to {MAX_LIMIT}"
+            )
     before = decode_cursor(params["cursor"]) if "cursor" in params else None
     return ListQuery(Filters(statuses, job_type, queue), limit, before)
 
@@ -227,7 +231,7 @@ def _status(name: str) -> Status:
     try:
         return Status(name)
     except ValueError:
-        raise Invalid(
+        raise InvalidRequest(
             f"unknown status {shown(name)!r} in query parameter 'status'; "
             f"one of: {', '.join(sorted(s.value for s in Status))}"
         ) from None
@@ -240,5 +244,7 @@ def encode_cursor(job_id: UUID) -> str:
 
 def decode_cursor(text: str) -> UUID:
     if _CURSOR.fullmatch(text) is None:
-        raise Invalid("query parameter 'cursor' is not a cursor this API returned (next_cursor)")
+        raise InvalidRequest(
+            "query parameter 'cursor' is not a cursor this API returned (next_cursor)"
+        )
     return UUID(bytes=base64.urlsafe_b64decode(text + "=="))

@@ -1,7 +1,7 @@
 """Waiting for a job to finish (`GET /jobs/{id}?wait=`): one LISTEN connection per process.
 
 A waiter holds no database connection while it waits. It registers a future under its
-job id, makes sure the process is listening on `store.FINISHED_CHANNEL`, then marks the
+job id, makes sure the process is listening on `queries.FINISHED_CHANNEL`, then marks the
 job as awaited (`control.watch`, one short statement), and only then awaits the future:
 a write that finishes an awaited job notifies with its id at commit, and the
 notification resolves every future registered under that id. In that order no finish
@@ -29,11 +29,12 @@ from uuid import UUID
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import control, store
+from jobcore import control, queries, store
 from jobcore.backoff import Retry
 from jobcore.db import connect_args
 from jobcore.errors import describe
 from jobcore.ids import parse_id
+from jobcore.rows import Job
 from jobcore.states import FINISHED
 from jobqueue_api.database import CONNECT_TIMEOUT, REQUEST_DEADLINE, in_turn
 
@@ -71,7 +72,7 @@ class Waiters:
     def listening(self) -> bool:
         return self._listening.is_set()
 
-    async def wait(self, engine: AsyncEngine, job_id: UUID, seconds: float) -> store.Job | None:
+    async def wait(self, engine: AsyncEngine, job_id: UUID, seconds: float) -> Job | None:
         """The job once it has finished, or as it is after `seconds`; None if unknown.
 
         Raises TimeoutError when the listener cannot be (re)established in time (the
@@ -180,9 +181,9 @@ class Waiters:
             )
         )
         self._conn = conn
-        await conn.add_listener(store.FINISHED_CHANNEL, self._notified)
+        await conn.add_listener(queries.FINISHED_CHANNEL, self._notified)
         self._listening.set()
-        log.info("listening for finished jobs", extra={"channel": store.FINISHED_CHANNEL})
+        log.info("listening for finished jobs", extra={"channel": queries.FINISHED_CHANNEL})
 
     async def _check_until_broken(self) -> None:
         """Returns never; raises when the connection is closed or stops answering."""
@@ -210,6 +211,6 @@ async def _watch(engine: AsyncEngine, job_id: UUID) -> bool:
         return await control.watch(conn, job_id)
 
 
-async def _read(engine: AsyncEngine, job_id: UUID) -> store.Job | None:
+async def _read(engine: AsyncEngine, job_id: UUID) -> Job | None:
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         return await store.get(conn, job_id)

@@ -31,8 +31,8 @@ from jobcore.db import make_engine
 from jobcore.maintenance import PRUNE_BATCH
 from jobcore.periodic import schedules
 from jobcore.registry import load_handlers
-from jobcore.settings import Settings
-from jobcore.store import TypeLimits
+from jobcore.rows import TypeLimits
+from jobcore.settings import WorkerSettings
 from jobqueue_worker import metrics
 from jobqueue_worker.completer import Completer
 from jobqueue_worker.database import POOL_SIZE, PgJobStore
@@ -64,14 +64,14 @@ def early_stop(signum: int, frame: FrameType | None) -> None:
     _stop_requested_in = os.getpid()
 
 
-def main(settings: Settings, index: int, beacon: Beacon) -> None:
+def main(settings: WorkerSettings, index: int, beacon: Beacon) -> None:
     """Entry point of a spawned worker process; never returns."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, early_stop)  # until the loop installs its own handler
     logs.configure(settings.log_level)
     code = 1
     try:
-        load_handlers(settings.handler_modules)
+        load_handlers(settings.job_handlers)
         code = asyncio.run(run(settings, index, beacon))
     except BaseException:
         log.exception("worker process failed", extra={"worker_process": index})
@@ -82,12 +82,12 @@ def main(settings: Settings, index: int, beacon: Beacon) -> None:
         os._exit(code)
 
 
-async def run(settings: Settings, index: int, beacon: Beacon) -> int:
+async def run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     with logs.bind(worker_process=index):
         return await _run(settings, index, beacon)
 
 
-async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
+async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -107,16 +107,16 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         pre_ping=False,
     )
     tracer = tracing.start("jobqueue-worker")
-    limits = TypeLimits(settings.type_concurrency_limits, settings.type_rate_limits)
+    limits = TypeLimits(settings.type_concurrency, settings.type_rate)
     store = PgJobStore(
         engine, limits=limits, synchronous_commit=settings.worker_synchronous_commit == "on"
     )
-    recycle = _Recycle(beacon, sum(settings.queue_slots.values()), stop)
+    recycle = _Recycle(beacon, sum(settings.queues.values()), stop)
     # The slots record through the completer, the completer claims for the dispatcher, the
     # dispatcher fills the slots: a cycle, closed by the two late-bound callbacks below.
     executor = Executor(
         lambda outcome, recorded: completer.add(outcome, recorded),
-        slots=settings.queue_slots,
+        slots=settings.queues,
         job_timeout=settings.job_timeout,
         backoff_base=settings.backoff_base,
         backoff_max=settings.backoff_max,
@@ -135,10 +135,10 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         limits=limits,
     )
     completer = Completer(
-        store, batch_size=sum(settings.queue_slots.values()), linger=_LINGER, claimer=dispatcher
+        store, batch_size=sum(settings.queues.values()), linger=_LINGER, claimer=dispatcher
     )
     recovery = Recovery(store, settings.recovery_interval)
-    floor_check = FloorCheck(store, list(settings.queue_slots))
+    floor_check = FloorCheck(store, list(settings.queues))
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
     listener = Listener(
         settings.database_url,
@@ -179,7 +179,7 @@ async def _run(settings: Settings, index: int, beacon: Beacon) -> int:
         extra={
             "pid": os.getpid(),
             "workers": settings.workers,
-            "queues": settings.queue_slots,
+            "queues": settings.queues,
             **({"type_concurrency": dict(limits.concurrency)} if limits.concurrency else {}),
             **({"type_rate": settings.type_rate} if limits.rate else {}),
             **(

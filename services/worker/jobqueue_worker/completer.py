@@ -27,8 +27,8 @@ from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import Retry
+from jobcore.rows import Claimed, Lease
 from jobcore.states import ATTEMPT_OUTCOMES, Operation
-from jobcore.store import Claimed, Lease
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")

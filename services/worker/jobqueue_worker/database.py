@@ -36,9 +36,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from jobcore import compiled, maintenance
 from jobcore.errors import describe
 from jobcore.floors import ClaimFloors, Sweeps
+from jobcore.queries import RECOVER_BATCH
+from jobcore.rows import Claimed, Lease, LimitedClaim, Renewed, TableStats, TypeLimits
+from jobcore.runner import Driver
 from jobcore.search import QueueDepth
 from jobcore.states import Operation, Status
-from jobcore.store import RECOVER_BATCH, Claimed, Lease, TypeLimits
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -98,7 +100,7 @@ class JobStore(Protocol):
         slots: Mapping[str, int],
         lease_seconds: float,
         overruns: Mapping[str, int] | None = None,
-    ) -> compiled.LimitedClaim: ...
+    ) -> LimitedClaim: ...
 
     async def next_due(self, queues: Sequence[str]) -> float | None: ...
 
@@ -121,7 +123,7 @@ class JobStore(Protocol):
 
     async def recover_expired(self) -> list[tuple[UUID, Status]]: ...
 
-    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> compiled.Renewed: ...
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> Renewed: ...
 
 
 class Availability:
@@ -173,7 +175,7 @@ class PgJobStore:
         self._limited = self.limits.types
         # Connections checked out of the engine and kept between calls, with their asyncpg
         # connection: at most one per concurrent caller (dispatcher, completer, recovery).
-        self._idle: list[tuple[AsyncConnection, compiled.Driver]] = []
+        self._idle: list[tuple[AsyncConnection, Driver]] = []
         self._lost_claims: list[UUID] = []
         self.floors = ClaimFloors()
         # Recovery has no other read from the head: it sweeps by its cost alone.
@@ -223,7 +225,7 @@ class PgJobStore:
         self.availability.succeeded(started)
         return result
 
-    async def _connection(self) -> tuple[AsyncConnection, compiled.Driver]:
+    async def _connection(self) -> tuple[AsyncConnection, Driver]:
         """A kept connection that is still open, else a new one."""
         while self._idle:
             held = self._idle.pop()
@@ -243,7 +245,7 @@ class PgJobStore:
             del self._lost_claims[:-_MAX_LOST_CLAIMS]
             raise
 
-    async def _release_lost_claims(self, driver: compiled.Driver) -> None:
+    async def _release_lost_claims(self, driver: Driver) -> None:
         lost = list(self._lost_claims)
         released = await compiled.release_claim(driver, lost)
         # Claims lost meanwhile (another caller's) stay for the next call.
@@ -251,7 +253,7 @@ class PgJobStore:
         for job_id in released:
             log.warning("lost claim released", extra={"job_id": str(job_id)})
 
-    async def _checkout(self) -> tuple[AsyncConnection, compiled.Driver]:
+    async def _checkout(self) -> tuple[AsyncConnection, Driver]:
         conn = await self.engine.connect()
         try:
             raw = await conn.get_raw_connection()
@@ -311,7 +313,7 @@ class PgJobStore:
         slots: Mapping[str, int],
         lease_seconds: float,
         overruns: Mapping[str, int] | None = None,
-    ) -> compiled.LimitedClaim:
+    ) -> LimitedClaim:
         limited = set(self._limited)
         return await self._floored(
             slots,
@@ -396,7 +398,7 @@ class PgJobStore:
             self._recovered_at = started
         return recovered
 
-    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> compiled.Renewed:
+    async def renew(self, leases: Sequence[Lease], lease_seconds: float) -> Renewed:
         return await self._run(Operation.RENEW, compiled.renew, leases, lease_seconds)
 
     async def take_lead(self, task: str, holder: UUID, lease_seconds: float) -> bool:
@@ -411,7 +413,7 @@ class PgJobStore:
     async def prune(self, status: Status, age_seconds: float) -> int:
         return await self._run("prune", compiled.prune, status, age_seconds)
 
-    async def table_stats(self) -> list[compiled.TableStats]:
+    async def table_stats(self) -> list[TableStats]:
         return await self._run("table_stats", compiled.table_stats)
 
     async def vacuum(self, table: str) -> None:

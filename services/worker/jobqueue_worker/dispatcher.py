@@ -38,8 +38,7 @@ from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import Retry
-from jobcore.compiled import LimitedClaim
-from jobcore.store import Claimed, Lease, TypeLimits
+from jobcore.rows import Claimed, Lease, LimitedClaim, TypeLimits
 from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")

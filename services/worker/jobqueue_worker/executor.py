@@ -26,7 +26,8 @@ recorded without it and the thread runs on. Such abandoned handlers are counted
 (`abandoned`, reported through `on_abandoned`; per type, `overruns`, which the limited
 claims count against TYPE_CONCURRENCY) until they return; they never hold a slot.
 For a cancel the grace is at most CANCEL_GRACE, so a cancelled job is recorded within a
-second of its request even when its handler ignores it.
+second of its request even when its handler ignores it. The phases an attempt goes through
+on these paths, and the only moves between them, are declared in `jobqueue_worker.attempt`.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import backoff
-from jobcore.errors import PermanentError, Snooze, describe
+from jobcore.errors import JobqueueError, PermanentError, Snooze, describe
 from jobcore.registry import Handler, JobContext, get_handler
+from jobcore.rows import Claimed, Lease
 from jobcore.states import Operation, next_operation
-from jobcore.store import Claimed, Lease
 from jobqueue_worker import metrics, tracing
+from jobqueue_worker.attempt import BACK_IN_TASK, STOPPED_BY, Attempt, Interruption, Phase
 from jobqueue_worker.completer import Outcome, Recorded
 from jobqueue_worker.results import ResultError, encode_result
 from jobqueue_worker.threads import HandlerThreads
@@ -62,11 +64,6 @@ _MAX_ERROR = 2000
 
 # Outcomes after which the job is due again later: their log line says when.
 _DELAYED = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
-# Why an attempt was interrupted.
-_TIMEOUT = "timeout"
-_SHUTDOWN = "shutdown"
-_LEASE_LOST = "lease lost"
-_CANCELLED = "cancelled"
 # The longest a handler interrupted by a cancel request is waited for before its attempt is
 # recorded without it: the record lands within a second of the request.
 CANCEL_GRACE = 0.5
@@ -77,61 +74,8 @@ _TICK_MIN = 0.01
 _TICKS_PER_TIMEOUT = 1000
 
 
-class JobTimeout(Exception):
+class JobTimeout(JobqueueError):
     """The attempt ran past JOB_TIMEOUT."""
-
-
-class _Attempt:
-    """One job in a slot, from start until its outcome is recorded."""
-
-    __slots__ = (
-        "abandoned",
-        "ctx",
-        "delay",
-        "duration",
-        "error",
-        "fields",
-        "in_handler",
-        "in_thread",
-        "interrupted",
-        "job",
-        "kind",
-        "lease_deadline",
-        "result",
-        "settled",
-        "span",
-        "started",
-        "task",
-        "timer",
-    )
-
-    def deadline(self) -> float:
-        """When the lease runs out (monotonic), as the heartbeat last extended it."""
-        return self.lease_deadline
-
-    def __init__(self, job: Claimed, lease_deadline: float) -> None:
-        self.job = job
-        self.lease_deadline = lease_deadline
-        self.fields = logs.Fields(
-            job_id=str(job.id), job_type=job.type, attempt=job.attempts, lease_token=job.lease_token
-        )
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None  # for cancel_grace, once interrupted
-        self.ctx: JobContext | None = None  # once the handler starts
-        self.in_handler = False
-        self.in_thread = False  # a plain def handler: interrupted through ctx.cancelled only
-        self.interrupted: str | None = None
-        # The outcome went to the completer (from the task, or on its behalf once abandoned).
-        self.settled = False
-        # Its handler (task or thread) runs on after the attempt was recorded without it.
-        self.abandoned = False
-        self.kind = Operation.COMPLETE  # set for real when the attempt settles
-        self.error: str | None = None
-        self.result: str | None = None  # complete: the return value as JSON text
-        self.delay = 0.0
-        self.started = 0.0
-        self.duration = 0.0
-        self.span: Any = None  # the attempt's span, when tracing is on
 
 
 class Executor:
@@ -172,12 +116,12 @@ class Executor:
         self._overruns: Counter[str] = Counter()
         self._cancel_grace = cancel_grace
         self._clock = clock
-        self._running: set[_Attempt] = set()
+        self._running: set[Attempt] = set()
         # Attempts in their handler, by the tick of their JOB_TIMEOUT deadline. A tick stays
         # until its timer fires, even when empty: attempts that finish without ever waiting
         # would otherwise make and cancel a timer each.
         self._tick = max(_TICK_MIN, job_timeout / _TICKS_PER_TIMEOUT)
-        self._deadlines: dict[int, set[_Attempt]] = {}
+        self._deadlines: dict[int, set[Attempt]] = {}
         self._all_freed: asyncio.Future[None] | None = None
         self._shutting_down = False
         self._threads = HandlerThreads(
@@ -227,10 +171,10 @@ class Executor:
         for attempt in list(self._running):
             if attempt.job.lease != lease or attempt.settled:
                 continue
-            if attempt.in_handler:
-                self._interrupt(attempt, _LEASE_LOST)
+            if attempt.phase is Phase.CLAIMED:
+                attempt.move(Phase.CLAIMED, Interruption.LEASE_LOST)
             else:
-                attempt.interrupted = _LEASE_LOST  # seen before the handler starts
+                self._interrupt(attempt, Interruption.LEASE_LOST)
             return True
         return False
 
@@ -241,19 +185,18 @@ class Executor:
         for attempt in list(self._running):
             if attempt.job.id != job_id or attempt.settled:
                 continue
-            if attempt.interrupted in (_CANCELLED, _LEASE_LOST):
+            if attempt.interrupted in (Interruption.CANCELLED, Interruption.LEASE_LOST):
                 return False  # stopping already; a lost lease writes nothing anyway
             log.info(
                 "cancel requested, stopping the attempt",
                 extra={**attempt.fields.values, "via": via},
             )
-            if not attempt.in_handler:
-                attempt.interrupted = _CANCELLED  # seen before the handler starts
-            elif attempt.interrupted is None:
-                self._interrupt(attempt, _CANCELLED)
+            if attempt.phase is Phase.CLAIMED or attempt.interrupted is not None:
+                # Before the handler starts, or while a timeout or shutdown stops it already:
+                # noted, and recorded as what was asked.
+                attempt.move(attempt.phase, Interruption.CANCELLED)
             else:
-                # A timeout or shutdown is stopping it already: record it as what was asked.
-                attempt.interrupted = _CANCELLED
+                self._interrupt(attempt, Interruption.CANCELLED)
             return True
         return False
 
@@ -261,7 +204,7 @@ class Executor:
         """Run `job` in a free slot; `lease_deadline` is when its lease runs out (monotonic)."""
         if self._busy.get(job.queue, 0) >= self.slots.get(job.queue, 0):
             raise RuntimeError(f"no free job slot in queue {job.queue!r}")
-        attempt = _Attempt(job, lease_deadline)
+        attempt = Attempt(job, lease_deadline)
         self._running.add(attempt)
         self._busy[job.queue] += 1
         logs.line(log, "job started", attempt.fields)
@@ -284,7 +227,7 @@ class Executor:
             log.info("interrupting running jobs", extra={"running": len(self._running)})
             self._shutting_down = True
             for attempt in list(self._running):
-                self._interrupt(attempt, _SHUTDOWN)
+                self._interrupt(attempt, Interruption.SHUTDOWN)
             # Bounded: cancel_grace, then the release write (retried only while the lease holds).
             await self._until_all_freed(None)
         # Threads of plain handlers that ignore the end of their attempt are not waited for.
@@ -304,7 +247,7 @@ class Executor:
                 async with asyncio.timeout(left):
                     await asyncio.shield(self._all_freed)
 
-    async def _run(self, attempt: _Attempt) -> None:
+    async def _run(self, attempt: Attempt) -> None:
         try:
             await self._attempt(attempt)
         except BaseException:
@@ -312,25 +255,25 @@ class Executor:
             # recovery takes the job back.
             log.exception("job slot failed", extra=attempt.fields.values)
             if not attempt.settled:
-                attempt.settled = True
+                attempt.settle()
                 if attempt.span is not None:
                     tracing.end(attempt.span, "slot_failed", applied=False, error="job slot failed")
                 self._free(attempt)
 
-    async def _attempt(self, attempt: _Attempt) -> None:
+    async def _attempt(self, attempt: Attempt) -> None:
         job = attempt.job
         handler = get_handler(job.type)
         if handler is None:
             unknown = PermanentError(f"no handler is registered for job type {job.type!r}")
             self._settle(attempt, Operation.FAIL, str(unknown))
             return
-        if attempt.interrupted == _CANCELLED:
+        if attempt.interrupted is Interruption.CANCELLED:
             self._settle(attempt, Operation.CANCEL_ATTEMPT)
             return
         if self._shutting_down:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
             return
-        if attempt.interrupted == _LEASE_LOST:
+        if attempt.interrupted is Interruption.LEASE_LOST:
             self._drop(attempt)
             return
         ctx = JobContext(
@@ -354,7 +297,7 @@ class Executor:
             due = self._deadlines[tick] = set()
             loop.call_at(tick * self._tick, self._time_out, tick)
         due.add(attempt)
-        attempt.in_handler = True
+        attempt.move(Phase.IN_HANDLER)
         failure: BaseException | None = None
         value: Any = None
         try:
@@ -362,25 +305,24 @@ class Executor:
                 value = await handler(job.payload, ctx)
             else:
                 value = await self._in_thread(attempt, handler, job.payload, ctx)
-        except asyncio.CancelledError as exc:
-            # Ours if interrupted; else from inside the handler (it cancelled itself, or a
-            # thread's future), a retryable error like any other.
-            failure = exc
-        except BaseException as exc:  # a handler must never take the worker process down
+        except BaseException as exc:
+            # A handler must never take the worker process down. A CancelledError is ours if
+            # interrupted; else from inside the handler (it cancelled itself, or a thread's
+            # future), a retryable error like any other.
             failure = exc
         finally:
-            attempt.in_handler = False
             due.discard(attempt)
             if attempt.timer is not None:
                 attempt.timer.cancel()
             # A cancellation consumed here must not hit the rest of the task.
             while task.cancelling():
                 task.uncancel()
-        if attempt.settled:
-            # Abandoned after ignoring its interruption: recorded already.
-            if attempt.abandoned:
-                self._abandoned_returned(attempt)
+        if attempt.phase in (Phase.DETACHED, Phase.OVERRUN):
+            # Abandoned after ignoring its interruption, and recorded without it: over at last.
+            self._abandoned_returned(attempt)
             return
+        if attempt.phase is not Phase.ABANDONED:  # else a thread left to run on
+            attempt.move(Phase.ENDED)
         attempt.duration = self._clock() - attempt.started
         if attempt.interrupted is not None:
             self._settle_interrupted(attempt)
@@ -391,7 +333,7 @@ class Executor:
         else:
             self._settle_result(attempt, value)
 
-    def _settle_result(self, attempt: _Attempt, value: Any) -> None:
+    def _settle_result(self, attempt: Attempt, value: Any) -> None:
         try:
             result = encode_result(value, self._max_result_bytes)
         except ResultError as exc:
@@ -402,35 +344,28 @@ class Executor:
         self._settle(attempt, Operation.COMPLETE)
 
     async def _in_thread(
-        self, attempt: _Attempt, handler: Handler, payload: Any, ctx: JobContext
+        self, attempt: Attempt, handler: Handler, payload: Any, ctx: JobContext
     ) -> Any:
         # Copy the context so lines a threaded handler logs carry the job's fields.
         run = functools.partial(contextvars.copy_context().run, handler, payload, ctx)
-        attempt.in_thread = True
+        attempt.move(Phase.IN_THREAD)
         future = self._threads.submit(run, attempt)
         try:
             result = await future
         except asyncio.CancelledError:
             if future.cancelled():  # interrupted while the thread runs: it cannot be stopped
-                self._count_abandoned(attempt, +1)
-                log.warning(
-                    "handler thread abandoned",
-                    extra={
-                        **attempt.fields.values,
-                        "reason": attempt.interrupted,
-                        "abandoned_handlers": self.abandoned,
-                    },
-                )
+                self._abandoned(attempt, "handler thread abandoned", reason=attempt.interrupted)
             raise
         if inspect.isawaitable(result):
-            attempt.in_thread = False  # what it returned runs here, and can be cancelled
+            attempt.move(BACK_IN_TASK[attempt.phase])  # what it returned can be cancelled
             return await result
         return result
 
     def _thread_returned(self, key: object) -> None:
-        self._abandoned_returned(cast(_Attempt, key))
+        self._abandoned_returned(cast(Attempt, key))
 
-    def _abandoned_returned(self, attempt: _Attempt) -> None:
+    def _abandoned_returned(self, attempt: Attempt) -> None:
+        attempt.returned_late()
         self._count_abandoned(attempt, -1)
         log.info(
             "abandoned handler returned",
@@ -441,8 +376,14 @@ class Executor:
             },
         )
 
-    def _count_abandoned(self, attempt: _Attempt, change: int) -> None:
-        attempt.abandoned = change > 0
+    def _abandoned(self, attempt: Attempt, message: str, **extra: Any) -> None:
+        attempt.move(Phase.ABANDONED)
+        self._count_abandoned(attempt, +1)
+        log.warning(
+            message, extra={**attempt.fields.values, **extra, "abandoned_handlers": self.abandoned}
+        )
+
+    def _count_abandoned(self, attempt: Attempt, change: int) -> None:
         self.abandoned += change
         self._overruns[attempt.job.type] += change
         self.on_abandoned(self.abandoned)
@@ -451,46 +392,41 @@ class Executor:
 
     def _time_out(self, tick: int) -> None:
         for attempt in list(self._deadlines.pop(tick, ())):
-            self._interrupt(attempt, _TIMEOUT)
+            self._interrupt(attempt, Interruption.TIMEOUT)
 
-    def _interrupt(self, attempt: _Attempt, reason: str) -> None:
+    def _interrupt(self, attempt: Attempt, reason: Interruption) -> None:
         """Tell the attempt's handler to stop (`ctx.cancelled`; an async one is cancelled too);
         it has cancel_grace to stop before its slot moves on."""
-        if not attempt.in_handler or attempt.interrupted is not None:
-            return
+        stopping = STOPPED_BY.get(attempt.phase)
+        if stopping is None:
+            return  # not started, stopping already, or over
         assert attempt.task is not None and attempt.ctx is not None
-        attempt.interrupted = reason
+        attempt.move(stopping, reason)
         attempt.ctx.stop()
-        if not attempt.in_thread:
+        if stopping is Phase.INTERRUPTED:
             attempt.task.cancel()
-        grace = (
-            min(self._cancel_grace, CANCEL_GRACE) if reason == _CANCELLED else self._cancel_grace
-        )
+        grace = self._cancel_grace
+        if reason is Interruption.CANCELLED:
+            grace = min(grace, CANCEL_GRACE)
         attempt.timer = asyncio.get_running_loop().call_later(grace, self._abandon, attempt)
 
-    def _abandon(self, attempt: _Attempt) -> None:
-        if attempt.settled or not attempt.in_handler:
-            return
-        if attempt.in_thread:
+    def _abandon(self, attempt: Attempt) -> None:
+        if attempt.phase is Phase.INTERRUPTED_THREAD:
             # Stop waiting for the thread: the attempt's task counts it abandoned and settles.
             assert attempt.task is not None
             attempt.task.cancel()
-            return
-        # A handler that swallows cancellation keeps running, but its slot moves on.
-        self._count_abandoned(attempt, +1)
-        log.warning(
-            "handler did not stop when cancelled",
-            extra={**attempt.fields.values, "abandoned_handlers": self.abandoned},
-        )
-        attempt.duration = self._clock() - attempt.started
-        self._settle_interrupted(attempt)
+        elif attempt.phase is Phase.INTERRUPTED:
+            # A handler that swallows cancellation keeps running, but its slot moves on.
+            self._abandoned(attempt, "handler did not stop when cancelled")
+            attempt.duration = self._clock() - attempt.started
+            self._settle_interrupted(attempt)
 
-    def _settle_interrupted(self, attempt: _Attempt) -> None:
-        if attempt.interrupted == _LEASE_LOST:
+    def _settle_interrupted(self, attempt: Attempt) -> None:
+        if attempt.interrupted is Interruption.LEASE_LOST:
             self._drop(attempt)
-        elif attempt.interrupted == _CANCELLED:
+        elif attempt.interrupted is Interruption.CANCELLED:
             self._settle(attempt, Operation.CANCEL_ATTEMPT)
-        elif attempt.interrupted == _SHUTDOWN:
+        elif attempt.interrupted is Interruption.SHUTDOWN:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
         else:
             timeout = self._timeout(attempt.job)
@@ -500,7 +436,7 @@ class Executor:
         """The job's own timeout, else JOB_TIMEOUT."""
         return job.timeout if job.timeout is not None else self._job_timeout
 
-    def _settle_failure(self, attempt: _Attempt, failure: BaseException) -> None:
+    def _settle_failure(self, attempt: Attempt, failure: BaseException) -> None:
         job = attempt.job
         operation = next_operation(failure, job.attempts, job.max_attempts)
         if isinstance(failure, Snooze):
@@ -512,10 +448,10 @@ class Executor:
         self._settle(attempt, operation, _error_text(failure), delay)
 
     def _settle(
-        self, attempt: _Attempt, kind: Operation, error: str | None = None, delay: float = 0.0
+        self, attempt: Attempt, kind: Operation, error: str | None = None, delay: float = 0.0
     ) -> None:
         """Hand the outcome to the completer; the slot is freed once it is written."""
-        attempt.settled = True
+        attempt.settle()
         attempt.kind, attempt.error, attempt.delay = kind, error, delay
         job = attempt.job
         outcome = Outcome(
@@ -523,17 +459,17 @@ class Executor:
         )
         self._record(outcome, functools.partial(self._recorded, attempt))
 
-    def _drop(self, attempt: _Attempt) -> None:
+    def _drop(self, attempt: Attempt) -> None:
         """End an attempt whose lease was lost without writing an outcome: the job is
         someone else's now (or recovery's), and a write could only be rejected."""
-        attempt.settled = True
+        attempt.settle()
         log.warning("lease lost, attempt stopped", extra=attempt.fields.values)
         metrics.lease_lost(1)
         if attempt.span is not None:
             tracing.end(attempt.span, "lease_lost", applied=False)
         self._free(attempt)
 
-    def _recorded(self, attempt: _Attempt, applied: bool) -> None:
+    def _recorded(self, attempt: Attempt, applied: bool) -> None:
         kind = attempt.kind
         metrics.attempt_finished(kind, applied, attempt.duration)
         logs.line(
@@ -551,7 +487,8 @@ class Executor:
             tracing.end(attempt.span, kind.outcome, applied=applied, error=attempt.error)
         self._free(attempt)
 
-    def _free(self, attempt: _Attempt) -> None:
+    def _free(self, attempt: Attempt) -> None:
+        attempt.free()
         self._running.discard(attempt)
         self._busy[attempt.job.queue] -= 1
         if not self._running and self._all_freed is not None and not self._all_freed.done():

@@ -26,7 +26,7 @@ from typing import Protocol
 from uuid import UUID
 
 from jobcore.backoff import Retry
-from jobcore.store import Lease
+from jobcore.rows import Lease
 from jobqueue_worker.database import JobStore
 from jobqueue_worker.loops import Loop
 

@@ -28,7 +28,7 @@ from multiprocessing.context import ForkServerContext
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jobcore.settings import Settings
+    from jobcore.settings import WorkerSettings
     from jobqueue_worker.liveness import Beacon
 
 # Exit status of a worker process that recycled itself (too many abandoned handlers).
@@ -56,7 +56,7 @@ def start_server() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
-def entry(settings: Settings, index: int, beacon: Beacon) -> None:
+def entry(settings: WorkerSettings, index: int, beacon: Beacon) -> None:
     """A worker process's target: referring to it does not import the worker process's
     modules into the supervisor (they are loaded in the fork server already)."""
     from jobcore import tracing

@@ -30,7 +30,7 @@ from jobcore.backoff import Retry
 from jobcore.control import CANCEL_CHANNEL
 from jobcore.db import connect_args
 from jobcore.errors import describe
-from jobcore.store import NOTIFY_CHANNEL
+from jobcore.queries import NOTIFY_CHANNEL
 from jobqueue_worker.loops import Loop
 
 log = logging.getLogger("jobqueue.worker")

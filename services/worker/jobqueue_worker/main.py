@@ -23,7 +23,7 @@ from jobqueue_worker import launch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from jobcore.settings import Settings
+    from jobcore.settings import WorkerSettings
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -54,12 +54,12 @@ def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
     from jobcore import logs, tracing
     from jobcore.errors import ConfigError
     from jobcore.registry import load_handlers
-    from jobcore.settings import load_settings
+    from jobcore.settings import load_worker_settings
 
     try:
-        settings = load_settings()
+        settings = load_worker_settings()
         logs.configure(settings.log_level)
-        load_handlers(settings.handler_modules)
+        load_handlers(settings.job_handlers)
         # Each worker process starts its own tracer: its OTEL_* variables are checked here,
         # once, rather than failing every worker process as it starts.
         tracing.check()
@@ -70,7 +70,7 @@ def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
     return run(settings, metrics_dir, cleanup)
 
 
-def run(settings: Settings, metrics_dir: str, cleanup: Callable[[], None]) -> int:
+def run(settings: WorkerSettings, metrics_dir: str, cleanup: Callable[[], None]) -> int:
     import asyncio
 
     from jobqueue_worker import server
@@ -86,6 +86,6 @@ def run(settings: Settings, metrics_dir: str, cleanup: Callable[[], None]) -> in
         return 1
     log.info(
         "worker starting",
-        extra={"pid": os.getpid(), "metrics_addr": settings.metrics_addr},
+        extra={"pid": os.getpid(), "metrics_addr": str(settings.metrics_addr)},
     )
     return asyncio.run(Supervisor(settings, metrics_dir, cleanup).run(sock))

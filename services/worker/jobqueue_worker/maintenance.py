@@ -28,10 +28,10 @@ from typing import Protocol
 from uuid import UUID, uuid4
 
 from jobcore.backoff import Retry
-from jobcore.compiled import TableStats
 from jobcore.maintenance import GAUGES, PRUNE_BATCH, RETENTION
+from jobcore.rows import TableStats
 from jobcore.search import QueueDepth
-from jobcore.settings import Settings
+from jobcore.settings import WorkerSettings
 from jobcore.states import Status
 from jobqueue_worker import metrics
 from jobqueue_worker.loops import Loop, sleep_until
@@ -247,7 +247,7 @@ class QueueGauges(LedLoop):
         metrics.hide_queue_depths()
 
 
-def retention_ages(settings: Settings) -> dict[Status, float]:
+def retention_ages(settings: WorkerSettings) -> dict[Status, float]:
     """Per finished status, the age (seconds since it finished) at which a job is deleted;
     0: kept forever."""
     return {

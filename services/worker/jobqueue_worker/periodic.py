@@ -29,6 +29,7 @@ from jobcore.errors import IdempotencyConflict, describe
 from jobcore.ids import new_id
 from jobcore.periodic import Schedule, tick_text
 from jobcore.registry import get_handler
+from jobcore.rows import Job, NewJob
 from jobqueue_worker.loops import Loop
 
 log = logging.getLogger("jobqueue.worker")
@@ -81,7 +82,7 @@ class Scheduler(Loop):
                     extra={"schedule": s.name, "type": s.type},
                 )
 
-    async def run_once(self) -> list[store.Job]:
+    async def run_once(self) -> list[Job]:
         """Submit every due tick; returns the jobs this process created. A failed
         submission raises, and its tick is tried again by the next round."""
         now = self._clock()
@@ -116,8 +117,8 @@ class Scheduler(Loop):
         self._due[schedule.name] = due
         return due
 
-    async def _submit(self, schedule: Schedule, tick: datetime) -> store.Job | None:
-        new = store.NewJob(
+    async def _submit(self, schedule: Schedule, tick: datetime) -> Job | None:
+        new = NewJob(
             id=new_id(),
             type=schedule.type,
             payload=schedule.payload,

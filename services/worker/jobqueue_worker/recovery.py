@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from jobcore.backoff import Retry
+from jobcore.queries import RECOVER_BATCH
 from jobcore.states import Status
-from jobcore.store import RECOVER_BATCH
 from jobqueue_worker import metrics
 from jobqueue_worker.database import JobStore
 from jobqueue_worker.loops import Loop

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from jobcore.settings import parse_addr
+from jobcore.settings import Address
 
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
 
@@ -47,9 +47,9 @@ class Counts(NamedTuple):
     abandoned_handlers: int
 
 
-def listen(addr: str) -> socket.socket:
+def listen(addr: Address) -> socket.socket:
     """Bind METRICS_ADDR now, so a taken port is reported before any child starts."""
-    host, port = parse_addr(addr)
+    host, port = addr
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     return socket.create_server((host, port), family=family, backlog=128)
 

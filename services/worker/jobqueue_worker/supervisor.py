@@ -41,7 +41,7 @@ from prometheus_client import multiprocess
 from jobcore.backoff import Retry
 from jobcore.db import check_schema, make_engine
 from jobcore.errors import SchemaNotAtHead, describe
-from jobcore.settings import Settings
+from jobcore.settings import WorkerSettings
 from jobqueue_worker import launch, server
 from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, STARTING, Beacon
 
@@ -99,7 +99,7 @@ class _Child:
 
 class Supervisor:
     def __init__(
-        self, settings: Settings, metrics_dir: str, cleanup: Callable[[], None] = lambda: None
+        self, settings: WorkerSettings, metrics_dir: str, cleanup: Callable[[], None] = lambda: None
     ) -> None:
         self.settings = settings
         self.metrics_dir = metrics_dir
@@ -178,7 +178,7 @@ class Supervisor:
                 extra={
                     "worker_processes": self.settings.worker_processes,
                     "workers": self.settings.workers,
-                    "metrics_addr": self.settings.metrics_addr,
+                    "metrics_addr": str(self.settings.metrics_addr),
                 },
             )
             await self._stop.wait()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobcore import tracing
-from jobcore.store import Claimed
+from jobcore.rows import Claimed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer

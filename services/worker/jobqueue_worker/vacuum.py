@@ -16,8 +16,8 @@ import math
 import time
 from collections.abc import Callable
 
-from jobcore.compiled import TableStats
 from jobcore.maintenance import VACUUM
+from jobcore.rows import TableStats
 from jobqueue_worker.maintenance import LedLoop, MaintenanceStore
 
 log = logging.getLogger("jobqueue.worker")

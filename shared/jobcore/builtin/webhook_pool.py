@@ -30,7 +30,7 @@ from typing import Any
 import certifi
 import httpcore
 
-from jobcore.errors import describe
+from jobcore.errors import JobqueueError, describe
 
 try:
     import sniffio  # noqa: F401
@@ -181,7 +181,7 @@ _DRAIN_BYTES = 64 * 1024
 _DRAIN_SECONDS = 1.0
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(JobqueueError):
     """Nothing or not all was delivered: the connection failed or timed out."""
 
 

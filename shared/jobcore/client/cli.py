@@ -20,13 +20,14 @@ from jobcore.client.errors import ClientError, Invalid, WaitTimeout
 from jobcore.client.records import Job, QueueDepth
 from jobcore.client.sync import Client
 from jobcore.durations import parse_duration
+from jobcore.errors import JobqueueError
 from jobcore.states import Status
 
 OK, FAILED, USAGE = 0, 1, 2
 MAX_PAGE = 500  # the API's largest page
 
 
-class Usage(Exception):
+class Usage(JobqueueError):
     """A usage error found after parsing (a payload that is not JSON, a URL that is not one)."""
 
 

@@ -37,7 +37,8 @@ class ClientError(JobqueueError):
 
 
 class Invalid(ClientError, ValueError):
-    """The API refused the input (400, 413); nothing was written."""
+    """The API refused the input (400: what `jobcore.InvalidRequest` is answered with; 413),
+    or the client could not encode it (`status` None); nothing was written."""
 
 
 class Unauthorized(ClientError):

@@ -4,7 +4,8 @@
 
 They read what a later release of the API answers too (docs/upgrading.md): a field they do
 not know is left in `raw`, and a job status they do not know is kept as it is (finished for
-none of them)."""
+none of them). And what an earlier release answers: a job field it leaves out (declared with
+`since` in `jobcore.record`) is read as null."""
 
 from __future__ import annotations
 
@@ -13,16 +14,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from jobcore import record
 from jobcore.states import FINISHED, Status
-
-
-def _time(value: Any) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value)
 
 
 @dataclass(frozen=True)
 class Job:
-    """A job record (docs/api.md#jobs)."""
+    """A job record (docs/api.md#jobs): the fields of `jobcore.record.JOB`, in its order,
+    each read as its declaration says."""
 
     id: str
     type: str
@@ -49,32 +48,7 @@ class Job:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
-        run_at, created_at, updated_at = (
-            _time(data["run_at"]),
-            _time(data["created_at"]),
-            _time(data["updated_at"]),
-        )
-        assert run_at is not None and created_at is not None and updated_at is not None
-        return cls(
-            id=data["id"],
-            type=data["type"],
-            payload=data["payload"],
-            # A status this client does not know (a later release's) is kept as it is.
-            status=Status.read(data["status"]),
-            attempts=data["attempts"],
-            max_attempts=data["max_attempts"],
-            queue=data["queue"],
-            priority=data["priority"],
-            timeout=data["timeout"],
-            run_at=run_at,
-            last_error=data["last_error"],
-            result=data.get("result"),
-            cancel_requested_at=_time(data.get("cancel_requested_at")),
-            finished_at=_time(data.get("finished_at")),
-            created_at=created_at,
-            updated_at=updated_at,
-            raw=data,
-        )
+        return cls(**{declared.name: declared.read(data) for declared in record.JOB}, raw=data)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import httpx
 
 from jobcore.backoff import backoff
 from jobcore.client.errors import Unavailable, error_for
-from jobcore.errors import describe
+from jobcore.errors import JobqueueError, describe
 
 T = TypeVar("T")
 
@@ -101,7 +101,7 @@ class Retries:
         return seconds
 
 
-class OutOfTime(Exception):
+class OutOfTime(JobqueueError):
     """A call's deadline came before it succeeded; `error` is what it would fail with
     otherwise (the last try's: Unavailable, or the error a 429 or 503 stands for)."""
 

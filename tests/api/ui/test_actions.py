@@ -7,13 +7,14 @@ import re
 
 import pytest
 
+from jobqueue_api.state import state_of
 from jobqueue_api.ui.pages import BULK_RETRY_LIMIT
 from tests.api.conftest import app_of
 from tests.api.ui.seed import add_jobs, csrf_of, table
 
 
 def engine_of(api):
-    return app_of(api).state.engine
+    return state_of(app_of(api)).engine
 
 
 async def token(api, path: str = "/ui/jobs") -> str:

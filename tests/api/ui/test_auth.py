@@ -9,6 +9,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from jobqueue_api.state import state_of
 from jobqueue_api.ui.session import SESSION_COOKIE, SESSION_SECONDS, new_session
 from tests.api.conftest import app_of
 from tests.api.ui.seed import add_jobs, csrf_of
@@ -73,7 +74,7 @@ async def test_the_sign_in_form_takes_the_token_in_a_password_field(make_api):
 )
 async def test_an_action_before_signing_in_is_refused_401(make_api, action):
     api = await make_api(API_TOKENS=TOKEN)
-    [job_id] = await add_jobs(app_of(api).state.engine, status="dead_letter")
+    [job_id] = await add_jobs(state_of(app_of(api)).engine, status="dead_letter")
     csrf = csrf_of((await api.get("/ui/sign-in")).text)
     response = await api.post(
         action.replace("01a22fbe-9723-7ee7-be02-c4f63a9eacea", str(job_id)),
@@ -143,7 +144,7 @@ async def test_signing_out_clears_the_session_and_the_pages_need_signing_in_agai
 
 async def test_actions_after_signing_in_use_a_token_bound_to_the_session(make_api):
     api = await make_api(API_TOKENS=TOKEN)
-    [job_id] = await add_jobs(app_of(api).state.engine, status="dead_letter")
+    [job_id] = await add_jobs(state_of(app_of(api)).engine, status="dead_letter")
     before = csrf_of((await api.get("/ui/sign-in")).text)
     await sign_in(api)
     # The token a page showed before signing in does not act for the session.

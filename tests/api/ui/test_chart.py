@@ -1,5 +1,5 @@
-"""The chart's statement (`search.FINISHED_PER_MINUTE`): every minute of the last hour, its
-counts right, and read as a range of `jobs_finished_idx`, never the whole table."""
+"""The chart's statement (`search.JOB_COUNT_FINISHED_PER_MINUTE`): every minute of the last
+hour, its counts right, and read as a range of `jobs_finished_idx`, never the whole table."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ async def _fill(engine: AsyncEngine, old: int, recent: int) -> None:
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_the_chart_reads_a_range_of_the_finished_index_never_the_whole_table(engine, generic):
     await _fill(engine, OLD, RECENT)
-    plan = await _plan(engine, search.FINISHED_PER_MINUTE, {}, generic)
+    plan = await _plan(engine, search.JOB_COUNT_FINISHED_PER_MINUTE, {}, generic)
     reads = [n for n in _nodes(plan) if n.get("Relation Name") == "jobs" or "Index Name" in n]
     assert not [n for n in reads if n["Node Type"] == "Seq Scan"], plan
     indexed = [n for n in reads if "Index Name" in n]
@@ -59,14 +59,14 @@ async def test_the_chart_reads_a_range_of_the_finished_index_never_the_whole_tab
 
 async def test_the_chart_reads_only_the_last_hours_rows(engine):
     await _fill(engine, OLD, RECENT)
-    root = await _analyze(engine, search.FINISHED_PER_MINUTE, {})
+    root = await _analyze(engine, search.JOB_COUNT_FINISHED_PER_MINUTE, {})
     assert _jobs_rows_read(root) <= RECENT, json.dumps(root)
 
 
 async def test_every_minute_of_the_hour_is_a_row_and_each_status_is_counted(engine):
     await _fill(engine, 100, RECENT)
     async with engine.connect() as conn:
-        rows = (await conn.execute(search.FINISHED_PER_MINUTE)).all()
+        rows = (await conn.execute(search.JOB_COUNT_FINISHED_PER_MINUTE)).all()
     minutes = [row.minute for row in rows]
     assert minutes == sorted(minutes)
     assert len(set(minutes)) == search.CHART_MINUTES

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from jobcore.states import Status
 from jobqueue_api.jobs import CANCELLABLE, RETRYABLE
+from jobqueue_api.state import state_of
 from jobqueue_api.ui import pages
 from jobqueue_api.ui.guard import SECURITY_HEADERS
 from tests.api.conftest import app_of
@@ -19,7 +20,7 @@ SCRIPT = "<script>alert(1)</script>"
 
 
 def engine_of(api):
-    return app_of(api).state.engine
+    return state_of(app_of(api)).engine
 
 
 async def test_the_queues_page_has_one_row_per_queue_with_the_depths_get_queues_gives(api):

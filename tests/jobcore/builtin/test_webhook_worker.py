@@ -15,6 +15,7 @@ from jobcore import store
 from jobcore.builtin.webhook_policy import is_forbidden
 from jobcore.db import make_engine
 from jobcore.ids import new_id
+from jobcore.rows import Job, NewJob
 from tests.procs import Service, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -24,13 +25,13 @@ async def _submit(url: str, payload: object) -> UUID:
     engine = make_engine(url, pool_size=1)
     try:
         async with engine.begin() as conn:
-            job, _ = await store.submit(conn, store.NewJob(new_id(), "webhook", payload, 3))
+            job, _ = await store.submit(conn, NewJob(new_id(), "webhook", payload, 3))
         return job.id
     finally:
         await engine.dispose()
 
 
-async def _get(url: str, job_id: UUID) -> store.Job:
+async def _get(url: str, job_id: UUID) -> Job:
     engine = make_engine(url, pool_size=1)
     try:
         async with engine.begin() as conn:
@@ -42,18 +43,18 @@ async def _get(url: str, job_id: UUID) -> store.Job:
 
 
 @overload
-def run_webhook(database_url: str, hook_url: str, allow_private: str) -> store.Job: ...
+def run_webhook(database_url: str, hook_url: str, allow_private: str) -> Job: ...
 
 
 @overload
 def run_webhook(
     database_url: str, hook_url: str, allow_private: str, with_output: Literal[True]
-) -> tuple[store.Job, str]: ...
+) -> tuple[Job, str]: ...
 
 
 def run_webhook(
     database_url: str, hook_url: str, allow_private: str, with_output: bool = False
-) -> store.Job | tuple[store.Job, str]:
+) -> Job | tuple[Job, str]:
     """Submit one webhook job, run a worker until the job is finished, return the job."""
     job_id = asyncio.run(_submit(database_url, {"url": hook_url, "body": {"n": 1}}))
     worker = Service(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from starlette.requests import Request
 from starlette.responses import Response
 
+from jobqueue_api.state import state_of
 from jobqueue_api.ui.session import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -22,8 +23,7 @@ from jobqueue_api.ui.session import (
 
 
 def tokens(request: Request) -> list[str]:
-    found: list[str] = request.app.state.settings.tokens
-    return found
+    return state_of(request.app).settings.api_tokens
 
 
 def root(request: Request) -> str:

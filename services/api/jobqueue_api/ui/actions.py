@@ -19,7 +19,7 @@ from jobcore import control
 from jobcore.ids import parse_id
 from jobcore.states import Status
 from jobqueue_api import jobs, validation
-from jobqueue_api.notify import Notifier
+from jobqueue_api.state import state_of
 from jobqueue_api.ui import access, pages, render
 from jobqueue_api.ui.session import new_session, signed_in
 
@@ -54,11 +54,6 @@ def _return_to_dead_letters(form: FormData) -> list[tuple[str, str]] | None:
     return [(name, _text(form, name)) for name in ("type", "queue") if _text(form, name)]
 
 
-def _notifier(request: Request) -> Notifier:
-    notifier: Notifier = request.app.state.notifier
-    return notifier
-
-
 async def retry(request: Request) -> Response:
     form = await _form(request)
     if form is None:
@@ -66,7 +61,8 @@ async def retry(request: Request) -> Response:
     job_id = parse_id(request.path_params["id"])
     done = None
     if job_id is not None:
-        done = await jobs.retry(pages.engine_of(request), _notifier(request), job_id)
+        state = state_of(request.app)
+        done = await jobs.retry(state.engine, state.notifier, job_id)
     if done is None:
         return render.error(request, 404, f"There is no job {request.path_params['id']!r}.")
     job, retried = done
@@ -90,7 +86,7 @@ async def cancel(request: Request) -> Response:
     job_id = parse_id(request.path_params["id"])
     done = None
     if job_id is not None:
-        done = await jobs.cancel(pages.engine_of(request), job_id)
+        done = await jobs.cancel(state_of(request.app).engine, job_id)
     if done is None:
         return render.error(request, 404, f"There is no job {request.path_params['id']!r}.")
     job, what = done
@@ -116,12 +112,13 @@ async def retry_dead_letters(request: Request) -> Response:
     params.update(status=Status.DEAD_LETTER.value, limit=str(pages.BULK_RETRY_LIMIT))
     try:
         asked = validation.list_query(params)
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return await pages.dead_letters_view(request, given, error=str(exc), status=400)
     found, last = await pages.list_page(request, asked)
     retried = 0
+    state = state_of(request.app)
     for job in found:
-        done = await jobs.retry(pages.engine_of(request), _notifier(request), job.id)
+        done = await jobs.retry(state.engine, state.notifier, job.id)
         # A job retried or cancelled meanwhile by someone else is left as it is.
         retried += done is not None and done[1]
     notice = f"Retried {retried} of {len(found)} dead letters"

@@ -1,5 +1,5 @@
 """The queues page's chart of jobs finished per minute: bars laid out from the rows of
-`search.FINISHED_PER_MINUTE`, drawn as inline SVG by `_chart.html` (no script, no style
+`search.JOB_COUNT_FINISHED_PER_MINUTE`, drawn as inline SVG by `_chart.html` (no script, no style
 attribute: colours come from the stylesheet by class)."""
 
 from __future__ import annotations

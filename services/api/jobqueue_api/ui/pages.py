@@ -13,15 +13,17 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from jobcore import search, store
 from jobcore.ids import parse_id
+from jobcore.rows import Job
 from jobcore.states import Status
 from jobqueue_api import jobs, validation
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
+from jobqueue_api.state import state_of
 from jobqueue_api.ui import access, render
 from jobqueue_api.ui.chart import STACK, chart
 
@@ -41,13 +43,8 @@ DEAD_LETTER_PARAMETERS = ("type", "queue", "limit", "cursor")
 BULK_RETRY_LIMIT = 100
 
 
-def engine_of(request: Request) -> AsyncEngine:
-    engine: AsyncEngine = request.app.state.engine
-    return engine
-
-
 async def queues(request: Request) -> Response:
-    engine = engine_of(request)
+    engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         depths = await search.queue_depths(conn)
         finished = await _finished_per_minute(conn)
@@ -68,7 +65,7 @@ async def _finished_per_minute(conn: AsyncConnection) -> list[Any] | None:
     read grows with the hour's throughput, and the queue depths must still be shown."""
     await conn.execute(sa.text(f"SET statement_timeout = {CHART_BUDGET_MS}"))
     try:
-        return list((await conn.execute(search.FINISHED_PER_MINUTE)).all())
+        return list((await conn.execute(search.JOB_COUNT_FINISHED_PER_MINUTE)).all())
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) != QUERY_CANCELED:
             raise
@@ -92,17 +89,15 @@ def _given(request: Request) -> list[tuple[str, str]]:
     return [(name, value) for name, value in request.query_params.multi_items() if value != ""]
 
 
-async def list_page(
-    request: Request, asked: validation.ListQuery
-) -> tuple[list[store.Job], UUID | None]:
+async def list_page(request: Request, asked: validation.ListQuery) -> tuple[list[Job], UUID | None]:
     """A page of `GET /jobs` and the id to continue from (None on the last page)."""
-    engine = engine_of(request)
+    engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
         return await search.list_jobs(conn, asked.filters, asked.limit, asked.before)
 
 
-async def _list(request: Request, params: Mapping[str, str]) -> tuple[list[store.Job], str | None]:
-    """The page for these query parameters (raises validation.Invalid), and the cursor of
+async def _list(request: Request, params: Mapping[str, str]) -> tuple[list[Job], str | None]:
+    """The page for these query parameters (raises validation.InvalidRequest), and the cursor of
     the next page."""
     found, last = await list_page(request, validation.list_query(params))
     return found, validation.encode_cursor(last) if last is not None else None
@@ -122,7 +117,7 @@ async def jobs_page(request: Request) -> Response:
     try:
         params = validation.query(given, validation.LIST_PARAMETERS)
         context["jobs"], context["next_cursor"] = await _list(request, params)
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return render.page(request, "jobs.html", {**context, "error": str(exc)}, 400)
     return render.page(request, "jobs.html", context)
 
@@ -131,7 +126,7 @@ async def job_page(request: Request) -> Response:
     job_id = parse_id(request.path_params["id"])
     job = None
     if job_id is not None:
-        engine = engine_of(request)
+        engine = state_of(request.app).engine
         async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
             job = await store.get(conn, job_id)
     if job is None:
@@ -141,7 +136,7 @@ async def job_page(request: Request) -> Response:
 
 def job_view(
     request: Request,
-    job: store.Job,
+    job: Job,
     *,
     notice: str | None = None,
     error: str | None = None,
@@ -184,7 +179,7 @@ async def dead_letters_view(
         params = validation.query(given, DEAD_LETTER_PARAMETERS)
         params["status"] = Status.DEAD_LETTER.value
         context["jobs"], context["next_cursor"] = await _list(request, params)
-    except validation.Invalid as exc:
+    except validation.InvalidRequest as exc:
         return render.page(request, "dead_letters.html", {**context, "error": str(exc)}, 400)
     return render.page(request, "dead_letters.html", context, status)
 

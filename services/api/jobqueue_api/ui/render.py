@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
-from jobqueue_api.records import timestamp
+from jobcore.record import timestamp
 from jobqueue_api.ui import access
 from jobqueue_api.ui.session import CSRF_FIELD, csrf_token
 

@@ -1,0 +1,149 @@
+"""Running jobcore's statements on a caller's own connection, whatever its kind: one adapter
+per kind (SQLAlchemy `Connection` and `AsyncConnection`, an asyncpg connection or pool
+connection, psycopg `Connection` and `AsyncConnection`), each sending a construct's SQL as
+compiled once by `jobcore.runner.of` and returning rows by column name. Recognised by the
+connection class's package, so psycopg and asyncpg are imported only by callers that pass
+their connections (`jobcore.transactional`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
+from typing import Any
+
+from jobcore import runner
+
+
+class Runner:
+    """Runs jobcore's statements on one kind of connection: `fetch` returns the rows, their
+    columns by name; `atomic` makes the statements one transaction when none is open."""
+
+    is_async = False
+    # Each kind's own: a plain function for the sync kinds, a coroutine function otherwise.
+    fetch: Callable[[Any, Mapping[str, Any]], Any]
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def atomic(self) -> Any:
+        return nullcontext()
+
+
+def _refuse_autocommit(conn: Any) -> None:
+    """A SQLAlchemy connection in AUTOCOMMIT commits each statement at once: the jobs would
+    be visible (and run) before the caller's transaction decided, and a conflict could not
+    be undone. (SQLAlchemy's own test, which reads the engine's isolation level too.)"""
+    if getattr(conn, "_is_autocommit_isolation", lambda: False)():
+        raise TypeError(
+            "cannot enqueue on a SQLAlchemy connection in AUTOCOMMIT: it holds no "
+            "transaction; pass one that does (engine.begin(), or engine.connect() without "
+            "isolation_level='AUTOCOMMIT')"
+        )
+
+
+class _SqlAlchemy(Runner):
+    def __init__(self, conn: Any) -> None:
+        _refuse_autocommit(conn)
+        super().__init__(conn)
+
+    def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
+        result = self.conn.execute(statement, values)
+        return list(result.mappings()) if result.returns_rows else []
+
+
+class _SqlAlchemyAsync(Runner):
+    is_async = True
+
+    def __init__(self, conn: Any) -> None:
+        _refuse_autocommit(conn.sync_connection)
+        super().__init__(conn)
+
+    async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
+        result = await self.conn.execute(statement, values)
+        return list(result.mappings()) if result.returns_rows else []
+
+
+class _Asyncpg(Runner):
+    is_async = True
+
+    async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
+        compiled = runner.of(statement)
+        return list(await self.conn.fetch(compiled.sql, *compiled.args(values)))
+
+    def atomic(self) -> AbstractAsyncContextManager[Any]:
+        if self.conn.is_in_transaction():
+            return nullcontext()
+        transaction: AbstractAsyncContextManager[Any] = self.conn.transaction()
+        return transaction
+
+
+def _for_psycopg(statement: Any, values: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    compiled = runner.of(statement, "psycopg")
+    sql: str = compiled.string
+    return sql, dict(compiled.construct_params(values))
+
+
+def _psycopg_idle(conn: Any) -> bool:
+    """Autocommit and no transaction block open: each statement would commit on its own."""
+    from psycopg.pq import TransactionStatus
+
+    idle: bool = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    return idle
+
+
+class _Psycopg(Runner):
+    def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
+        from psycopg.rows import dict_row
+
+        sql, params = _for_psycopg(statement, values)
+        with self.conn.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description is not None else []
+
+    def atomic(self) -> AbstractContextManager[Any]:
+        if _psycopg_idle(self.conn):
+            transaction: AbstractContextManager[Any] = self.conn.transaction()
+            return transaction
+        return nullcontext()
+
+
+class _PsycopgAsync(Runner):
+    is_async = True
+
+    async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
+        from psycopg.rows import dict_row
+
+        sql, params = _for_psycopg(statement, values)
+        async with self.conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(sql, params)
+            return list(await cursor.fetchall()) if cursor.description is not None else []
+
+    def atomic(self) -> AbstractAsyncContextManager[Any]:
+        if _psycopg_idle(self.conn):
+            transaction: AbstractAsyncContextManager[Any] = self.conn.transaction()
+            return transaction
+        return nullcontext()
+
+
+# (package, class name) of a connection class or one of its bases -> how to run on it.
+ADAPTERS: dict[tuple[str, str], Callable[[Any], Runner]] = {
+    ("sqlalchemy", "Connection"): _SqlAlchemy,
+    ("sqlalchemy", "AsyncConnection"): _SqlAlchemyAsync,
+    ("asyncpg", "Connection"): _Asyncpg,
+    ("asyncpg", "_ConnectionProxy"): _Asyncpg,  # a pool's connection
+    ("psycopg", "Connection"): _Psycopg,
+    ("psycopg", "AsyncConnection"): _PsycopgAsync,
+}
+
+
+def runner_for(conn: Any) -> Runner:
+    """The adapter for `conn`'s kind, by its class's package and name."""
+    for cls in type(conn).__mro__:
+        make = ADAPTERS.get((cls.__module__.partition(".")[0], cls.__qualname__))
+        if make is not None:
+            return make(conn)
+    raise TypeError(
+        f"cannot enqueue on a {type(conn).__module__}.{type(conn).__qualname__}: pass a "
+        "SQLAlchemy Connection or AsyncConnection (for a Session: session.connection()), an "
+        "asyncpg connection, or a psycopg Connection or AsyncConnection"
+    )
