@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from jobcore.maintenance import PRUNE_BATCH
-from jobcore.rows import Claimed, Lease, LimitedClaim, Renewed, TableStats, TypeLimits
+from jobcore.rows import (
+    CLAIMED_FIELDS,
+    Claimed,
+    Lease,
+    LimitedClaim,
+    Renewed,
+    TableStats,
+    TypeLimits,
+)
 from jobcore.search import QueueDepth
 from jobcore.states import FINISHED, Operation, Status, out_of_attempts
 
@@ -148,21 +156,11 @@ class FakeStore:
             job.attempts += 1
             job.lease_token += 1
             job.locked_until = now + lease_seconds
-            claimed.append(
-                Claimed(
-                    job.id,
-                    job.type,
-                    job.payload,
-                    job.attempts,
-                    job.max_attempts,
-                    job.lease_token,
-                    job.queue,
-                    job.timeout,
-                    job.traceparent,
-                    job.priority,
-                    datetime.fromtimestamp(job.run_at, UTC),
-                )
-            )
+            # By name, as the real store reads its rows: a column `Claimed` gains is read off
+            # the job's attribute of that name.
+            values = {name: getattr(job, name) for name in CLAIMED_FIELDS}
+            values["run_at"] = datetime.fromtimestamp(job.run_at, UTC)
+            claimed.append(Claimed(**values))
         return claimed
 
     async def claim_limited(

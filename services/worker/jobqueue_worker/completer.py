@@ -33,8 +33,6 @@ from jobqueue_worker.database import JobStore
 
 log = logging.getLogger("jobqueue.worker")
 
-# Writes after which a job is due again later.
-_LATER = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
 # Retries of a failed write start fast: most failures are one broken connection.
 _RETRY_FIRST = 0.05
 _RETRY_LIMIT = 2.0
@@ -223,7 +221,7 @@ class Completer:
                 claimer.hand_out(claimed, wanted, claimed_at)
             if self.claimer is not None:
                 self.claimer.finishing((o.lease.job_id for o in outcomes), True)
-            if kind in _LATER and self.claimer is not None:
+            if kind.due_again and self.claimer is not None:
                 # Jobs due again later: the dispatcher learns when the next one is due.
                 self.claimer.wake()
             return

@@ -62,8 +62,6 @@ log = logging.getLogger("jobqueue.worker")
 # last_error is TEXT: PostgreSQL rejects NUL characters, and a huge message helps nobody.
 _MAX_ERROR = 2000
 
-# Outcomes after which the job is due again later: their log line says when.
-_DELAYED = frozenset({Operation.RETRY_LATER, Operation.SNOOZE})
 # The longest a handler interrupted by a cancel request is waited for before its attempt is
 # recorded without it: the record lands within a second of the request.
 CANCEL_GRACE = 0.5
@@ -480,7 +478,7 @@ class Executor:
                 "outcome": kind.outcome,
                 "duration_ms": round(attempt.duration * 1000, 3),
                 "error": attempt.error,
-                "retry_in": round(attempt.delay, 3) if kind in _DELAYED else None,
+                "retry_in": round(attempt.delay, 3) if kind.due_again else None,
             },
         )
         if attempt.span is not None:

@@ -236,6 +236,12 @@ _PROCESSING = f"'{Status.PROCESSING.value}'"
 # advanced. Rows: a claimed job (columns as JOB_CLAIM's, then NULL, NULL), or per limited type
 # (id NULL) the type, the limit it reached (`held`, 'rate' or 'concurrency', NULL if none)
 # and the seconds until its rate window ends.
+# The claimed job's columns, as `Claimed` lists them; the rows about a type (id NULL) hold
+# the type in the `type` column and NULL in the others.
+_RETURNED = ", ".join(Claimed.__dataclass_fields__)
+_NO_JOB = ", ".join(
+    "room.type" if name == "type" else "NULL" for name in Claimed.__dataclass_fields__
+)
 JOB_CLAIM_LIMITED = sa.text(
     f"""
 WITH room AS MATERIALIZED (
@@ -310,8 +316,7 @@ WITH room AS MATERIALIZED (
         locked_until = now() + CAST(:lease_seconds AS float8) * interval '1 second',
         claim_id = CAST(:claim AS uuid), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
-    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout,
-              traceparent, priority, run_at
+    RETURNING {_RETURNED}
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
@@ -324,11 +329,10 @@ WITH room AS MATERIALIZED (
                     THEN u.used + excluded.used ELSE excluded.used END,
         window_start = excluded.window_start
 )
-SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent,
-       priority, run_at, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+SELECT {_RETURNED}, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
 FROM claimed
 UNION ALL
-SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT {_NO_JOB},
        CASE WHEN room.rate_left - coalesce(started.n, 0) <= 0 THEN 'rate'
             WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
        END,

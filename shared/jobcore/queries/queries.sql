@@ -368,8 +368,7 @@ WITH room AS MATERIALIZED (
         locked_until = now() + CAST($11 AS float8) * interval '1 second',
         claim_id = CAST($12 AS uuid), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
-    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout,
-              traceparent, priority, run_at
+    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
@@ -382,8 +381,7 @@ WITH room AS MATERIALIZED (
                     THEN u.used + excluded.used ELSE excluded.used END,
         window_start = excluded.window_start
 )
-SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent,
-       priority, run_at, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
 FROM claimed
 UNION ALL
 SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
