@@ -268,7 +268,7 @@ async def recover_expired(conn: Driver, window: float | None = None) -> list[tup
 
 
 async def queue_depths(conn: Driver) -> list[QueueDepth]:
-    """Every queue that holds jobs, with its depths (`jobcore.search.QUEUE_DEPTHS`)."""
+    """Every queue that holds jobs, with its depths (`jobcore.search.QUEUE_GET_DEPTHS`)."""
     statement = STATEMENTS["queue_get_depths"]
     return [
         QueueDepth(**{name: row[name] for name in QueueDepth.__dataclass_fields__})

@@ -3,7 +3,7 @@
 One statement per operation, guarded by its declaration in `jobcore.states`, run by
 the API on a SQLAlchemy connection (docs/api.md). A cancel of a running job only
 records the request and announces it on `CANCEL_CHANNEL`; the worker holding the
-job stops the attempt and writes `cancel_attempt` through the fence (`jobcore.store`).
+job stops the attempt and writes `cancel_attempt` through the fence (`jobcore.queries.job_outcome`).
 """
 
 from __future__ import annotations

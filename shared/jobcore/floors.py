@@ -10,7 +10,7 @@ costs O(jobs claimed since the horizon was pinned), and the queue falls behind.
 So each worker process remembers, per (queue, priority), a floor: a `run_at`
 below which it has already taken every job it could see, less `MARGIN` for jobs
 that commit a little after their `run_at` (a submit's transaction takes
-milliseconds). Claims read the index from there (`jobcore.store`'s `job_claim`).
+milliseconds). Claims read the index from there (`jobcore.queries`' `JOB_CLAIM`).
 A job can still appear below a floor: one whose transaction ran longer than the
 margin (a transactional enqueue), a job handed back or recovered (it keeps its
 `run_at`), a row another transaction held when the claim skipped it, a job
@@ -21,7 +21,7 @@ those:
   `CHEAP`, as on a table without dead entries) and the time since the last one is
   at least `COST_RATIO` times what it took: then nearly every claim is one, and a
   late job waits for nothing;
-- a check of the heads (`jobcore.store.CLAIM_HEADS`, the earliest due job per
+- a check of the heads (`jobcore.queries.JOB_CLAIM_HEADS`, the earliest due job per
   queue and priority, locking nothing), every `check_interval(cost)` seconds off
   the claims' path, which lowers a floor that a due job lies below. Under a held
   horizon reading from the head costs tens of ms or more: claims then never sweep,

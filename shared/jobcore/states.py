@@ -1,7 +1,7 @@
 """Job statuses and the state machine: the one place operations and transitions are defined.
 
 Each `Operation` is declared once, here, with the status it may start from (its
-guard) and the statuses it may lead to. `jobcore.store` holds one statement per
+guard) and the statuses it may lead to. `jobcore.queries` holds one statement per
 operation and takes its guard and target from the declaration, so the SQL
 cannot drift from this table; `next_operation` decides how an attempt ends.
 """

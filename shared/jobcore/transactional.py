@@ -54,7 +54,7 @@ if TYPE_CHECKING:
         | psycopg.AsyncConnection[Any]
     )
 
-# Undoes the rows SUBMIT_MANY just created in this transaction, when an item's idempotency
+# Undoes the rows JOB_SUBMIT_MANY just created in this transaction, when an item's idempotency
 # key turned out to be bound to a different job: the batch is all or nothing.
 _UNDO = sa.delete(jobs).where(
     jobs.c.id == sa.any_(sa.bindparam("ids", type_=pg.ARRAY(pg.UUID(as_uuid=True))))
@@ -208,8 +208,8 @@ def _plan(items: Sequence[Any]) -> _Plan:
 
 
 def _write(plan: _Plan) -> tuple[Any, dict[str, Any]]:
-    """The statement that writes the plan's rows, and its parameters: SUBMIT_MANY_KEYLESS
-    when no item has an idempotency key (nothing to look up), else SUBMIT_MANY. The jobs
+    """The statement that writes the plan's rows, and its parameters: JOB_SUBMIT_MANY_KEYLESS
+    when no item has an idempotency key (nothing to look up), else JOB_SUBMIT_MANY. The jobs
     carry the caller's current span, when it traces, for their attempts to link to
     (docs/operations.md#tracing)."""
     rows = plan.rows

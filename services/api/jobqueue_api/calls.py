@@ -1,5 +1,5 @@
 """The API's hot calls: submit, submit_group, submit_many and the read of one job, as
-`jobcore.queries`' constructs compiled once (`jobcore.compiled.of`) and run on asyncpg,
+`jobcore.queries`' constructs compiled once (`jobcore.runner.of`) and run on asyncpg,
 their rows read by column name.
 
 A submit through a SQLAlchemy connection spent more CPU in SQLAlchemy (execution

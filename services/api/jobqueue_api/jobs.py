@@ -3,7 +3,7 @@
 
 `submit()` is the one path by which the API creates jobs; the routes only
 parse, call jobcore, and shape JSON (`records`). Submits and the read of one job run
-`jobcore.store`'s statements compiled, on asyncpg (`calls`, `database.on_driver`).
+`jobcore.queries`' statements compiled, on asyncpg (`calls`, `database.on_driver`).
 """
 
 from __future__ import annotations

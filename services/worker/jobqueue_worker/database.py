@@ -6,7 +6,7 @@ tests can hand them an in-memory store. `PgJobStore` runs each store operation
 also covers a connection gone silent, and logs the database's availability once
 per change of state, not once per call.
 
-The statements are `jobcore.store`'s, run through `jobcore.compiled` on the
+The statements are `jobcore.queries`', run through `jobcore.compiled` on the
 asyncpg connection, the hot path's cost being the driver's alone. For the same
 reason a connection stays checked out of the engine's pool between calls; one
 that failed in any way is closed and replaced, so a broken one is never reused.

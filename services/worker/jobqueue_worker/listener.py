@@ -1,6 +1,6 @@
 """LISTEN/NOTIFY: one listening connection per worker process, for wake-ups and cancels.
 
-Submissions notify `jobcore.store.NOTIFY_CHANNEL`; each notification wakes the
+Submissions notify `jobcore.queries.NOTIFY_CHANNEL`; each notification wakes the
 dispatcher at once instead of after POLL_INTERVAL. A cancel request for a
 running job notifies `jobcore.control.CANCEL_CHANNEL` with the job's id; the
 process that runs the job stops its attempt, the others ignore it (a lost one
