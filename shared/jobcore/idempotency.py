@@ -3,7 +3,7 @@ item's result (created, replayed or conflict) from what the database returned. P
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -57,37 +57,37 @@ def returned_by_key(returned: Iterable[Row]) -> dict[str, tuple[UUID, bool]]:
     }
 
 
-def keys_to_compare(first: Mapping[str, NewJob], by_key: Mapping[str, Any]) -> list[str]:
-    """Keys for which JOB_SUBMIT_MANY returned no row: each names a job stored before (its
-    first item and any later ones are replays of it, or conflicts), so that job is read
-    (JOB_GET_BY_KEYS) and compared."""
-    return sorted(key for key in first if key not in by_key)
+def to_compare(
+    new_jobs: Sequence[NewJob], by_key: Container[str], encode: Callable[[Any], str]
+) -> tuple[list[NewJob], list[str]]:
+    """The items (and their payloads, as `encode` writes them) whose key JOB_SUBMIT_MANY
+    created nothing for: each key names a job stored before, which JOB_MATCH_REQUESTS reads
+    and compares with every such item in the database (payloads as jsonb, as a single
+    submit's statement compares them): as if sent one after another, each is a replay of
+    the stored job or a conflict."""
+    picked = [
+        new
+        for new in new_jobs
+        if new.idempotency_key is not None and new.idempotency_key not in by_key
+    ]
+    return picked, [encode(new.payload) for new in picked]
 
 
-def stored_requests(rows: Iterable[Row]) -> dict[str, NewJob]:
-    """JOB_GET_BY_KEYS's rows as the requests they stored, by key."""
-    return {
-        row["idempotency_key"]: NewJob(
-            row["id"],
-            row["type"],
-            row["payload"],
-            row["max_attempts"],
-            row["idempotency_key"],
-            row["queue"],
-            row["priority"],
-            timeout=row["timeout"],
-        )
-        for row in rows
-    }
+def matched_by_item(rows: Iterable[Row]) -> dict[UUID, tuple[UUID, bool]]:
+    """JOB_MATCH_REQUESTS's rows: per item (its id), the stored job its key names and whether
+    that job holds the same request."""
+    return {row["item"]: (row["id"], bool(row["same"])) for row in rows}
 
 
 def batch_results(
     new_jobs: Sequence[NewJob],
     first: Mapping[str, NewJob],
     by_key: Mapping[str, tuple[UUID, bool]],
-    stored: Mapping[str, NewJob],
+    matched: Mapping[UUID, tuple[UUID, bool]],
 ) -> list[Submitted]:
-    """Each item's result, in input order: created, replayed or conflict."""
+    """Each item's result, in input order: created, replayed or conflict. An item whose key
+    this batch created a job for is compared with the key's first item; one whose key names
+    a job stored before, with that job (`matched`)."""
     out: list[Submitted] = []
     for new in new_jobs:
         key = new.idempotency_key
@@ -97,8 +97,8 @@ def batch_results(
             job_id, created = by_key[key]
             fresh = created and first[key] is new
             out.append(Submitted("created" if fresh else "replayed", job_id))
-        elif key in stored and same_request(new, stored[key]):
-            out.append(Submitted("replayed", stored[key].id))
+        elif key not in by_key and matched.get(new.id, (None, False))[1]:
+            out.append(Submitted("replayed", matched[new.id][0]))
         else:
             out.append(Submitted("conflict", None))
     return out

@@ -104,9 +104,17 @@ async def list_jobs(
         values["before"] = before
     # Planned with the values, each time: the generic plan a prepared statement falls back
     # to guesses a type's or queue's share of a status and may read the status index
-    # instead of the list index that leads with the filter (a scan of every such row).
-    await conn.execute(_CUSTOM_PLAN)
-    rows = (await conn.execute(statement, values)).mappings().all()
+    # instead of the list index that leads with the filter (a scan of every such row). The
+    # setting lasts for a transaction: on a connection that commits each statement on its
+    # own (the API's), the two run in one of their own.
+    if conn.in_transaction():
+        await conn.execute(_CUSTOM_PLAN)
+        rows = (await conn.execute(statement, values)).mappings().all()
+    else:
+        conn = await conn.execution_options(isolation_level="READ COMMITTED")
+        async with conn.begin():
+            await conn.execute(_CUSTOM_PLAN)
+            rows = (await conn.execute(statement, values)).mappings().all()
     found = [job_from_row(row) for row in rows[:limit]]
     more = len(rows) > limit
     return found, (found[-1].id if more else None)

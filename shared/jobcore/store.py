@@ -56,15 +56,13 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
             await conn.execute(queries.JOB_SUBMIT_MANY, queries.many_params(rows, payloads))
         ).mappings()
     )
-    keys = idempotency.keys_to_compare(first, by_key)
-    stored = (
-        idempotency.stored_requests(
-            (await conn.execute(queries.JOB_GET_BY_KEYS, {"keys": keys})).mappings()
-        )
-        if keys
-        else {}
-    )
-    return idempotency.batch_results(new_jobs, first, by_key, stored)
+    replays, replayed_payloads = idempotency.to_compare(new_jobs, by_key, json.dumps)
+    matched = {}
+    if replays:
+        values = queries.many_params(replays, replayed_payloads)
+        found = await conn.execute(queries.JOB_MATCH_REQUESTS, values)
+        matched = idempotency.matched_by_item(found.mappings())
+    return idempotency.batch_results(new_jobs, first, by_key, matched)
 
 
 async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:

@@ -239,9 +239,10 @@ def _replays(plan: _Plan, rows: Sequence[Row]) -> tuple[Any, dict[str, Any]] | N
     missing = [i for i, new in enumerate(plan.rows) if new.idempotency_key not in (None, *returned)]
     if not missing:
         return None
-    rows_ = [plan.rows[i] for i in missing]
-    payloads = [plan.payloads[i] for i in missing]
-    return queries.JOB_MATCH_REQUESTS, queries.many_params(rows_, payloads)
+    replays = [plan.rows[i] for i in missing]
+    return queries.JOB_MATCH_REQUESTS, queries.many_params(
+        replays, [plan.payloads[i] for i in missing]
+    )
 
 
 def _outcome(plan: _Plan, rows: Iterable[Row], replays: Iterable[Row] = ()) -> _Outcome:

@@ -27,7 +27,7 @@ def test_every_statement_the_api_runs_on_asyncpg_is_its_jobcore_construct_compil
         calls._SUBMIT_AND_NOTIFY: queries.JOB_SUBMIT_NOTIFY,
         calls._SUBMIT_MANY: queries.JOB_SUBMIT_MANY,
         calls._SUBMIT_MANY_KEYLESS: queries.JOB_SUBMIT_MANY_KEYLESS,
-        calls._GET_BY_KEYS: queries.JOB_GET_BY_KEYS,
+        calls._MATCH_REQUESTS: queries.JOB_MATCH_REQUESTS,
         calls._GET: queries.JOB_GET,
         calls._SUBMIT_GROUP: queries.JOB_SUBMIT_GROUP,
         calls._SUBMIT_GROUP_NOTIFY: queries.JOB_SUBMIT_GROUP_NOTIFY,

@@ -116,13 +116,19 @@ def _values(filters: Filters, before: str | None) -> dict:
     return {"limit": LIMIT + 1, "type": filters.type, "queue": filters.queue, "before": before}
 
 
-async def test_a_list_is_always_planned_with_its_values(big):
+@pytest.mark.parametrize("autocommit", [False, True], ids=["in-a-transaction", "autocommit"])
+async def test_a_list_is_always_planned_with_its_values(big, autocommit, monkeypatch):
     """A generic plan guesses a type's share of a status: the list runs with custom plans
-    (the plan test below checks those)."""
-    async with big.connect() as conn:
-        await search.list_jobs(conn, Filters(type=TYPE), LIMIT, None)
-        mode = await conn.scalar(sa.text("SELECT current_setting('plan_cache_mode')"))
-    assert mode == "force_custom_plan"
+    (the plan test below checks those), also on a connection that commits each statement on
+    its own, as the API's does. (The list's statement is swapped for one that reports the
+    setting it runs under.)"""
+    reports = sa.text("SELECT current_setting('plan_cache_mode') AS mode")
+    monkeypatch.setattr(search, "list_statement", lambda filters, after: reports)
+    monkeypatch.setattr(search, "job_from_row", lambda row: row["mode"])
+    engine = big.execution_options(isolation_level="AUTOCOMMIT") if autocommit else big
+    async with engine.connect() as conn:
+        found, _ = await search.list_jobs(conn, Filters(type=TYPE), LIMIT, None)
+    assert found == ["force_custom_plan"]
 
 
 @pytest.mark.parametrize("page", ["first", "cursor"])

@@ -98,19 +98,26 @@ class Admission:
         elif not self._first_read.is_set():
             async with asyncio.timeout_at(deadline):
                 await self._first_read.wait()
-        refused = await self._refused(engine, jobs, deadline)
-        if refused is not None:
-            return refused
-        # No await between the check above and this: no other request of this process can
-        # be admitted on the same free places.
+        excused: set[str] = set()
+        while True:
+            refused = await self._refused(engine, jobs, deadline, excused)
+            if refused is not None:
+                return refused
+            # Checked again after the await for stored keys: another request may have taken
+            # the last places of a queue that had room. No await between this check and the
+            # reservation below: no other request of this process can take the same places.
+            if not any(self._full(new.queue) for new in jobs if new.queue not in excused):
+                break
         held = Counter(new.queue for new in jobs if self.cap(new.queue) is not None)
         self._reserved.update(held)
         return Reservation(self, held)
 
     async def _refused(
-        self, engine: AsyncEngine, jobs: Sequence[NewJob], deadline: float
+        self, engine: AsyncEngine, jobs: Sequence[NewJob], deadline: float, excused: set[str]
     ) -> str | None:
-        full = {new.queue for new in jobs if self._full(new.queue)}
+        """The first full queue `jobs` add to, unless every one of its jobs replays a stored
+        job; queues found full but excused so are added to `excused`."""
+        full = {new.queue for new in jobs if self._full(new.queue)} - excused
         if not full:
             return None
         bound = [new for new in jobs if new.queue in full]
@@ -124,6 +131,7 @@ class Admission:
         for new in bound:
             if new.idempotency_key not in stored:
                 return new.queue
+        excused.update(full)
         return None
 
     def _settle(self, held: Counter[str], created: Counter[str]) -> None:

@@ -34,7 +34,7 @@ _SUBMIT_MANY = runner.of(queries.JOB_SUBMIT_MANY)
 _SUBMIT_MANY_KEYLESS = runner.of(queries.JOB_SUBMIT_MANY_KEYLESS)
 _SUBMIT_GROUP = runner.of(queries.JOB_SUBMIT_GROUP)
 _SUBMIT_GROUP_NOTIFY = runner.of(queries.JOB_SUBMIT_GROUP_NOTIFY)
-_GET_BY_KEYS = runner.of(queries.JOB_GET_BY_KEYS)
+_MATCH_REQUESTS = runner.of(queries.JOB_MATCH_REQUESTS)
 _GET = runner.of(queries.JOB_GET)
 _NOTIFY = runner.of(queries.JOB_NOTIFY)
 
@@ -104,9 +104,10 @@ async def submit_many(conn: Driver, new_jobs: Sequence[NewJob]) -> list[Submitte
     by_key = idempotency.returned_by_key(
         await conn.fetch(_SUBMIT_MANY.sql, *_SUBMIT_MANY.args(values))
     )
-    keys = idempotency.keys_to_compare(first, by_key)
-    stored: dict[str, NewJob] = {}
-    if keys:
-        found = await conn.fetch(_GET_BY_KEYS.sql, *_GET_BY_KEYS.args({"keys": keys}))
-        stored = idempotency.stored_requests(found)
-    return idempotency.batch_results(new_jobs, first, by_key, stored)
+    replays, replayed_payloads = idempotency.to_compare(new_jobs, by_key, dumps_text)
+    matched: dict[UUID, tuple[UUID, bool]] = {}
+    if replays:
+        values = queries.many_params(replays, replayed_payloads)
+        found = await conn.fetch(_MATCH_REQUESTS.sql, *_MATCH_REQUESTS.args(values))
+        matched = idempotency.matched_by_item(found)
+    return idempotency.batch_results(new_jobs, first, by_key, matched)

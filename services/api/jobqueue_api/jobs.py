@@ -130,11 +130,14 @@ async def submit_one(
         if isinstance(admitted, str):
             return _refused(admission, admitted)
         reservation = admitted
-    created = False
+    # Unless the answer says otherwise the job may exist: a submit that timed out or lost its
+    # connection may still commit, so its place counts until the next read of the depths.
+    created = True
     try:
         with submitting(state.tracer, (new,)) as (new,):
             job, created = await submit(state.groups, new, deadline)
     except IdempotencyConflict as exc:
+        created = False
         return error_response(409, str(exc))
     finally:
         if reservation is not None:
@@ -166,14 +169,17 @@ async def create_many(request: Request) -> Response:
         if isinstance(admitted, str):
             return _refused(admission, admitted)
         reservation = admitted
-    results: list[Submitted] = []
+    results: list[Submitted] | None = None
     try:
         with submitting(state.tracer, batch) as traced:
             results = await submit_many(engine, state.notifier, traced, deadline)
     finally:
         if reservation is not None:
-            pairs = zip(results, batch, strict=False)
-            reservation.done(new.queue for result, new in pairs if result.result == "created")
+            if results is None:  # no answer: every job may have been written
+                reservation.done(new.queue for new in batch)
+            else:
+                pairs = zip(results, batch, strict=True)
+                reservation.done(new.queue for result, new in pairs if result.result == "created")
     pairs = zip(results, batch, strict=True)
     return JSONBody({"results": [_many_result(result, new) for result, new in pairs]})
 

@@ -123,7 +123,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         webhook_allow_private=settings.webhook_allow_private,
         on_slot_freed=lambda queue: dispatcher.slot_freed(queue),
         on_abandoned=recycle.abandoned_changed,
-        on_overrun_ended=lambda job_type: dispatcher.overrun_ended(),
+        on_overrun_ended=lambda job_type: dispatcher.overrun_ended(job_type),
         max_result_bytes=settings.max_result_bytes,
         tracer=tracer,
     )

@@ -196,9 +196,13 @@ class Dispatcher:
         self._limited_ended = False
         now = self._clock()
         limited = self._limits.types
-        if len(got.jobs) >= offered and any(name not in got.held for name in limited):
-            # Every slot taken, and a limited type still had room: more may be waiting, and
-            # the next claim must rank them against the other types again.
+        took_limited = any(job.type in limited for job in got.jobs)
+        if len(got.jobs) >= offered and took_limited and any(n not in got.held for n in limited):
+            # Every slot taken, limited jobs among them, and a limited type still had room:
+            # more may be waiting, and the next claim must rank them against the other types
+            # again. (Slots all taken by other types leave the next ones to the completer's
+            # claims: the limited jobs came after them in claim order, and are ranked again
+            # at the latest after POLL_INTERVAL.)
             self._limited_at = now
         elif got.wait is not None:
             self._limited_at = now + min(got.wait + _WINDOW_MARGIN, self._poll_interval)
@@ -213,10 +217,10 @@ class Dispatcher:
                 "job type held back by its limit", extra={"job_type": job_type, "limit": limit}
             )
 
-    def overrun_ended(self) -> None:
+    def overrun_ended(self, job_type: str) -> None:
         """A handler that outlived its recorded attempt returned: if its type is limited, it
         gave back a unit of TYPE_CONCURRENCY, so a limited claim is wanted."""
-        if self._limits is not None:
+        if self._limits is not None and job_type in self._limits.concurrency:
             self._limited_ended = True
             self._wake.set()
 

@@ -46,7 +46,6 @@ from jobcore.queries.job_outcome import (
 )
 from jobcore.queries.job_read import JOB_COUNT_PENDING, JOB_FIND_KEYS, JOB_GET, JOB_NOTIFY
 from jobcore.queries.job_submit import (
-    JOB_GET_BY_KEYS,
     JOB_MATCH_REQUESTS,
     JOB_SUBMIT,
     JOB_SUBMIT_GROUP,
@@ -71,7 +70,6 @@ __all__ = [
     "JOB_COUNT_PENDING",
     "JOB_FIND_KEYS",
     "JOB_GET",
-    "JOB_GET_BY_KEYS",
     "JOB_LOCK_TYPES",
     "JOB_MATCH_REQUESTS",
     "JOB_NEXT_DUE",
@@ -110,7 +108,6 @@ def named() -> dict[str, Any]:
         "job_submit_group": JOB_SUBMIT_GROUP,
         "job_submit_group_notify": JOB_SUBMIT_GROUP_NOTIFY,
         "job_match_requests": JOB_MATCH_REQUESTS,
-        "job_get_by_keys": JOB_GET_BY_KEYS,
         "job_get": JOB_GET,
         "job_count_pending": JOB_COUNT_PENDING,
         "job_find_keys": JOB_FIND_KEYS,

@@ -95,7 +95,9 @@ if set(JOB_SET_OUTCOME) != set(ATTEMPT_OUTCOMES):
 _renewable = sa.select(c.id, c.lease_token).where(
     c.id == _o.c.id, guard(Operation.RENEW), c.lease_token == _o.c.token
 )
-_unlocked = _renewable.with_for_update(of=jobs, skip_locked=True).cte("unlocked")
+# FOR NO KEY UPDATE, the lock the UPDATE itself takes: a row held FOR SHARE or FOR KEY
+# SHARE (a foreign key of the caller's own table checked in an open transaction) is renewed.
+_unlocked = _renewable.with_for_update(of=jobs, skip_locked=True, key_share=True).cte("unlocked")
 _renewed = (
     sa.update(jobs)
     .where(

@@ -148,7 +148,7 @@ _many_rows = sa.select(
 # rows it created: unlike `_conflict_target`'s no-op update, it takes no lock on an existing
 # job, so a replay inside a caller's open transaction (transactional enqueue) cannot hold
 # up that job's heartbeats and outcome writes until the caller commits. The replays are
-# then read and compared (`keys_to_compare`, JOB_GET_BY_KEYS or JOB_MATCH_REQUESTS) by a
+# then read and compared (`idempotency.to_compare`, JOB_MATCH_REQUESTS) by a
 # statement of their own, which sees a job a concurrent transaction committed meanwhile.
 JOB_SUBMIT_MANY = (
     pg.insert(jobs)
@@ -163,10 +163,11 @@ JOB_SUBMIT_MANY = (
     )
     .returning(c.id, c.idempotency_key, _CREATED)
 )
-# For each item whose key names a stored job: that job's id and whether it holds the same
-# request (compared as `_conflict_target` compares, payloads as jsonb); JOB_SUBMIT_MANY's
-# parameters. For callers whose driver does not decode jsonb (transactional enqueue).
+# For each item (`item`, its id) whose key names a stored job: that job's id and whether it
+# holds the same request, compared in the database as `_conflict_target` compares a single
+# submit (payloads as jsonb); JOB_SUBMIT_MANY's parameters.
 JOB_MATCH_REQUESTS = sa.select(
+    _many.c.id.label("item"),
     c.id,
     c.idempotency_key,
     sa.and_(
@@ -279,8 +280,3 @@ def keyless_params(rows: Sequence[NewJob], payloads: Sequence[str]) -> dict[str,
         else:
             params[array], params[shared] = list(values), None
     return params
-
-
-JOB_GET_BY_KEYS = sa.select(
-    c.id, c.type, c.payload, c.max_attempts, c.idempotency_key, c.queue, c.priority, c.timeout
-).where(c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text))))

@@ -39,14 +39,8 @@ FROM grouped;
 
 -- name: job_match_requests
 -- parameters: $1 ids, $2 types, $3 payloads, $4 max_attempts, $5 keys, $6 queues, $7 priorities, $8 timeouts, $9 traceparents, $10 not_befores, $11 delays
-SELECT jobs.id, jobs.idempotency_key, jobs.type = b.type AND jobs.payload = CAST(b.payload AS JSONB) AND jobs.max_attempts = b.max_attempts AND jobs.queue = b.queue AND jobs.priority = b.priority AND jobs.timeout IS NOT DISTINCT FROM b.timeout AS same 
+SELECT b.id AS item, jobs.id, jobs.idempotency_key, jobs.type = b.type AND jobs.payload = CAST(b.payload AS JSONB) AND jobs.max_attempts = b.max_attempts AND jobs.queue = b.queue AND jobs.priority = b.priority AND jobs.timeout IS NOT DISTINCT FROM b.timeout AS same 
 FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::TEXT[], $7::SMALLINT[], $8::FLOAT[], $9::TEXT[], $10::TIMESTAMP WITH TIME ZONE[], $11::FLOAT[]) AS b(id, type, payload, max_attempts, key, queue, priority, timeout, traceparent, not_before, delay) JOIN jobs ON jobs.idempotency_key = b.key;
-
--- name: job_get_by_keys
--- parameters: $1 keys
-SELECT jobs.id, jobs.type, jobs.payload, jobs.max_attempts, jobs.idempotency_key, jobs.queue, jobs.priority, jobs.timeout 
-FROM jobs 
-WHERE jobs.idempotency_key = ANY ($1::TEXT[]);
 
 -- name: job_get
 -- parameters: $1 id
@@ -500,7 +494,7 @@ WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.tok
 unlocked AS 
 (SELECT jobs.id AS id, jobs.lease_token AS lease_token 
 FROM jobs, unnest($1::UUID[], $2::BIGINT[]) AS o(id, token) 
-WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token FOR UPDATE OF jobs SKIP LOCKED), 
+WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token FOR NO KEY UPDATE OF jobs SKIP LOCKED), 
 renewed AS 
 (UPDATE jobs SET locked_until=(now() + $3::FLOAT * interval '1 second') FROM unlocked WHERE jobs.id = unlocked.id AND jobs.status = 'processing' AND jobs.lease_token = unlocked.lease_token RETURNING jobs.id)
  SELECT held.id, held.lease_token, held.cancel, renewed.id IS NOT NULL AS renewed 
