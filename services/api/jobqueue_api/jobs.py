@@ -74,7 +74,8 @@ async def submit_many(
     batch: list[NewJob],
     deadline: float | None = None,
 ) -> list[Submitted]:
-    """Create every job of `batch` in one statement; per-item results in input order."""
+    """Create every job of `batch` in one statement (and read its replays in a second);
+    per-item results in input order."""
     async with _within(deadline):
         # Not retried: a batch that may have been written cannot be told apart from one
         # that was not (a connection known dead is replaced at checkout).
