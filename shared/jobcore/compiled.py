@@ -95,12 +95,13 @@ async def claim_limited(
     floors: Mapping[str, list[Any]] = NO_FLOORS,
     overruns: Mapping[str, int] | None = None,
 ) -> LimitedClaim:
-    """Lease due jobs of every type, in claim order, at most `slots[queue]` of each queue,
-    and of the limited types never beyond their limits across every worker of the
-    database: one transaction, serialised with other claimers of the same types by
-    advisory locks. `floors` as for `claim` (the other types are read from them);
-    `overruns`: per limited type, this process's handlers still running after their
-    attempts were recorded (each still holds a unit of its TYPE_CONCURRENCY)."""
+    """Lease due jobs of the limited types, in claim order against every other type's due
+    jobs, at most `slots[queue]` of each queue (those the other types outrank are left to
+    `claim`), and never beyond their limits across every worker of the database: one
+    transaction, serialised with other claimers of the same types by advisory locks.
+    `floors` as for `claim` (the other types are read from them); `overruns`: per limited
+    type, this process's handlers still running after their attempts were recorded (each
+    still holds a unit of its TYPE_CONCURRENCY)."""
     types = limits.types
     rates = [limits.rate.get(name) for name in types]
     overruns = overruns or {}

@@ -124,18 +124,16 @@ async def test_other_types_are_claimed_around_a_saturated_limited_type(engine):
     async with engine.connect() as conn:
         raw = await driver(conn)
         first = await compiled.claim_limited(raw, limits, {"default": 5}, LEASE)
-        assert Counter(job.type for job in first.jobs) == {"limited": 1, "other": 4}
+        assert [job.type for job in first.jobs] == ["limited"]
         assert first.held == {"limited": "concurrency"}
-        again = await compiled.claim_limited(raw, limits, {"default": 3}, LEASE)
-        assert [job.type for job in again.jobs] == ["other"] * 3
-        assert again.held == {"limited": "concurrency"}
-        # The ordinary claims, which the completer makes, skip the limited type.
-        others = await compiled.claim(raw, {"default": 2}, LEASE, limited=limits.types)
-        assert [job.type for job in others] == ["other"] * 2
+        again = await compiled.claim_limited(raw, limits, {"default": 5}, LEASE)
+        assert again.jobs == [] and again.held == {"limited": "concurrency"}
+        others = await compiled.claim(raw, {"default": 6}, LEASE, limited=limits.types)
+        assert [job.type for job in others] == ["other"] * 6
         lost, more = await compiled.complete_and_claim(
             raw, [job.lease for job in others], {"default": 6}, LEASE, limited=limits.types
         )
-        assert lost == [] and [job.type for job in more] == ["other"]
+        assert lost == [] and [job.type for job in more] == ["other"] * 4
         # Without limits configured the ordinary claim takes the limited type in claim order.
         plain = await compiled.claim(raw, {"default": 2}, LEASE)
         assert [job.type for job in plain] == ["limited", "limited"]
@@ -149,9 +147,9 @@ async def test_a_limited_backlog_takes_no_slot_a_higher_priority_job_is_due_for(
     async with engine.connect() as conn:
         raw = await driver(conn)
         got = await compiled.claim_limited(raw, limits, {"default": 4}, LEASE)
-    taken = Counter(job.type for job in got.jobs)
-    # Claim order across both: the two urgent jobs, then the oldest of priority -100.
-    assert taken["urgent"] == 2 and sum(taken.values()) == 4
+    # Claim order across both: the two urgent jobs, then the oldest two of priority -100,
+    # both limited: only those are taken here, the urgent ones are left to the ordinary claim.
+    assert Counter(job.type for job in got.jobs) == {"limited": 2}
     assert got.held == {}
 
 

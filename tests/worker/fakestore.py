@@ -135,9 +135,10 @@ class FakeStore:
         now = self.clock()
         left = dict(room) if room is not None else {}
         limited = set(self.limits.types)
+        # Claim order; a limited claim ranks its limited types first among equal priorities.
         due = sorted(
             (j for j in self.jobs.values() if j.status is Status.PENDING and j.run_at <= now),
-            key=lambda j: (-j.priority, j.run_at, j.id),
+            key=lambda j: (-j.priority, room is None or j.type not in limited, j.run_at, j.id),
         )
         taken = []
         for queue, n in slots.items():
@@ -148,7 +149,10 @@ class FakeStore:
                     if room is None or left[job.type] <= 0:
                         continue
                     left[job.type] -= 1
-                taken.append(job)
+                    taken.append(job)
+                elif room is None:
+                    taken.append(job)
+                # A limited claim ranks the other types' jobs without taking them.
                 n -= 1
         claimed = []
         for job in taken:
@@ -169,8 +173,9 @@ class FakeStore:
         lease_seconds: float,
         overruns: Mapping[str, int] | None = None,
     ) -> LimitedClaim:
-        """As the real store: every type in claim order, the limited ones within their
-        TYPE_CONCURRENCY (less `overruns`) and TYPE_RATE (fixed windows on the fake's clock)."""
+        """As the real store: the limited types' jobs among each queue's first free-slots
+        due jobs in claim order, within their TYPE_CONCURRENCY (less `overruns`) and
+        TYPE_RATE (fixed windows on the fake's clock)."""
         await asyncio.sleep(0)
         self._check()
         now = self.clock()

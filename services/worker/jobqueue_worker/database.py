@@ -314,24 +314,20 @@ class PgJobStore:
         lease_seconds: float,
         overruns: Mapping[str, int] | None = None,
     ) -> LimitedClaim:
-        limited = set(self._limited)
-        return await self._floored(
-            slots,
-            lambda floors: self._claiming(
-                lambda claim_id: self._run(
-                    "claim_limited",
-                    compiled.claim_limited,
-                    self.limits,
-                    slots,
-                    lease_seconds,
-                    claim_id,
-                    floors,
-                    overruns,
-                )
-            ),
-            # The floors are where the other types' reads start: the limited types' jobs,
-            # read through their own index from its head, say nothing of them.
-            lambda got: [job for job in got.jobs if job.type not in limited],
+        # The other types' jobs it ranks against are read from the floors; it takes none of
+        # them, so the floors learn nothing from it.
+        floors = self.floors.params(slots, sweep=False)
+        return await self._claiming(
+            lambda claim_id: self._run(
+                "claim_limited",
+                compiled.claim_limited,
+                self.limits,
+                slots,
+                lease_seconds,
+                claim_id,
+                floors,
+                overruns,
+            )
         )
 
     async def check_floors(self, queues: Sequence[str]) -> float:

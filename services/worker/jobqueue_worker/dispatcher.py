@@ -15,9 +15,10 @@ records completed jobs also claims for the slots it frees (`claimable()`), in
 the same statement, and hands what it claimed back (`hand_out()`), so a slot is
 refilled by the commit that frees it.
 
-Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, by one claim
-that ranks them with every other type in claim order (`claim_limited`), so a limited
-backlog never takes a slot a job of higher priority is due for. The completer's claims
+Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, first in each
+claim (`claim_limited`), ranked against the other types' due jobs in claim order, so a
+limited backlog never takes a slot a job of higher priority is due for; the free slots
+left go to the other types in the same round. The completer's claims
 skip them, and leave their slots to the dispatcher while a limited claim is wanted:
 after a job of a limited type of this process ended (or a handler that outlived its
 attempt returned: it held its unit until then), when the rate window that held a type
@@ -189,20 +190,30 @@ class Dispatcher:
             return await self._store.claim(free, self._lease_seconds)
         got = await self._store.claim_limited(free, self._lease_seconds, self._slots.overruns())
         self._limited_claimed(got, sum(free.values()))
-        return got.jobs
+        rest = dict(free)
+        for job in got.jobs:
+            rest[job.queue] -= 1
+        rest = {queue: n for queue, n in rest.items() if n > 0}
+        if not rest:
+            return got.jobs
+        try:
+            return got.jobs + await self._store.claim(rest, self._lease_seconds)
+        except Exception:
+            # The limited jobs are leased: they start; the next round claims the rest.
+            log.debug("claim failed", exc_info=True)
+            return got.jobs
 
     def _limited_claimed(self, got: LimitedClaim, offered: int) -> None:
         assert self._limits is not None
         self._limited_ended = False
         now = self._clock()
         limited = self._limits.types
-        took_limited = any(job.type in limited for job in got.jobs)
-        if len(got.jobs) >= offered and took_limited and any(n not in got.held for n in limited):
-            # Every slot taken, limited jobs among them, and a limited type still had room:
-            # more may be waiting, and the next claim must rank them against the other types
-            # again. (Slots all taken by other types leave the next ones to the completer's
-            # claims: the limited jobs came after them in claim order, and are ranked again
-            # at the latest after POLL_INTERVAL.)
+        if len(got.jobs) >= offered and any(name not in got.held for name in limited):
+            # Every slot went to limited jobs, and a type still had room: more may be
+            # waiting. Otherwise the next slots go to the completer's claims, which skip the
+            # limited types: limited jobs outranked here come after the jobs taken instead
+            # in claim order, and are ranked again when a limited job ends, a rate window
+            # opens, or after POLL_INTERVAL at the latest.
             self._limited_at = now
         elif got.wait is not None:
             self._limited_at = now + min(got.wait + _WINDOW_MARGIN, self._poll_interval)
@@ -211,7 +222,7 @@ class Dispatcher:
         if len(self._limited_running) > _LIMITED_KEPT:
             # Jobs whose lease was lost end without an outcome write: forget them.
             self._limited_running &= {lease.job_id for lease, _ in self._slots.leases()}
-        self._limited_running.update(job.id for job in got.jobs if job.type in limited)
+        self._limited_running.update(job.id for job in got.jobs)
         for job_type, limit in got.held.items():
             log.debug(
                 "job type held back by its limit", extra={"job_type": job_type, "limit": limit}

@@ -221,21 +221,25 @@ FROM (
 ).columns(sa.column("sort", sa.Text), sa.column("jit", sa.Text), sa.column("locked", sa.BigInteger))
 
 _PROCESSING = f"'{Status.PROCESSING.value}'"
-# One claim for the free slots of every queue, in claim order across limited and other
-# types alike (a limited backlog of low priority never takes a slot a higher priority job of
-# another type is due for). Per limited type, the jobs it may still start: its concurrency
-# limit less its processing jobs (read through the lease index: only leased rows) and less
-# its handlers that outlived their recorded attempts in this process (`overruns`: they still
-# hold their unit until they return), its rate less what its current window used; NULL
-# where it has no such limit. Then the candidates: per queue and limited type, the due jobs
-# in claim order (a loose index scan over priorities, as in JOB_CLAIM, in
-# `jobs_claim_type_idx`), at most what the type has left and the queue's free slots, of
-# which at most what each type has left; and per queue, the due jobs of the other types as
-# JOB_CLAIM reads them (from the floors). Of all candidates, in claim order, at most each
-# queue's free slots are taken. The rate windows of the types that started jobs are
-# advanced. Rows: a claimed job (columns as JOB_CLAIM's, then NULL, NULL), or per limited type
-# (id NULL) the type, the limit it reached (`held`, 'rate' or 'concurrency', NULL if none)
-# and the seconds until its rate window ends.
+# The claim of the limited types, for the free slots of every queue, ranked by priority
+# against the other types' due jobs (a low-priority limited backlog never takes a slot a
+# higher-priority job of another type is due for; at equal priority the limited ones come
+# first, as they can only be claimed here): those it outranks are left to the
+# ordinary claim that follows (`JOB_CLAIM_UNLIMITED`), so this transaction, serialised with
+# the other claimers of the same types by their advisory locks, locks none of them. Per
+# limited type, the jobs it may still start: its concurrency limit less its processing jobs
+# (read through the lease index: only leased rows) and less its handlers that outlived their
+# recorded attempts in this process (`overruns`: they still hold their unit until they
+# return), its rate less what its current window used; NULL where it has no such limit.
+# The candidates: per queue and limited type, the due jobs in claim order (a loose index
+# scan over priorities, as in JOB_CLAIM, in `jobs_claim_type_idx`), at most what the type
+# has left and the queue's free slots, of which at most what each type has left; and per
+# queue, read without a lock, the first free-slots due jobs of the other types of a
+# priority above the lowest limited candidate's, as JOB_CLAIM reads them (from the floors). Of the limited candidates, those among each
+# queue's first free-slots candidates in that order are taken. The rate windows of the
+# types that started jobs are advanced. Rows: a claimed job (columns as JOB_CLAIM's, then
+# NULL, NULL), or per limited type (id NULL) the type, the limit it reached (`held`,
+# 'rate' or 'concurrency', NULL if none) and the seconds until its rate window ends.
 # The claimed job's columns, as `Claimed` lists them; the rows about a type (id NULL) hold
 # the type in the `type` column and NULL in the others.
 _RETURNED = ", ".join(Claimed.__dataclass_fields__)
@@ -300,22 +304,28 @@ WITH room AS MATERIALIZED (
             WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
               AND run_at >= {_FLOOR} AND run_at <= now()
               AND type <> ALL(CAST(:types AS text[]))
-            ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+              -- Only a higher priority outranks a limited candidate: nothing to read at
+              -- or below the lowest one's (or at all, in a queue without candidates).
+              AND priority > (SELECT coalesce(min(c.priority), 32767) FROM due AS c
+                              WHERE c.queue = w.queue)
+            ORDER BY run_at, id LIMIT w.n
         ) AS d
         LIMIT w.n
     ) AS o
 ), by_queue AS (
-    SELECT id, slots,
-           row_number() OVER (PARTITION BY queue ORDER BY priority DESC, run_at, id) AS nth
-    FROM (SELECT id, priority, run_at, queue, slots FROM by_type WHERE nth <= type_left
+    SELECT id, slots, limited,
+           row_number() OVER (PARTITION BY queue ORDER BY priority DESC, limited DESC, run_at, id)
+           AS nth
+    FROM (SELECT id, priority, run_at, queue, slots, true AS limited FROM by_type
+          WHERE nth <= type_left
           UNION ALL
-          SELECT id, priority, run_at, queue, slots FROM others) AS candidates
+          SELECT id, priority, run_at, queue, slots, false FROM others) AS candidates
 ), claimed AS (
     UPDATE jobs SET status = {_PROCESSING}, attempts = attempts + 1,
         lease_token = lease_token + 1,
         locked_until = now() + CAST(:lease_seconds AS float8) * interval '1 second',
         claim_id = CAST(:claim AS uuid), updated_at = now()
-    WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
+    WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING {_RETURNED}
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type

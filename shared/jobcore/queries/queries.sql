@@ -346,22 +346,28 @@ WITH room AS MATERIALIZED (
             WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
               AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
               AND type <> ALL(CAST($1 AS text[]))
-            ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+              -- Only a higher priority outranks a limited candidate: nothing to read at
+              -- or below the lowest one's (or at all, in a queue without candidates).
+              AND priority > (SELECT coalesce(min(c.priority), 32767) FROM due AS c
+                              WHERE c.queue = w.queue)
+            ORDER BY run_at, id LIMIT w.n
         ) AS d
         LIMIT w.n
     ) AS o
 ), by_queue AS (
-    SELECT id, slots,
-           row_number() OVER (PARTITION BY queue ORDER BY priority DESC, run_at, id) AS nth
-    FROM (SELECT id, priority, run_at, queue, slots FROM by_type WHERE nth <= type_left
+    SELECT id, slots, limited,
+           row_number() OVER (PARTITION BY queue ORDER BY priority DESC, limited DESC, run_at, id)
+           AS nth
+    FROM (SELECT id, priority, run_at, queue, slots, true AS limited FROM by_type
+          WHERE nth <= type_left
           UNION ALL
-          SELECT id, priority, run_at, queue, slots FROM others) AS candidates
+          SELECT id, priority, run_at, queue, slots, false FROM others) AS candidates
 ), claimed AS (
     UPDATE jobs SET status = 'processing', attempts = attempts + 1,
         lease_token = lease_token + 1,
         locked_until = now() + CAST($11 AS float8) * interval '1 second',
         claim_id = CAST($12 AS uuid), updated_at = now()
-    WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots))
+    WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
