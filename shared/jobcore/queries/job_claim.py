@@ -235,8 +235,9 @@ _PROCESSING = f"'{Status.PROCESSING.value}'"
 # scan over priorities, as in JOB_CLAIM, in `jobs_claim_type_idx`), at most what the type
 # has left and the queue's free slots, of which at most what each type has left; and per
 # queue, read without a lock, the first free-slots due jobs of the other types of a
-# priority above the lowest limited candidate's, as JOB_CLAIM reads them (from the floors). Of the limited candidates, those among each
-# queue's first free-slots candidates in that order are taken. The rate windows of the
+# priority above the lowest limited candidate's, as JOB_CLAIM reads them (from the floors).
+# Of the limited candidates, those among each queue's first free-slots candidates in that
+# order are taken. The rate windows of the
 # types that started jobs are advanced. Rows: a claimed job (columns as JOB_CLAIM's, then
 # NULL, NULL), or per limited type (id NULL) the type, the limit it reached (`held`,
 # 'rate' or 'concurrency', NULL if none) and the seconds until its rate window ends.
