@@ -98,6 +98,7 @@ _renewable = sa.select(c.id, c.lease_token).where(
 # FOR NO KEY UPDATE, the lock the UPDATE itself takes: a row held FOR SHARE or FOR KEY
 # SHARE (a foreign key of the caller's own table checked in an open transaction) is renewed.
 _unlocked = _renewable.with_for_update(of=jobs, skip_locked=True, key_share=True).cte("unlocked")
+_CANCEL = c.cancel_requested_at.is_not(None).label("cancel")
 _renewed = (
     sa.update(jobs)
     .where(
@@ -106,16 +107,17 @@ _renewed = (
         c.lease_token == _unlocked.c.lease_token,
     )
     .values(locked_until=sa.func.now() + sa.bindparam("lease_seconds", type_=sa.Float) * ONE_SECOND)
-    .returning(c.id)
+    .returning(c.id, c.lease_token, _CANCEL)
     .cte("renewed")
 )
-_held = _renewable.add_columns(c.cancel_requested_at.is_not(None).label("cancel")).cte("held")
-JOB_RENEW_MANY = sa.select(
-    _held.c.id,
-    _held.c.lease_token,
-    _held.c.cancel,
-    _renewed.c.id.is_not(None).label("renewed"),
-).select_from(_held.outerjoin(_renewed, _renewed.c.id == _held.c.id))
+# The renewed leases, then those still held but skipped: only the leases not renewed are
+# read a second time (none, but for a locked row), so a renewal costs one read per lease.
+JOB_RENEW_MANY = sa.union_all(
+    sa.select(_renewed.c.id, _renewed.c.lease_token, _renewed.c.cancel, sa.true().label("renewed")),
+    _renewable.add_columns(_CANCEL, sa.false()).where(
+        _o.c.id.not_in(sa.select(_renewed.c.id).scalar_subquery())
+    ),
+)
 
 # A claim whose answer never reached its worker (the call timed out or its connection
 # broke after the statement was sent) may still have committed: the jobs it took are

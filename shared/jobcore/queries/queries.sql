@@ -492,19 +492,18 @@ UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'ca
 UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), locked_until=NULL, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_renew_many
--- parameters: $1 ids, $2 tokens, $3 lease_seconds
-WITH held AS 
-(SELECT jobs.id AS id, jobs.lease_token AS lease_token, jobs.cancel_requested_at IS NOT NULL AS cancel 
-FROM jobs, unnest($1::UUID[], $2::BIGINT[]) AS o(id, token) 
-WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token), 
-unlocked AS 
+-- parameters: $1 lease_seconds, $2 ids, $3 tokens
+WITH unlocked AS 
 (SELECT jobs.id AS id, jobs.lease_token AS lease_token 
-FROM jobs, unnest($1::UUID[], $2::BIGINT[]) AS o(id, token) 
+FROM jobs, unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) 
 WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token FOR NO KEY UPDATE OF jobs SKIP LOCKED), 
 renewed AS 
-(UPDATE jobs SET locked_until=(now() + $3::FLOAT * interval '1 second') FROM unlocked WHERE jobs.id = unlocked.id AND jobs.status = 'processing' AND jobs.lease_token = unlocked.lease_token RETURNING jobs.id)
- SELECT held.id, held.lease_token, held.cancel, renewed.id IS NOT NULL AS renewed 
-FROM held LEFT OUTER JOIN renewed ON renewed.id = held.id;
+(UPDATE jobs SET locked_until=(now() + $1::FLOAT * interval '1 second') FROM unlocked WHERE jobs.id = unlocked.id AND jobs.status = 'processing' AND jobs.lease_token = unlocked.lease_token RETURNING jobs.id, jobs.lease_token, jobs.cancel_requested_at IS NOT NULL AS cancel)
+ SELECT renewed.id, renewed.lease_token, renewed.cancel, true AS renewed 
+FROM renewed UNION ALL SELECT jobs.id, jobs.lease_token, jobs.cancel_requested_at IS NOT NULL AS cancel, false AS anon_1 
+FROM jobs, unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) 
+WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token AND (o.id NOT IN (SELECT renewed.id 
+FROM renewed));
 
 -- name: job_release_claim
 -- parameters: $1 attempts_1=1, $2 claim_ids
