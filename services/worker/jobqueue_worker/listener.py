@@ -64,12 +64,18 @@ class Listener(Loop):
         self._connected_once = False
 
     async def run_once(self) -> None:
+        conn = self._conn
         try:
-            if self._conn is None:
+            if conn is None:
                 await self._connect()
             else:
                 async with asyncio.timeout(CHECK_TIMEOUT):
-                    await self._conn.fetchval("SELECT 1")
+                    await conn.fetchval("SELECT 1")
+        except Exception:
+            if conn is not None and conn is not self._conn:
+                return  # its end was heard already (`_terminated`): the next round reconnects
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise
