@@ -9,12 +9,16 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MIN_TIMEOUT, MAX_TIMEOUT = 1.0, 86400.0
+# `errors` keeps the last ERRORS_KEPT failed attempts, each traceback cut to its last
+# TRACEBACK_LIMIT bytes (its end says where it failed).
+ERRORS_KEPT = 20
+TRACEBACK_LIMIT = 8192
 
 # The list indexes: name -> the columns before `id`.
 LIST_INDEXES = {"status": ("status",), "type": ("type", "status"), "queue": ("queue", "status")}
@@ -58,6 +62,9 @@ jobs = sa.Table(
     # The submitting request's W3C trace context (`traceparent`), for the attempt's span to
     # link to; NULL when tracing is off.
     sa.Column("traceparent", sa.Text, nullable=True),
+    # The failed attempts, oldest first, the last ERRORS_KEPT: [{"attempt", "at", "error",
+    # "traceback"}]; NULL until one fails.
+    sa.Column("errors", pg.JSONB(none_as_null=True), nullable=True),
     sa.Column(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     ),
@@ -150,4 +157,20 @@ maintenance_leases = sa.Table(
     sa.Column("task", sa.Text, primary_key=True),
     sa.Column("holder", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# What the workers serve: per type some worker has a handler for, that handler's options
+# (defaults for a create request that omits them: queue, priority, max_attempts, timeout) and
+# the type's periodic schedules; written by each worker process at start and refreshed while
+# it serves the type, so the API accepts the type without importing handler code.
+job_types = sa.Table(
+    "job_types",
+    metadata,
+    sa.Column("type", sa.Text, primary_key=True),
+    sa.Column("options", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("schedules", pg.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("recorded_by", sa.Text, nullable=False),
+    sa.Column(
+        "recorded_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
 )

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from jobcore.rows import Job
-from jobcore.schema import jobs
+from jobcore.schema import ERRORS_KEPT, jobs
 from jobcore.states import FINISHED, Operation, Status
 
 c = jobs.c
@@ -82,3 +82,24 @@ def unless_cancelled(target: Status) -> Any:
         (c.cancel_requested_at.is_not(None), status_literal(Status.CANCELLED)),
         else_=status_literal(target),
     )
+
+
+def errors_appended(attempt: Any, error: Any, traceback: Any) -> Any:
+    """`errors` with one more entry (`attempt`, `at` now, `error`, `traceback`, which may be
+    NULL), the last ERRORS_KEPT kept: every write that records a failed attempt sets
+    `errors` to this."""
+    entry = sa.func.jsonb_build_array(
+        sa.func.jsonb_build_object(
+            sa.literal_column("'attempt'"),
+            attempt,
+            sa.literal_column("'at'"),
+            sa.func.now(),
+            sa.literal_column("'error'"),
+            error,
+            sa.literal_column("'traceback'"),
+            traceback,
+        )
+    )
+    appended = sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).op("||")(entry)
+    last = sa.literal_column(f"'$[last - {ERRORS_KEPT - 1} to last]'::jsonpath")
+    return sa.func.jsonb_path_query_array(appended, last)
