@@ -101,5 +101,5 @@ def errors_appended(attempt: Any, error: Any, traceback: Any) -> Any:
         )
     )
     appended = sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).op("||")(entry)
-    last = sa.literal_column(f"'$[last - {ERRORS_KEPT - 1} to last]'::jsonpath")
+    last: Any = sa.literal_column(f"'$[last - {ERRORS_KEPT - 1} to last]'::jsonpath")
     return sa.func.jsonb_path_query_array(appended, last)
