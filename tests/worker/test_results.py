@@ -32,9 +32,9 @@ def returns_in_thread(payload: Any, ctx: JobContext) -> Any:
     return payload["value"]
 
 
-@handler("unit.result.set")
-async def returns_a_set(payload: Any, ctx: JobContext) -> Any:
-    return {1, 2}
+@handler("unit.result.complex")
+async def returns_a_complex(payload: Any, ctx: JobContext) -> Any:
+    return 1j
 
 
 @handler("unit.result.chars")
@@ -73,7 +73,7 @@ def _deep() -> list[Any]:
 @pytest.mark.parametrize(
     ("value", "says"),
     [
-        ({1, 2}, "Object of type set is not JSON serializable"),
+        (1j, "Object of type complex is not JSON serializable"),
         (object(), "Object of type object is not JSON serializable"),
         ({(1, 2): "tuple key"}, "keys must be str, int, float, bool or None"),
         (math.nan, "Out of range float values are not JSON compliant"),
@@ -82,7 +82,7 @@ def _deep() -> list[Any]:
         (_deep(), "nested too deeply"),
         ("lone \udcff surrogate", "lone surrogate"),
     ],
-    ids=["set", "object", "tuple-key", "nan", "inf", "cycle", "deep", "surrogate"],
+    ids=["complex", "object", "tuple-key", "nan", "inf", "cycle", "deep", "surrogate"],
 )
 def test_a_value_that_is_not_json_is_refused_with_the_reason(value, says):
     with pytest.raises(ResultError) as caught:
@@ -157,13 +157,13 @@ async def test_none_is_no_result_and_is_never_encoded(monkeypatch):
 
 async def test_a_result_that_cannot_be_stored_fails_the_attempt_for_good():
     store = FakeStore()
-    unserialisable = store.add("unit.result.set", max_attempts=5)
+    unserialisable = store.add("unit.result.complex", max_attempts=5)
     too_big = store.add("unit.result.chars", {"chars": 60}, max_attempts=5)
     fits = store.add("unit.result.chars", {"chars": 49}, max_attempts=5)
     await _run_until_settled(store, max_result_bytes=100)
     assert store.status(unserialisable) is Status.FAILED
     assert store.jobs[unserialisable].last_error == (
-        "result is not JSON-serialisable: Object of type set is not JSON serializable"
+        "result is not JSON-serialisable: Object of type complex is not JSON serializable"
     )
     assert store.status(too_big) is Status.FAILED
     assert store.jobs[too_big].last_error == "result is 122 bytes, over MAX_RESULT_BYTES=100"
