@@ -152,6 +152,9 @@ class Registration:
 
 
 _registry: dict[str, Registration] = {}
+# What `known()` last returned, and the size of the registry it was made from (a handler is
+# never unregistered: a change of size is a change).
+_known: tuple[int, frozenset[str], dict[str, dict[str, Any]]] = (-1, frozenset(), {})
 
 
 def handler(
@@ -237,7 +240,19 @@ def registered_types() -> list[str]:
 
 def registered_options() -> dict[str, dict[str, Any]]:
     """Per registered type that has options, its options as create fields."""
-    return {t: r.options.fields() for t, r in _registry.items() if r.options != NO_OPTIONS}
+    return known()[1]
+
+
+def known() -> tuple[frozenset[str], dict[str, dict[str, Any]]]:
+    """The registered types, and per type that has options its options as create fields;
+    made again only when a handler was registered since (the submit paths ask every time)."""
+    global _known
+    size, types, options = _known
+    if size != len(_registry):
+        types = frozenset(_registry)
+        options = {t: r.options.fields() for t, r in _registry.items() if r.options != NO_OPTIONS}
+        _known = (len(_registry), types, options)
+    return types, options
 
 
 def load_handlers(modules: list[str]) -> None:
