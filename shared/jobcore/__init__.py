@@ -5,9 +5,10 @@ Importing jobcore performs no I/O. Handler authors need only:
     from jobcore import handler, PermanentError, JobContext
 
 (`@handler` returns a `Task`: the function, plus `submit` and `enqueue` for its type; to run
-a handler in a test, `from jobcore.testing import run`), and to declare periodic jobs, `from jobcore import periodic`. To enqueue jobs in one's own
-database transaction, `from jobcore import enqueue, enqueue_many` (imported on first use:
-they bring SQLAlchemy's statements along).
+a handler in a test, `from jobcore.testing import run`), and to declare periodic jobs,
+`from jobcore import periodic`. To enqueue jobs in one's own database transaction,
+`from jobcore import enqueue, enqueue_many` (imported on first use: they bring SQLAlchemy's
+statements along).
 """
 
 from typing import TYPE_CHECKING, Any

@@ -93,8 +93,8 @@ def periodic(
 
     `payload` None is `{}`, as in a create request; it must be JSON. `timeout` is seconds
     or a duration (`"5m"`). `queue`, `priority`, `max_attempts` and `timeout` left out take
-    the handler's options, else the global defaults. Raises ValueError when anything is invalid or `name` already
-    holds a different schedule.
+    the handler's options, else the global defaults. Raises ValueError when anything is
+    invalid or `name` already holds a different schedule.
     """
     cron = check_cron(cron)
     if not isinstance(type, str) or not type.strip():

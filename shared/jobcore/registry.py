@@ -15,7 +15,7 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar, cast
 from uuid import UUID
 
 from jobcore.errors import ConfigError, JobqueueError
@@ -105,7 +105,9 @@ class HandlerOptions:
 
     def fields(self) -> dict[str, Any]:
         """The options that are set, as create fields (also the JSON `job_types` records)."""
-        return {name: getattr(self, name) for name in OPTION_FIELDS if getattr(self, name) is not None}
+        return {
+            name: getattr(self, name) for name in OPTION_FIELDS if getattr(self, name) is not None
+        }
 
     @classmethod
     def check(cls, job_type: str, fields: Mapping[str, Any]) -> HandlerOptions:
@@ -191,7 +193,7 @@ def handler(
         if existing is not None and (existing.fn is not fn or existing.options != options):
             what = "with other options" if existing.fn is fn else f"by {existing.fn!r}"
             raise ValueError(f"handler type {job_type!r} is already registered {what}")
-        _registry[job_type] = Registration(job_type, fn, options)
+        _registry[job_type] = Registration(job_type, cast(Handler, fn), options)
         return Task(fn, job_type, options)
 
     return register
@@ -213,8 +215,7 @@ def _check_signature(job_type: str, fn: Callable[..., Any]) -> None:
         signature.bind(None, None)
     except TypeError as exc:
         raise HandlerSignatureError(
-            f"handler {job_type!r} ({where}{signature}) cannot be called as "
-            f"fn(payload, ctx): {exc}"
+            f"handler {job_type!r} ({where}{signature}) cannot be called as fn(payload, ctx): {exc}"
         ) from None
 
 

@@ -80,7 +80,8 @@ async def arun(
     *,
     attempt: int = 1,
     max_attempts: int | None = None,
-    timeout: float | str | None = None,
+    # The attempt's own timeout, enforced as the worker enforces it (not the caller's).
+    timeout: float | str | None = None,  # noqa: ASYNC109
 ) -> Any:
     """`run`, awaited in the caller's event loop."""
     job_type = task_or_type.type if isinstance(task_or_type, Task) else task_or_type

@@ -50,12 +50,9 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _first(*values: T) -> T:
-    """The first value that is not None (the last one, the global default, may be None)."""
-    for value in values[:-1]:
-        if value is not None:
-            return value
-    return values[-1]
+def _first(given: T | None, option: T | None) -> T | None:
+    """The schedule's own field, else the handler's option (None: the global default)."""
+    return given if given is not None else option
 
 
 class Scheduler(Loop):
@@ -135,12 +132,12 @@ class Scheduler(Loop):
             id=new_id(),
             type=schedule.type,
             payload=schedule.payload,
-            max_attempts=_first(schedule.max_attempts, options.max_attempts, self._max_attempts),
+            max_attempts=_first(schedule.max_attempts, options.max_attempts) or self._max_attempts,
             idempotency_key=schedule.key(tick),
-            queue=_first(schedule.queue, options.queue, "default"),
-            priority=_first(schedule.priority, options.priority, 0),
+            queue=_first(schedule.queue, options.queue) or "default",
+            priority=_first(schedule.priority, options.priority) or 0,
             run_at=tick,
-            timeout=_first(schedule.timeout, options.timeout, None),
+            timeout=_first(schedule.timeout, options.timeout),
         )
 
     async def _submit(self, schedule: Schedule, tick: datetime) -> Job | None:

@@ -5,10 +5,9 @@ types they have no handler for, with those options as defaults."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
-
-import json
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -70,9 +69,7 @@ JOB_TYPE_FIND = (
 )
 
 
-def record_params(
-    records: Sequence[tuple[str, str, str]], recorded_by: str
-) -> dict[str, Any]:
+def record_params(records: Sequence[tuple[str, str, str]], recorded_by: str) -> dict[str, Any]:
     """JOB_TYPE_RECORD's parameters: (type, options as JSON text, schedules as JSON text)."""
     ordered = sorted(records)
     return {
