@@ -3,9 +3,13 @@ none); one that cannot be stored, or is over MAX_RESULT_BYTES, fails the attempt
 
 from __future__ import annotations
 
+import datetime as dt
+import enum
 import json
 import math
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
@@ -42,6 +46,25 @@ async def returns_chars(payload: Any, ctx: JobContext) -> Any:
     return "é" * payload["chars"]  # two bytes each in UTF-8
 
 
+class Size(enum.Enum):
+    LARGE = "L"
+
+
+@handler("unit.result.converted")
+def returns_converted(payload: Any, ctx: JobContext) -> Any:
+    return {
+        "at": dt.datetime(2026, 3, 1, 9, 5, 7, 250000, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        "naive": dt.datetime(2026, 3, 1, 9, 5),
+        "day": dt.date(2026, 3, 1),
+        "price": Decimal("19.90"),
+        "id": UUID("0190a000-0000-7000-8000-00000000000a"),
+        "size": Size.LARGE,
+        "point": (1, (2, 3)),
+        "tags": {"b", "a"},
+        "mixed": frozenset({1}),
+    }
+
+
 @handler("unit.result.none")
 async def returns_none(payload: Any, ctx: JobContext) -> None:
     return None
@@ -55,6 +78,21 @@ def test_results_are_compact_json_text_with_unicode_kept():
         '{"a":[1,2.5,null,true],"b":"é😀"}'
     )
     assert encode_result(0, 1) == "0"
+
+
+def test_datetimes_decimals_uuids_enums_tuples_and_sets_are_converted():
+    text = encode_result(returns_converted({}, None), 65536)  # type: ignore[arg-type]
+    assert json.loads(text) == {
+        "at": "2026-03-01T09:05:07.250000+02:00",
+        "naive": "2026-03-01T09:05:00",
+        "day": "2026-03-01",
+        "price": "19.90",
+        "id": "0190a000-0000-7000-8000-00000000000a",
+        "size": "L",
+        "point": [1, [2, 3]],
+        "tags": ["a", "b"],
+        "mixed": [1],
+    }
 
 
 def _cycle() -> list[Any]:
@@ -170,6 +208,15 @@ async def test_a_result_that_cannot_be_stored_fails_the_attempt_for_good():
     assert store.jobs[unserialisable].attempts == store.jobs[too_big].attempts == 1
     assert store.status(fits) is Status.COMPLETED  # 98 bytes
     assert store.jobs[fits].result == '"' + "é" * 49 + '"'
+
+
+async def test_the_worker_stores_a_converted_result():
+    store = FakeStore()
+    job = store.add("unit.result.converted")
+    await _run_until_settled(store)
+    assert store.status(job) is Status.COMPLETED
+    stored = json.loads(store.jobs[job].result)
+    assert stored["price"] == "19.90" and stored["tags"] == ["a", "b"] and stored["size"] == "L"
 
 
 # --- in the database --------------------------------------------------------------------
