@@ -4,9 +4,11 @@ Importing jobcore performs no I/O. Handler authors need only:
 
     from jobcore import handler, PermanentError, JobContext
 
-and to declare periodic jobs, `from jobcore import periodic`. To enqueue jobs in one's own
-database transaction, `from jobcore import enqueue, enqueue_many` (imported on first use:
-they bring SQLAlchemy's statements along).
+(`@handler` returns a `Task`: the function, plus `submit` and `enqueue` for its type; to run
+a handler in a test, `from jobcore.testing import run`), and to declare periodic jobs,
+`from jobcore import periodic`. To enqueue jobs in one's own database transaction,
+`from jobcore import enqueue, enqueue_many` (imported on first use: they bring SQLAlchemy's
+statements along).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -22,8 +24,9 @@ from jobcore.errors import (
     Snooze,
 )
 from jobcore.periodic import periodic
-from jobcore.registry import JobContext, handler
+from jobcore.registry import HandlerOptions, JobContext, handler
 from jobcore.states import TRANSITIONS, Operation, Status
+from jobcore.task import Task
 
 if TYPE_CHECKING:
     from jobcore.transactional import enqueue, enqueue_many
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TRANSITIONS",
     "ConfigError",
+    "HandlerOptions",
     "IdempotencyConflict",
     "InvalidRequest",
     "JobContext",
@@ -40,6 +44,7 @@ __all__ = [
     "SchemaNotAtHead",
     "Snooze",
     "Status",
+    "Task",
     "backoff",
     "enqueue",
     "enqueue_many",

@@ -24,8 +24,10 @@ from typing import Any, NamedTuple
 from uuid import UUID, uuid4
 
 from jobcore import maintenance, queries
+from jobcore.queries.job_types import record_from_row, record_params
 from jobcore.rows import (
     Claimed,
+    JobTypeRecord,
     Lease,
     LimitedClaim,
     Renewed,
@@ -304,3 +306,19 @@ async def table_stats(conn: Driver) -> list[TableStats]:
     statement = STATEMENTS["table_get_stats"]
     rows = await conn.fetch(statement.sql, *statement.args({"tables": maintenance.TABLES}))
     return [TableStats(row["name"], int(row["dead"]), bool(row["autovacuum"])) for row in rows]
+
+
+async def record_types(conn: Driver, records: Sequence[tuple[str, str, str]], by: str) -> None:
+    """Record (or refresh) the types a worker process serves (`queries.JOB_TYPE_RECORD`):
+    (type, options JSON, schedules JSON), recorded `by` that process."""
+    if not records:
+        return
+    statement = STATEMENTS["job_type_record"]
+    await conn.fetch(statement.sql, *statement.args(record_params(records, by)))
+
+
+async def recorded_types(conn: Driver, max_age: float) -> list[JobTypeRecord]:
+    """Every type some worker recorded within `max_age` seconds (`queries.JOB_TYPE_LIST`)."""
+    statement = STATEMENTS["job_type_list"]
+    rows = await conn.fetch(statement.sql, *statement.args({"max_age": max_age}))
+    return [record_from_row(row) for row in rows]

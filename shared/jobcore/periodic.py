@@ -51,15 +51,16 @@ _MIN_ATTEMPTS, _MAX_ATTEMPTS = 1, 100
 
 @dataclass(frozen=True)
 class Schedule:
-    """One periodic job. `max_attempts` None: the submitting worker's MAX_ATTEMPTS;
-    `timeout` None: its JOB_TIMEOUT."""
+    """One periodic job. A field None takes the type's handler option (`@handler`), else the
+    global default: queue `default`, priority 0, the submitting worker's MAX_ATTEMPTS, its
+    JOB_TIMEOUT."""
 
     name: str
     cron: str
     type: str
     payload: Any
-    queue: str = "default"
-    priority: int = 0
+    queue: str | None = None
+    priority: int | None = None
     max_attempts: int | None = None
     timeout: float | None = None
 
@@ -83,16 +84,17 @@ def periodic(
     payload: Any = None,
     *,
     name: str | None = None,
-    queue: str = "default",
-    priority: int = 0,
+    queue: str | None = None,
+    priority: int | None = None,
     max_attempts: int | None = None,
     timeout: float | str | None = None,
 ) -> Schedule:
     """Declare a job of `type` created at every tick of `cron` (UTC) by the workers.
 
     `payload` None is `{}`, as in a create request; it must be JSON. `timeout` is seconds
-    or a duration (`"5m"`). Raises ValueError when anything is invalid or `name` already
-    holds a different schedule.
+    or a duration (`"5m"`). `queue`, `priority`, `max_attempts` and `timeout` left out take
+    the handler's options, else the global defaults. Raises ValueError when anything is
+    invalid or `name` already holds a different schedule.
     """
     cron = check_cron(cron)
     if not isinstance(type, str) or not type.strip():
@@ -194,17 +196,21 @@ def _json(payload: Any, name: str) -> Any:
         raise ValueError(f"periodic {name!r}: payload is not JSON: {exc}") from None
 
 
-def _queue(queue: Any, name: str) -> str:
+def _queue(queue: Any, name: str) -> str | None:
     from jobcore.schema import QUEUE_PATTERN
 
+    if queue is None:
+        return None
     if not isinstance(queue, str) or not re.fullmatch(QUEUE_PATTERN, queue):
         raise ValueError(f"periodic {name!r}: queue {queue!r} must match {QUEUE_PATTERN}")
     return queue
 
 
-def _priority(priority: Any, name: str) -> int:
+def _priority(priority: Any, name: str) -> int | None:
     from jobcore.schema import MAX_PRIORITY, MIN_PRIORITY
 
+    if priority is None:
+        return None
     if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise ValueError(
             f"periodic {name!r}: priority must be an integer from {MIN_PRIORITY} to "

@@ -67,6 +67,18 @@ class NewJob(NamedTuple):
 
 
 @dataclass(frozen=True)
+class JobTypeRecord:
+    """A type some worker serves (`job_types`): its handler's options as create fields,
+    the worker's periodic schedules of it, which worker process recorded it last and when."""
+
+    type: str
+    options: dict[str, Any]
+    schedules: list[Any]
+    recorded_by: str
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
 class Job:
     id: UUID
     type: str

@@ -10,10 +10,13 @@ asyncpg connection (or pool proxy), or a psycopg `Connection` or `AsyncConnectio
 the async kinds they return a coroutine to await. The driver is recognised by its class's
 package, so psycopg and asyncpg are imported only by callers that pass their connections.
 
-Items are checked by `jobcore.validation`, as the API checks them (the type must be
-registered in this process), and written by `queries.JOB_SUBMIT_MANY`, the statement of the
-API's `POST /jobs/batch`, which takes no lock on a job an idempotency key replays (so an
-open transaction does not hold up that job's worker); the workers' NOTIFY is sent in the
+Items are checked by `jobcore.validation`, as the API checks them: the type must be
+registered in this process or recorded in `job_types` by a worker of the database (read on
+`conn`, only for types this process has no handler for), and a field an item omits takes
+the handler's option (this process's handler's, else the recorded one). They are written
+by `queries.JOB_SUBMIT_MANY`, the statement of the API's `POST /jobs/batch`, which takes no
+lock on a job an idempotency key replays (so an open transaction does not hold up that
+job's worker); the workers' NOTIFY is sent in the
 same transaction, so it is delivered at commit. Outside a transaction (asyncpg outside
 `transaction()`, psycopg in autocommit mode) the statements run in one of their own,
 committed before the call returns.
@@ -34,9 +37,10 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore import connections, idempotency, queries, tracing, validation
+from jobcore import catalog, connections, idempotency, queries, tracing, validation
 from jobcore.errors import ConfigError, IdempotencyConflict, InvalidRequest
-from jobcore.registry import BUILTIN_MODULES, registered_types
+from jobcore.queries.job_types import record_from_row
+from jobcore.registry import BUILTIN_MODULES, known
 from jobcore.rows import NewJob, Row
 from jobcore.schema import jobs
 
@@ -148,14 +152,30 @@ def _python_values(item: Mapping[str, Any]) -> dict[str, Any]:
 _builtins_loaded = False
 
 
-def _known_types() -> list[str]:
+def _known_types() -> frozenset[str]:
     """The types registered in this process, and the built-in ones, as the API knows them."""
     global _builtins_loaded
     if not _builtins_loaded:
         for name in BUILTIN_MODULES:
             importlib.import_module(name)
         _builtins_loaded = True
-    return registered_types()
+    return known()[0]
+
+
+def _lookup(items: Sequence[Any]) -> tuple[Any, dict[str, Any]] | None:
+    """JOB_TYPE_FIND and its parameters for the types of `items` this process has no handler
+    for (a worker may have recorded them), or None when it has them all."""
+    local = _known_types()
+    missing = {
+        item["type"]
+        for item in items
+        if isinstance(item, Mapping)
+        and isinstance(item.get("type"), str)
+        and item["type"] not in local
+    }
+    if not missing:
+        return None
+    return queries.JOB_TYPE_FIND, {"types": sorted(missing), "max_age": catalog.MAX_AGE}
 
 
 def _default_max_attempts() -> int:
@@ -179,10 +199,11 @@ def _default_max_attempts() -> int:
     return value
 
 
-def _plan(items: Sequence[Any]) -> _Plan:
-    """Validate every item (all or none: `InvalidRequest`, a ValueError, naming each
-    invalid item's index) and keep the first item of each idempotency key. A later item
-    with the same key and a different request is an IdempotencyConflict."""
+def _plan(items: Sequence[Any], records: Iterable[Row] = ()) -> _Plan:
+    """Validate every item against this process's types and the `records` JOB_TYPE_FIND
+    read (all or none: `InvalidRequest`, a ValueError, naming each invalid item's index)
+    and keep the first item of each idempotency key. A later item with the same key and a
+    different request is an IdempotencyConflict."""
     texts: list[str] = []  # each item's payload as JSON, in order
 
     def prepare(item: Any) -> Any:
@@ -190,11 +211,13 @@ def _plan(items: Sequence[Any]) -> _Plan:
         texts.append(text)
         return prepared
 
+    accepted = catalog.merged((), [record_from_row(row) for row in records])
     new_jobs = validation.new_items(
         items,
-        known_types=_known_types(),
+        known_types=accepted.types,
         default_max_attempts=_default_max_attempts(),
         prepare=prepare,
+        options=accepted.options,
     )
     rows, first = idempotency.batch_rows(new_jobs)
     payloads: list[str] = []
@@ -293,10 +316,11 @@ def _run(runner: connections.Runner, plan: _Plan) -> list[UUID]:
 
 
 async def _run_async(runner: connections.Runner, items: Sequence[Any]) -> list[UUID]:
-    plan = _plan(items)
+    fetch: Callable[[Any, Mapping[str, Any]], Awaitable[Any]] = runner.fetch
+    lookup = _lookup(items)
+    plan = _plan(items, await fetch(*lookup) if lookup is not None else ())
     if not plan.rows:
         return []
-    fetch: Callable[[Any, Mapping[str, Any]], Awaitable[Any]] = runner.fetch
     statement, params = _write(plan)
     async with runner.atomic():
         rows = await fetch(statement, params)
@@ -344,7 +368,8 @@ def enqueue_many(conn: Any, jobs: Iterable[Mapping[str, Any]]) -> Any:
     items = list(jobs)
     if runner.is_async:
         return _run_async(runner, items)
-    plan = _plan(items)
+    lookup = _lookup(items)
+    plan = _plan(items, runner.fetch(*lookup) if lookup is not None else ())
     return _run(runner, plan) if plan.rows else []
 
 

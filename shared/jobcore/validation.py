@@ -32,6 +32,7 @@ CREATE_FIELDS = ("type", "payload", "max_attempts", *SCHEDULING_FIELDS)
 BATCH_ITEM_FIELDS = (*CREATE_FIELDS, "idempotency_key")
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 100
 MIN_DELAY, MAX_DELAY = 0.0, Snooze.MAX_DELAY
+_NO_OPTIONS: Mapping[str, Mapping[str, Any]] = {}
 
 QUEUE = re.compile(QUEUE_PATTERN)
 # A Go duration (`1m30s`, `500ms`) or decimal seconds as text. ASCII digits only: Python's
@@ -126,9 +127,13 @@ def new_job(
     idempotency_key: str | None = None,
     allowed: Iterable[str] = CREATE_FIELDS,
     job_id: UUID | None = None,
+    options: Mapping[str, Mapping[str, Any]] = _NO_OPTIONS,
 ) -> NewJob:
     """Validate one create request (already parsed JSON) into a `NewJob` with `job_id`, or a
-    fresh id."""
+    fresh id. `options` holds, per type, the defaults of its handler (create fields) for the
+    fields the request omits: a field given wins, then the handler's option, then the global
+    default. The result is the request after defaults, which is also what a replay of its
+    idempotency key is compared with."""
     if type(item) is not dict and not isinstance(item, Mapping):
         raise InvalidRequest("request body must be a JSON object")
     unknown = item.keys() - _as_set(allowed)
@@ -141,8 +146,10 @@ def new_job(
         raise InvalidRequest("field 'type' must be a string")
     known = known_types if isinstance(known_types, frozenset) else frozenset(known_types)
     if job_type not in known:
-        registered = ", ".join(sorted(known))
-        raise InvalidRequest(f"unknown job type {shown(job_type)!r}; registered: {registered}")
+        raise InvalidRequest(unknown_type(job_type, known))
+    defaults = options.get(job_type) if options else None
+    if defaults:
+        item = {**defaults, **item}
     max_attempts = item.get("max_attempts", default_max_attempts)
     if not _is_int(max_attempts) or not MIN_ATTEMPTS <= max_attempts <= MAX_ATTEMPTS:
         raise InvalidRequest(
@@ -155,6 +162,17 @@ def new_job(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
         **scheduling(item),
+    )
+
+
+def unknown_type(job_type: str, known: Iterable[str]) -> str:
+    """The message for a type nobody declared, saying how to declare it."""
+    listed = ", ".join(sorted(known))
+    return (
+        f"unknown job type {shown(job_type)!r}: no handler in this process, no worker of this "
+        "database has recorded it, and JOB_TYPES does not name it. Declare it by running a "
+        "worker that registers a handler for it (@handler in a JOB_HANDLERS module), or by "
+        f"naming it in the API's JOB_TYPES; known: {listed}"
     )
 
 
@@ -298,6 +316,7 @@ def new_items(
     known_types: Iterable[str],
     default_max_attempts: int,
     prepare: Callable[[Any], Any] | None = None,
+    options: Mapping[str, Mapping[str, Any]] = _NO_OPTIONS,
 ) -> list[NewJob]:
     """Validate create items, each with an optional `idempotency_key`: every item or none.
 
@@ -323,6 +342,7 @@ def new_items(
                     idempotency_key=key,
                     allowed=BATCH_ITEM_FIELDS,
                     job_id=ids[index],
+                    options=options,
                 )
             )
         except InvalidRequest as exc:

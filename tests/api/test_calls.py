@@ -32,6 +32,7 @@ def test_every_statement_the_api_runs_on_asyncpg_is_its_jobcore_construct_compil
         calls._SUBMIT_GROUP: queries.JOB_SUBMIT_GROUP,
         calls._SUBMIT_GROUP_NOTIFY: queries.JOB_SUBMIT_GROUP_NOTIFY,
         calls._NOTIFY: queries.JOB_NOTIFY,
+        calls._TYPE_LIST: queries.JOB_TYPE_LIST,
     }
     for compiled, construct in sent.items():
         assert compiled.sql == construct.compile(dialect=dialect).string

@@ -80,7 +80,7 @@ def test_the_walk_finds_the_errors_of_every_package():
         "jobcore.errors.InvalidRequest",
         "jobcore.client.errors.Invalid",
         "jobqueue_api.errors.BodyTooLarge",
-        "jobqueue_worker.results.ResultError",
+        "jobcore.results.ResultError",
     } <= found
 
 

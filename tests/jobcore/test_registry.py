@@ -19,8 +19,8 @@ def test_a_type_cannot_be_registered_twice_by_different_functions():
     async def first(payload, ctx):
         return None
 
-    assert handler("test.registry.once")(first) is first  # the same function again is fine
-    assert get_handler("test.registry.once") is first
+    assert handler("test.registry.once")(first).fn is first.fn  # the same function again is fine
+    assert get_handler("test.registry.once") is first.fn
     with pytest.raises(ValueError, match="already registered"):
 
         @handler("test.registry.once")

@@ -3,9 +3,13 @@ none); one that cannot be stored, or is over MAX_RESULT_BYTES, fails the attempt
 
 from __future__ import annotations
 
+import datetime as dt
+import enum
 import json
 import math
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
@@ -32,14 +36,33 @@ def returns_in_thread(payload: Any, ctx: JobContext) -> Any:
     return payload["value"]
 
 
-@handler("unit.result.set")
-async def returns_a_set(payload: Any, ctx: JobContext) -> Any:
-    return {1, 2}
+@handler("unit.result.complex")
+async def returns_a_complex(payload: Any, ctx: JobContext) -> Any:
+    return 1j
 
 
 @handler("unit.result.chars")
 async def returns_chars(payload: Any, ctx: JobContext) -> Any:
     return "é" * payload["chars"]  # two bytes each in UTF-8
+
+
+class Size(enum.Enum):
+    LARGE = "L"
+
+
+@handler("unit.result.converted")
+def returns_converted(payload: Any, ctx: JobContext) -> Any:
+    return {
+        "at": dt.datetime(2026, 3, 1, 9, 5, 7, 250000, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        "naive": dt.datetime(2026, 3, 1, 9, 5),
+        "day": dt.date(2026, 3, 1),
+        "price": Decimal("19.90"),
+        "id": UUID("0190a000-0000-7000-8000-00000000000a"),
+        "size": Size.LARGE,
+        "point": (1, (2, 3)),
+        "tags": {"b", "a"},
+        "mixed": frozenset({1}),
+    }
 
 
 @handler("unit.result.none")
@@ -55,6 +78,21 @@ def test_results_are_compact_json_text_with_unicode_kept():
         '{"a":[1,2.5,null,true],"b":"é😀"}'
     )
     assert encode_result(0, 1) == "0"
+
+
+def test_datetimes_decimals_uuids_enums_tuples_and_sets_are_converted():
+    text = encode_result(returns_converted({}, None), 65536)  # type: ignore[arg-type]
+    assert json.loads(text) == {
+        "at": "2026-03-01T09:05:07.250000+02:00",
+        "naive": "2026-03-01T09:05:00",
+        "day": "2026-03-01",
+        "price": "19.90",
+        "id": "0190a000-0000-7000-8000-00000000000a",
+        "size": "L",
+        "point": [1, [2, 3]],
+        "tags": ["a", "b"],
+        "mixed": [1],
+    }
 
 
 def _cycle() -> list[Any]:
@@ -73,7 +111,7 @@ def _deep() -> list[Any]:
 @pytest.mark.parametrize(
     ("value", "says"),
     [
-        ({1, 2}, "Object of type set is not JSON serializable"),
+        (1j, "Object of type complex is not JSON serializable"),
         (object(), "Object of type object is not JSON serializable"),
         ({(1, 2): "tuple key"}, "keys must be str, int, float, bool or None"),
         (math.nan, "Out of range float values are not JSON compliant"),
@@ -82,7 +120,7 @@ def _deep() -> list[Any]:
         (_deep(), "nested too deeply"),
         ("lone \udcff surrogate", "lone surrogate"),
     ],
-    ids=["set", "object", "tuple-key", "nan", "inf", "cycle", "deep", "surrogate"],
+    ids=["complex", "object", "tuple-key", "nan", "inf", "cycle", "deep", "surrogate"],
 )
 def test_a_value_that_is_not_json_is_refused_with_the_reason(value, says):
     with pytest.raises(ResultError) as caught:
@@ -157,19 +195,28 @@ async def test_none_is_no_result_and_is_never_encoded(monkeypatch):
 
 async def test_a_result_that_cannot_be_stored_fails_the_attempt_for_good():
     store = FakeStore()
-    unserialisable = store.add("unit.result.set", max_attempts=5)
+    unserialisable = store.add("unit.result.complex", max_attempts=5)
     too_big = store.add("unit.result.chars", {"chars": 60}, max_attempts=5)
     fits = store.add("unit.result.chars", {"chars": 49}, max_attempts=5)
     await _run_until_settled(store, max_result_bytes=100)
     assert store.status(unserialisable) is Status.FAILED
     assert store.jobs[unserialisable].last_error == (
-        "result is not JSON-serialisable: Object of type set is not JSON serializable"
+        "result is not JSON-serialisable: Object of type complex is not JSON serializable"
     )
     assert store.status(too_big) is Status.FAILED
     assert store.jobs[too_big].last_error == "result is 122 bytes, over MAX_RESULT_BYTES=100"
     assert store.jobs[unserialisable].attempts == store.jobs[too_big].attempts == 1
     assert store.status(fits) is Status.COMPLETED  # 98 bytes
     assert store.jobs[fits].result == '"' + "é" * 49 + '"'
+
+
+async def test_the_worker_stores_a_converted_result():
+    store = FakeStore()
+    job = store.add("unit.result.converted")
+    await _run_until_settled(store)
+    assert store.status(job) is Status.COMPLETED
+    stored = json.loads(store.jobs[job].result)
+    assert stored["price"] == "19.90" and stored["tags"] == ["a", "b"] and stored["size"] == "L"
 
 
 # --- in the database --------------------------------------------------------------------

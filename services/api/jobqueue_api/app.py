@@ -23,6 +23,7 @@ from jobcore.registry import registered_types
 from jobcore.settings import ApiSettings
 from jobqueue_api import jobs, listing, metrics, openapi, ui
 from jobqueue_api.admission import Admission
+from jobqueue_api.catalog import TypeCatalog
 from jobqueue_api.errors import error_response, http_error
 from jobqueue_api.groups import SubmitGroups
 from jobqueue_api.hot import HotRoute
@@ -114,7 +115,7 @@ def create_app(
     notifier = Notifier(engine)
     admission = Admission.of(settings)
     document = openapi.document(
-        registered_types(),
+        sorted({*registered_types(), *settings.job_types}),
         auth=bool(settings.api_tokens),
         default_max_attempts=settings.max_attempts,
         admission=admission is not None,
@@ -129,6 +130,7 @@ def create_app(
         admission=admission,
         tracer=tracer,
         openapi=document,
+        types=TypeCatalog(engine, settings.job_types),
         shutting_down=asyncio.Event(),
     )
     return app

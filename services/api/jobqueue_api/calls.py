@@ -24,7 +24,8 @@ import asyncpg
 
 from jobcore import idempotency, queries, runner
 from jobcore.errors import IdempotencyConflict
-from jobcore.rows import Job, NewJob, Submitted, job_from_row
+from jobcore.queries.job_types import record_from_row
+from jobcore.rows import Job, JobTypeRecord, NewJob, Submitted, job_from_row
 from jobcore.runner import Driver
 from jobqueue_api.jsonio import dumps_text
 
@@ -37,6 +38,7 @@ _SUBMIT_GROUP_NOTIFY = runner.of(queries.JOB_SUBMIT_GROUP_NOTIFY)
 _MATCH_REQUESTS = runner.of(queries.JOB_MATCH_REQUESTS)
 _GET = runner.of(queries.JOB_GET)
 _NOTIFY = runner.of(queries.JOB_NOTIFY)
+_TYPE_LIST = runner.of(queries.JOB_TYPE_LIST)
 
 
 async def submit(
@@ -111,3 +113,9 @@ async def submit_many(conn: Driver, new_jobs: Sequence[NewJob]) -> list[Submitte
         found = await conn.fetch(_MATCH_REQUESTS.sql, *_MATCH_REQUESTS.args(values))
         matched = idempotency.matched_by_item(found)
     return idempotency.batch_results(new_jobs, first, by_key, matched)
+
+
+async def recorded_types(conn: Driver, max_age: float) -> list[JobTypeRecord]:
+    """The types the workers recorded within `max_age` seconds (`queries.JOB_TYPE_LIST`)."""
+    rows = await conn.fetch(_TYPE_LIST.sql, *_TYPE_LIST.args({"max_age": max_age}))
+    return [record_from_row(row) for row in rows]

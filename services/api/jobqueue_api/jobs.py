@@ -22,7 +22,6 @@ from starlette.responses import JSONResponse, Response
 from jobcore import control, logs, store
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import parse_id
-from jobcore.registry import registered_types
 from jobcore.rows import Job, NewJob, Submitted
 from jobcore.runner import Driver
 from jobcore.states import Operation, Status
@@ -113,11 +112,14 @@ async def submit_one(
         key = validation.idempotency_key(
             [value.decode("latin-1") for name, value in headers if name == b"idempotency-key"]
         )
+        item = validation.parse_json(body)
+        known = await state.types.known([item.get("type") if isinstance(item, dict) else None])
         new = validation.new_job(
-            validation.parse_json(body),
-            known_types=registered_types(),
+            item,
+            known_types=known.types,
             default_max_attempts=settings.max_attempts,
             idempotency_key=key,
+            options=known.options,
         )
     except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
@@ -153,10 +155,13 @@ async def create_many(request: Request) -> Response:
     state = state_of(request.app)
     settings = state.settings
     try:
+        body = validation.parse_json(await request.body())
+        known = await state.types.known(_batch_types(body))
         batch = validation.new_many(
-            validation.parse_json(await request.body()),
-            known_types=registered_types(),
+            body,
+            known_types=known.types,
             default_max_attempts=settings.max_attempts,
+            options=known.options,
         )
     except validation.InvalidRequest as exc:
         return error_response(400, str(exc))
@@ -183,6 +188,14 @@ async def create_many(request: Request) -> Response:
                 reservation.done(new.queue for result, new in pairs if result.result == "created")
     pairs = zip(results, batch, strict=True)
     return JSONBody({"results": [_many_result(result, new) for result, new in pairs]})
+
+
+def _batch_types(body: Any) -> list[Any]:
+    """The types a batch body names, as far as it has the shape to name any."""
+    items = body.get("jobs") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return []
+    return [item.get("type") for item in items if isinstance(item, dict)]
 
 
 def _refused(admission: Admission, queue: str) -> Response:

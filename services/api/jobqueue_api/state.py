@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 
 from jobcore.settings import ApiSettings
 from jobqueue_api.admission import Admission
+from jobqueue_api.catalog import TypeCatalog
 from jobqueue_api.groups import SubmitGroups
 from jobqueue_api.notify import Notifier
 from jobqueue_api.waiters import Waiters
@@ -30,7 +31,8 @@ class AppState:
     """`engine` (the app's pool), `settings`, `notifier` (the NOTIFYs that wake workers),
     `groups` (the submits sharing statements), `waiters` (the requests waiting for jobs to
     finish, and their listening connection), `admission` (None without MAX_PENDING),
-    `tracer` (None with tracing off), `openapi` (the document `/openapi.json` serves), and
+    `tracer` (None with tracing off), `openapi` (the document `/openapi.json` serves),
+    `types` (the types submits accept, and their defaults), and
     `shutting_down` (set by `app.shut_down` when a signal arrives)."""
 
     engine: AsyncEngine
@@ -41,6 +43,7 @@ class AppState:
     admission: Admission | None
     tracer: Tracer | None
     openapi: dict[str, Any]
+    types: TypeCatalog
     shutting_down: asyncio.Event
 
 

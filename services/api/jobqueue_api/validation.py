@@ -133,7 +133,13 @@ def parse_json_stdlib(body: bytes) -> Any:
     return value
 
 
-def new_many(body: Any, *, known_types: Iterable[str], default_max_attempts: int) -> list[NewJob]:
+def new_many(
+    body: Any,
+    *,
+    known_types: Iterable[str],
+    default_max_attempts: int,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[NewJob]:
     """Validate a bulk create request `{"jobs": [...]}`: every item or none.
 
     Each item is a create request plus an optional `idempotency_key`. When any
@@ -144,7 +150,12 @@ def new_many(body: Any, *, known_types: Iterable[str], default_max_attempts: int
     items = body["jobs"]
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
         raise InvalidRequest(f"field 'jobs' must be an array of 1 to {MAX_BATCH} job requests")
-    return new_items(items, known_types=known_types, default_max_attempts=default_max_attempts)
+    return new_items(
+        items,
+        known_types=known_types,
+        default_max_attempts=default_max_attempts,
+        options=options or {},
+    )
 
 
 def idempotency_key(values: list[str]) -> str | None:

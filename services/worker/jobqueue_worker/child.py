@@ -46,6 +46,7 @@ from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watch
 from jobqueue_worker.maintenance import QueueGauges, Retention, TakingTurns, retention_ages
 from jobqueue_worker.periodic import Scheduler
 from jobqueue_worker.recovery import Recovery
+from jobqueue_worker.served import TypeRecord
 from jobqueue_worker.vacuum import Vacuum
 
 log = logging.getLogger("jobqueue.worker")
@@ -154,6 +155,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     )
     vacuum = Vacuum(turns, settings.vacuum_dead_tuples)
     declared = schedules()
+    type_record = TypeRecord(store, declared)
     scheduler = (
         Scheduler(engine, declared, max_attempts=settings.max_attempts) if declared else None
     )
@@ -198,6 +200,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),
         asyncio.create_task(retention.run(maintenance_stop), name=retention.name),
         asyncio.create_task(vacuum.run(maintenance_stop), name=vacuum.name),
+        asyncio.create_task(type_record.run(maintenance_stop), name=type_record.name),
     }
     if scheduler is not None:
         loops.add(asyncio.create_task(scheduler.run(maintenance_stop), name=scheduler.name))

@@ -406,6 +406,9 @@ class PgJobStore:
     async def queue_depths(self) -> list[QueueDepth]:
         return await self._run("queue_depths", compiled.queue_depths)
 
+    async def record_types(self, records: Sequence[tuple[str, str, str]], by: str) -> None:
+        await self._run("record_types", compiled.record_types, records, by)
+
     async def prune(self, status: Status, age_seconds: float) -> int:
         return await self._run("prune", compiled.prune, status, age_seconds)
 

@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,11 +29,12 @@ from jobcore.backoff import Retry
 from jobcore.errors import IdempotencyConflict, describe
 from jobcore.ids import new_id
 from jobcore.periodic import Schedule, tick_text
-from jobcore.registry import get_handler
+from jobcore.registry import get_handler, handler_options
 from jobcore.rows import Job, NewJob
 from jobqueue_worker.loops import Loop
 
 log = logging.getLogger("jobqueue.worker")
+T = TypeVar("T")
 
 # How late a tick may still be submitted, in seconds.
 GRACE = 60.0
@@ -46,6 +48,11 @@ _SUBMIT_TIMEOUT = 10.0
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _first(given: T | None, option: T | None) -> T | None:
+    """The schedule's own field, else the handler's option (None: the global default)."""
+    return given if given is not None else option
 
 
 class Scheduler(Loop):
@@ -117,18 +124,24 @@ class Scheduler(Loop):
         self._due[schedule.name] = due
         return due
 
-    async def _submit(self, schedule: Schedule, tick: datetime) -> Job | None:
-        new = NewJob(
+    def new_job(self, schedule: Schedule, tick: datetime) -> NewJob:
+        """The job of `schedule` for `tick`: what the schedule leaves out, the handler's
+        options give (explicit field > handler option > global default)."""
+        options = handler_options(schedule.type)
+        return NewJob(
             id=new_id(),
             type=schedule.type,
             payload=schedule.payload,
-            max_attempts=schedule.max_attempts or self._max_attempts,
+            max_attempts=_first(schedule.max_attempts, options.max_attempts) or self._max_attempts,
             idempotency_key=schedule.key(tick),
-            queue=schedule.queue,
-            priority=schedule.priority,
+            queue=_first(schedule.queue, options.queue) or "default",
+            priority=_first(schedule.priority, options.priority) or 0,
             run_at=tick,
-            timeout=schedule.timeout,
+            timeout=_first(schedule.timeout, options.timeout),
         )
+
+    async def _submit(self, schedule: Schedule, tick: datetime) -> Job | None:
+        new = self.new_job(schedule, tick)
         try:
             async with asyncio.timeout(_SUBMIT_TIMEOUT), self._engine.begin() as conn:
                 job, created = await store.submit(conn, new, notify=True)

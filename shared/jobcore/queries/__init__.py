@@ -6,6 +6,7 @@ after the table it works on and what it does (`JOB_CLAIM`, `JOB_SET_OUTCOME[oper
 - `job_read`: one job, the capped queues' pending counts, stored keys, the wake-up;
 - `job_claim`: the claims (from the floors, with completions, under per-type limits);
 - `job_outcome`: the writes that end or extend an attempt, and recovery;
+- `job_types`: the types the workers serve, recorded by them and read by the submitters;
 - `jobcore.control`, `jobcore.search`, `jobcore.maintenance`: an operator's actions, the
   lists and depths, the maintenance leases, retention and table statistics.
 
@@ -57,6 +58,7 @@ from jobcore.queries.job_submit import (
     many_params,
     submit_params,
 )
+from jobcore.queries.job_types import JOB_TYPE_FIND, JOB_TYPE_LIST, JOB_TYPE_RECORD
 
 __all__ = [
     "FINISHED_CHANNEL",
@@ -84,6 +86,9 @@ __all__ = [
     "JOB_SUBMIT_MANY",
     "JOB_SUBMIT_MANY_KEYLESS",
     "JOB_SUBMIT_NOTIFY",
+    "JOB_TYPE_FIND",
+    "JOB_TYPE_LIST",
+    "JOB_TYPE_RECORD",
     "NOTIFY_CHANNEL",
     "RECOVER_BATCH",
     "guard",
@@ -124,6 +129,9 @@ def named() -> dict[str, Any]:
         "job_renew_many": JOB_RENEW_MANY,
         "job_release_claim": JOB_RELEASE_CLAIM,
         "job_recover_expired": JOB_RECOVER_EXPIRED,
+        "job_type_record": JOB_TYPE_RECORD,
+        "job_type_list": JOB_TYPE_LIST,
+        "job_type_find": JOB_TYPE_FIND,
     }
     found.update(control.NAMED)
     found.update(search.NAMED)

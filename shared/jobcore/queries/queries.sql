@@ -519,6 +519,23 @@ WHERE jobs.status = 'processing' AND jobs.locked_until < now() AND jobs.locked_u
  UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END, locked_until=NULL, last_error=concat($1::VARCHAR, jobs.attempts), finished_at=CASE WHEN (CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN now() END, updated_at=now() WHERE jobs.id = ANY (array((SELECT expired.id 
 FROM expired))) RETURNING jobs.id, jobs.status, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
+-- name: job_type_record
+-- parameters: $1 recorded_by, $2 types, $3 options, $4 schedules
+INSERT INTO job_types (type, options, schedules, recorded_by, recorded_at) SELECT g.type, CAST(g.options AS JSONB) AS options, CAST(g.schedules AS JSONB) AS schedules, $1::VARCHAR AS anon_1, now() AS now_1 
+FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[]) AS g(type, options, schedules) ORDER BY g.type ON CONFLICT (type) DO UPDATE SET options = excluded.options, schedules = excluded.schedules, recorded_by = excluded.recorded_by, recorded_at = excluded.recorded_at;
+
+-- name: job_type_list
+-- parameters: $1 max_age
+SELECT job_types.type, job_types.options, job_types.schedules, job_types.recorded_by, job_types.recorded_at 
+FROM job_types 
+WHERE job_types.recorded_at > now() - $1::FLOAT * interval '1 second' ORDER BY job_types.type;
+
+-- name: job_type_find
+-- parameters: $1 types, $2 max_age
+SELECT job_types.type, job_types.options, job_types.schedules, job_types.recorded_by, job_types.recorded_at 
+FROM job_types 
+WHERE job_types.type = ANY ($1::TEXT[]) AND job_types.recorded_at > now() - $2::FLOAT * interval '1 second' ORDER BY job_types.type;
+
 -- name: job_retry
 -- parameters: $1 attempts=0, $2 job_id
 UPDATE jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobs.id = $2::UUID AND jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at;

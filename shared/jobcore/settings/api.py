@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from jobcore.settings.parsing import Address, PendingCaps, parse_addr, parse_max_pending
 from jobcore.settings.shared import (
@@ -16,6 +16,9 @@ from jobcore.settings.shared import (
     from_text,
     load,
 )
+
+# The longest type JOB_TYPES takes: longer ones are surely a mistake (a pasted value).
+MAX_TYPE_LENGTH = 255
 
 
 class ApiSettings(SharedSettings):
@@ -38,6 +41,20 @@ class ApiSettings(SharedSettings):
     max_connections: int = Field(default=2048, ge=1, le=100_000)
     # Processes serving HTTP_ADDR (one socket, shared nothing else but the database).
     api_processes: int = Field(default=1, ge=1, le=64)
+    # Types a submit accepts besides those registered in this process and those the
+    # workers recorded (`jobcore.catalog`): for types no worker has recorded yet.
+    job_types: Names = Field(default_factory=list)
+
+    @field_validator("job_types")
+    @classmethod
+    def _type_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if len(name) > MAX_TYPE_LENGTH or not name.isprintable():
+                raise ValueError(
+                    f"each type must be 1 to {MAX_TYPE_LENGTH} printable characters, "
+                    f"got {name[:40]!r}"
+                )
+        return names
 
 
 def load_api_settings(environ: Mapping[str, str] | None = None) -> ApiSettings:
