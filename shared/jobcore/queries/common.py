@@ -54,7 +54,8 @@ def unnest(**arrays: tuple[str, Any]) -> Any:
 
 
 LEASES = {"id": ("ids", pg.UUID(as_uuid=True)), "token": ("tokens", sa.BigInteger)}
-ERRORS = {"error": ("errors", sa.Text)}
+# A failed attempt's error (`last_error`) and its formatted traceback (NULL: none).
+ERRORS = {"error": ("errors", sa.Text), "traceback": ("tracebacks", sa.Text)}
 DELAYS = {"delay": ("delays", sa.Float)}
 RESULTS = {"result": ("results", sa.Text)}
 
@@ -101,5 +102,5 @@ def errors_appended(attempt: Any, error: Any, traceback: Any) -> Any:
         )
     )
     appended = sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).op("||")(entry)
-    last = sa.literal_column(f"'$[last - {ERRORS_KEPT - 1} to last]'::jsonpath")
+    last: Any = sa.literal_column(f"'$[last - {ERRORS_KEPT - 1} to last]'::jsonpath")
     return sa.func.jsonb_path_query_array(appended, last)
