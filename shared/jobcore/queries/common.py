@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore.rows import Job
+from jobcore.rows import JOB_FIELDS
 from jobcore.schema import ERRORS_KEPT, jobs
 from jobcore.states import FINISHED, Operation, Status
 
@@ -43,7 +43,7 @@ def guard(operation: Operation) -> Any:
     return c.status.in_([status_literal(status) for status in sources])
 
 
-JOB_COLUMNS = [jobs.c[name] for name in Job.__dataclass_fields__]
+JOB_COLUMNS = [jobs.c[name] for name in JOB_FIELDS]
 
 
 def unnest(**arrays: tuple[str, Any]) -> Any:

@@ -44,7 +44,7 @@ FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::T
 
 -- name: job_get
 -- parameters: $1 id
-SELECT jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at 
+SELECT jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, coalesce(jobs.errors, '[]'::jsonb) AS errors 
 FROM jobs 
 WHERE jobs.id = $1::UUID;
 
