@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -60,7 +61,7 @@ def start_worker(database_url: str, tmp_path: Path, **overrides: str) -> Worker:
         "POLL_INTERVAL": "0.2s",
         "RECOVERY_INTERVAL": "1s",
         "JOB_HANDLERS": "tests.worker.handlers",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "WORKER_TEST_LOG": str(exec_log),
         "LOG_LEVEL": "info",
         # Unset (empty): the worker makes a fresh metrics directory of its own.
