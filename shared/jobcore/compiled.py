@@ -167,11 +167,13 @@ async def record(
     errors: Sequence[str] = (),
     delays: Sequence[float] = (),
     results: Sequence[str | None] = (),
+    tracebacks: Sequence[str | None] = (),
 ) -> list[Lease]:
     """Record how the attempts held under `leases` ended, with one fenced statement:
-    `operation` is one of `ATTEMPT_OUTCOMES`; `errors` (fail, dead_letter, retry_later),
-    `delays` (retry_later, snooze: seconds until due again) and `results` (complete: JSON
-    text, None for no result; empty: none for any) go with the leases, in order.
+    `operation` is one of `ATTEMPT_OUTCOMES`; `errors` and `tracebacks` (the operations that
+    write an error: the formatted exception, None for none; empty: none for any), `delays`
+    (retry_later, snooze: seconds until due again) and `results` (complete: JSON text, None
+    for no result; empty: none for any) go with the leases, in order.
     Returns the leases that were lost (not applied)."""
     if not leases:
         return []
@@ -182,7 +184,8 @@ async def record(
     }
     if operation.writes_error:
         values["errors"] = list(errors)
-    if operation.due_again:
+        values["tracebacks"] = list(tracebacks) if tracebacks else [None] * len(leases)
+    if operation.due_again and not operation.delay_grows:
         values["delays"] = list(delays)
     if operation.writes_result:
         values["results"] = list(results) if results else [None] * len(leases)

@@ -3,10 +3,14 @@
 Each field is declared here once, in the order the API writes it: its name (also the
 attribute of the row, `jobcore.rows.Job`, it is written from), its kind (its JSON type and
 format, how the API writes the row's value and how the client reads it back), whether it
-may be null, and what it means. Derived from it: the API's `job_json` and `status_json`
-(`jobqueue_api.records`), the Job and JobStatus schemas of its OpenAPI document
-(`jobqueue_api.openapi`, which adds the limits the schema puts on values) and the client's
-`Job.from_json` (`jobcore.client.records`).
+may be null, and what it means. Derived from it: the API's `job_json`, `record_json` and
+`status_json` (`jobqueue_api.records`), the Job, JobRecord and JobStatus schemas of its
+OpenAPI document (`jobqueue_api.openapi`, which adds the limits the schema puts on values)
+and the client's `Job.from_json` (`jobcore.client.records`).
+
+`JOB` is what every answer holding a job carries (lists, submits, cancel, retry);
+`JOB_RECORD`, the full record of `GET /jobs/{id}`, adds the failed attempts (`errors`), which
+hold up to 20 tracebacks of 8 KiB each: too much for a page of 500 jobs.
 
 It imports nothing beyond `jobcore.states`: the client needs no SQLAlchemy.
 """
@@ -64,6 +68,65 @@ STATUS = Kind(
     attrgetter("value"),
     Status.read,
 )
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """One entry of a job's `errors`: attempt number `attempt` failed `at` with `error` (as
+    `last_error` says it) and `traceback`, the formatted exception (its last 8 KiB; None
+    where nothing raised: an expired lease, a timeout, a type without a handler)."""
+
+    attempt: int
+    at: datetime
+    error: str
+    traceback: str | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FailedAttempt:
+        at = datetime.fromisoformat(data["at"])
+        return cls(data["attempt"], at, data["error"], data.get("traceback"))
+
+
+def _write_errors(entries: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`jobs.errors` as the API answers it: each `at` as every other time (RFC 3339, UTC),
+    where jsonb holds the database session's rendering."""
+    return [
+        {
+            "attempt": entry["attempt"],
+            "at": timestamp(datetime.fromisoformat(entry["at"])),
+            "error": entry["error"],
+            "traceback": entry["traceback"],
+        }
+        for entry in entries
+    ]
+
+
+def _read_errors(entries: list[Mapping[str, Any]]) -> tuple[FailedAttempt, ...]:
+    return tuple(FailedAttempt.from_json(entry) for entry in entries)
+
+
+_ENTRY = {
+    "type": "object",
+    "required": ["attempt", "at", "error", "traceback"],
+    "additionalProperties": False,
+    "properties": {
+        "attempt": {"type": "integer", "description": "The attempt that failed."},
+        "at": {
+            "type": "string",
+            "format": "date-time",
+            "description": "RFC 3339, UTC: when its failure was recorded.",
+        },
+        "error": {"type": "string", "description": "Type: message, as in last_error."},
+        "traceback": {
+            "type": ["string", "null"],
+            "description": "The formatted exception, its last 8 KiB (UTF-8) kept; null where"
+            " nothing raised (an expired lease, a timeout in a thread, a type without a"
+            " handler).",
+        },
+    },
+}
+# The failed attempts, oldest first (`jobs.errors`; an empty list until one fails).
+ERRORS = Kind({"type": "array", "items": _ENTRY}, _write_errors, _read_errors)
 
 
 @dataclass(frozen=True)
@@ -144,6 +207,19 @@ JOB: tuple[Field, ...] = (
     ),
     Field("created_at", TIME, "when it was submitted."),
     Field("updated_at", TIME, "when it last changed."),
+)
+
+# The full record (GET /jobs/{id}): the fields above and the failed attempts.
+JOB_RECORD: tuple[Field, ...] = (
+    *JOB,
+    Field(
+        "errors",
+        ERRORS,
+        "The failed attempts, oldest first, the last 20: each attempt's number, when it"
+        " failed, its error and traceback; [] until one fails. Only in the full record.",
+        nullable=True,
+        since="0007",
+    ),
 )
 
 # The job's status (GET /jobs/{id}/status): these fields of the record, in its order.

@@ -99,6 +99,9 @@ class Job:
     result: Any
     cancel_requested_at: datetime | None
     finished_at: datetime | None
+    # The failed attempts (`jobs.errors`, [] for none), read only for the full record
+    # (`JOB_GET`); None where the statement did not read them (lists, submits, control).
+    errors: list[dict[str, Any]] | None = None
 
 
 class Submitted(NamedTuple):
@@ -148,14 +151,18 @@ class TableStats(NamedTuple):
     autovacuum: bool
 
 
-JOB_FIELDS = tuple(Job.__dataclass_fields__)
+# The columns every statement returning a job reads; the full record's adds RECORD_FIELDS.
+RECORD_FIELDS = ("errors",)
+JOB_FIELDS = tuple(name for name in Job.__dataclass_fields__ if name not in RECORD_FIELDS)
 CLAIMED_FIELDS = tuple(Claimed.__dataclass_fields__)
 
 
-def job_from_row(row: Row) -> Job:
-    """A job from a row holding (at least) its columns, by name; a status this release does
-    not know is read as it is (`Status.read`)."""
-    values = {name: row[name] for name in JOB_FIELDS}
+def job_from_row(row: Row, *, full: bool = False) -> Job:
+    """A job from a row holding (at least) its columns, by name, and with `full` those of
+    the full record (`JOB_GET`'s); a status this release does not know is read as it is
+    (`Status.read`)."""
+    names = JOB_FIELDS + RECORD_FIELDS if full else JOB_FIELDS
+    values = {name: row[name] for name in names}
     values["status"] = Status.read(values["status"])
     return Job(**values)
 

@@ -65,6 +65,7 @@ class _Declared:
     due_again: bool
     writes_error: bool
     writes_result: bool
+    delay_grows: bool
 
 
 def _op(
@@ -77,6 +78,7 @@ def _op(
     due_again: bool = False,
     writes_error: bool = False,
     writes_result: bool = False,
+    delay_grows: bool = False,
 ) -> _Declared:
     def statuses(given: Status | tuple[Status, ...]) -> frozenset[Status]:
         return frozenset(given if isinstance(given, tuple) else (given,))
@@ -90,6 +92,7 @@ def _op(
         due_again,
         writes_error,
         writes_result,
+        delay_grows,
     )
 
 
@@ -97,8 +100,10 @@ class Operation(StrEnum):
     """A store operation, declared once with its effects: the statuses it may start from
     (its guard) and where it may lead; for the writes that end an attempt, the outcome they
     record (in logs and metrics); whether it gives the attempt back (`gives_back`: attempts
-    less one), makes the job due again later (`due_again`: run_at = now() + a delay), and
-    writes the attempt's error (`writes_error`) or the handler's result (`writes_result`).
+    less one), makes the job due again later (`due_again`: run_at = now() + a delay, the
+    caller's, or with `delay_grows` one the statement derives from the job's own `errors`),
+    and writes the attempt's error (`writes_error`: `last_error`, and an entry of `errors`
+    with its traceback) or the handler's result (`writes_result`).
     The outcome statements (`jobcore.queries.job_outcome`), the worker's calls, the
     in-memory store and the worker's executor and completer read these; nothing restates
     them."""
@@ -110,6 +115,7 @@ class Operation(StrEnum):
     due_again: bool
     writes_error: bool
     writes_result: bool
+    delay_grows: bool
 
     def __new__(cls, declared: _Declared) -> Operation:
         op = str.__new__(cls, declared.name)
@@ -121,6 +127,7 @@ class Operation(StrEnum):
         op.due_again = declared.due_again
         op.writes_error = declared.writes_error
         op.writes_result = declared.writes_result
+        op.delay_grows = declared.delay_grows
         return op
 
     # The writes that end an attempt, in the order a batch of outcomes is written. Those that
@@ -152,6 +159,20 @@ class Operation(StrEnum):
     )
     # Shutdown interrupted the attempt through no fault of the job: the attempt is given back.
     RELEASE = _op("release", outcome="released", sources=_R, targets=(_P, _X), gives_back=True)
+    # The worker has no handler for the job's type (during a rolling deploy a submitter may
+    # know a type before the workers do): the attempt is given back, the error recorded, and
+    # the job due again after a delay that doubles with each such give-back of the same
+    # attempt (`unhandled_delay`), so it waits for a worker that has the code.
+    UNHANDLED = _op(
+        "unhandled",
+        outcome="unhandled",
+        sources=_R,
+        targets=(_P, _X),
+        gives_back=True,
+        due_again=True,
+        writes_error=True,
+        delay_grows=True,
+    )
     # Everything else.
     CLAIM = _op("claim", sources=_P, targets=_R)
     # The jobs of a claim whose answer never reached its worker: the attempt is given back.
@@ -181,6 +202,19 @@ TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
     for target in op.targets
     if target is not source
 )
+
+
+# An unhandled job is due again after 1 s, then 2 s, 4 s ... at most 60 s.
+UNHANDLED_DELAY_FIRST = 1.0
+UNHANDLED_DELAY_MAX = 60.0
+
+
+def unhandled_delay(given_back: int) -> float:
+    """Seconds until a job given back for want of a handler is due again, after `given_back`
+    earlier such give-backs of the same attempt. `unhandled`'s statement renders the same
+    rule in SQL from these constants (`jobcore.queries.job_outcome`); the conformance suite
+    holds both to it."""
+    return min(UNHANDLED_DELAY_FIRST * 2.0 ** min(given_back, 16), UNHANDLED_DELAY_MAX)
 
 
 def out_of_attempts(attempts: Any, max_attempts: Any) -> Any:

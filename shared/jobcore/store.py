@@ -67,7 +67,7 @@ async def submit_many(conn: AsyncConnection, new_jobs: Sequence[NewJob]) -> list
 
 async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
     row = (await conn.execute(queries.JOB_GET, {"id": job_id})).mappings().first()
-    return job_from_row(row) if row is not None else None
+    return job_from_row(row, full=True) if row is not None else None
 
 
 async def pending_depths(

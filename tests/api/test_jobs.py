@@ -62,6 +62,34 @@ async def test_create_answers_201_with_the_record_and_its_location(api: httpx.As
         assert RFC3339_UTC.fullmatch(job[field]), job[field]
 
 
+async def test_the_full_record_lists_the_failed_attempts_oldest_first(
+    api: httpx.AsyncClient, engine: AsyncEngine
+):
+    async with engine.begin() as conn:
+        raw = await driver(conn)
+        job, _ = await store.submit(conn, NewJob(new_id(), "sleep", {}, 2))
+        (claimed,) = await compiled.claim(raw, {"default": 1}, 60)
+        traceback = "Traceback (most recent call last):\n  ...\nValueError: boom\n"
+        operation = Operation.RETRY_LATER
+        await compiled.record(
+            raw, operation, [claimed.lease], ["ValueError: boom"], [0.0], tracebacks=[traceback]
+        )
+        (claimed,) = await compiled.claim(raw, {"default": 1}, 60)
+        await compiled.record(
+            raw, Operation.DEAD_LETTER, [claimed.lease], ["JobTimeout: timed out after 1s"]
+        )
+    record = (await api.get(f"/jobs/{job.id}")).json()
+    assert [(e["attempt"], e["error"], e["traceback"]) for e in record["errors"]] == [
+        (1, "ValueError: boom", traceback),
+        (2, "JobTimeout: timed out after 1s", None),
+    ]
+    assert all(RFC3339_UTC.fullmatch(e["at"]) for e in record["errors"])
+    assert record["errors"][0]["at"] <= record["errors"][1]["at"]
+    # Only the full record: a list leaves them out.
+    (listed,) = (await api.get("/jobs")).json()["jobs"]
+    assert set(listed) == JOB_FIELDS
+
+
 async def test_create_defaults_payload_to_empty_object_and_honours_max_attempts(
     api: httpx.AsyncClient,
 ):
@@ -88,7 +116,8 @@ async def test_get_returns_the_full_record(api: httpx.AsyncClient):
     created = (await api.post("/jobs", json={"type": "sleep", "payload": {"k": 1}})).json()
     r = await api.get(f"/jobs/{created['id']}")
     assert r.status_code == 200
-    assert r.json() == created
+    # The record a create answers, and the failed attempts: none yet.
+    assert r.json() == {**created, "errors": []}
 
 
 async def test_status_returns_the_summary_fields(api: httpx.AsyncClient):
@@ -142,7 +171,7 @@ async def test_retry_of_a_job_not_in_dead_letter_is_409_and_changes_nothing(
     created = (await api.post("/jobs", json={"type": "sleep"})).json()
     r = await api.post(f"/jobs/{created['id']}/retry")
     assert r.status_code == 409
-    assert (await api.get(f"/jobs/{created['id']}")).json() == created
+    assert (await api.get(f"/jobs/{created['id']}")).json() == {**created, "errors": []}
 
 
 async def test_retry_of_an_unknown_job_is_404(api: httpx.AsyncClient):
@@ -205,7 +234,7 @@ async def test_same_key_different_request_is_409_and_writes_nothing(
     assert r.status_code == 409
     assert "order-7" in r.json()["error"]
     assert await job_count(engine) == 1
-    assert (await api.get(f"/jobs/{first.json()['id']}")).json() == first.json()
+    assert (await api.get(f"/jobs/{first.json()['id']}")).json() == {**first.json(), "errors": []}
 
 
 async def test_concurrent_duplicate_submissions_create_exactly_one_job(

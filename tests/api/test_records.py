@@ -13,7 +13,7 @@ from jobcore.record import timestamp
 from jobcore.rows import Job
 from jobcore.states import FINISHED, Status
 from jobqueue_api import jsonio, openapi
-from jobqueue_api.records import job_json, status_json
+from jobqueue_api.records import job_json, record_json, status_json
 
 NOW = datetime(2026, 11, 30, 4, 19, 49, 82038, tzinfo=UTC)
 ID = UUID("01a22aae-32d0-7c31-b68d-fb41a7ea06d6")
@@ -40,6 +40,21 @@ FINISHED_JOB = Job(
     # Not UTC, and one with no microseconds: both written in UTC with six digits.
     cancel_requested_at=NOW.astimezone(timezone(timedelta(hours=5, minutes=30))),
     finished_at=NOW.replace(microsecond=0),
+    # As jsonb holds it: `at` in the database session's rendering.
+    errors=[
+        {
+            "attempt": 1,
+            "at": "2026-11-30T09:49:45.5+05:30",
+            "error": "TimeoutError: read timed out",
+            "traceback": 'Traceback (most recent call last):\n  File "h.py", line 3, in run\n',
+        },
+        {
+            "attempt": 2,
+            "at": "2026-11-30T04:19:46+00:00",
+            "error": "lease expired",
+            "traceback": None,
+        },
+    ],
 )
 FINISHED_JSON = (
     b'{"id":"01a22aae-32d0-7c31-b68d-fb41a7ea06d6","type":"webhook",'
@@ -78,6 +93,7 @@ PENDING_JSON = (
 )
 
 NAMES = [field.name for field in record.JOB]
+RECORD_NAMES = [*NAMES, "errors"]
 STATUS_NAMES = ["id", "status", "attempts", "max_attempts", "run_at", "last_error"]
 
 
@@ -113,14 +129,16 @@ def test_the_json_the_document_and_the_client_have_exactly_the_declared_fields_i
     schemas = openapi.document(["sleep"], auth=False, default_max_attempts=5)["components"][
         "schemas"
     ]
-    for schema, names in (("Job", NAMES), ("JobStatus", STATUS_NAMES)):
+    assert [field.name for field in record.JOB_RECORD] == RECORD_NAMES
+    assert list(record_json(FINISHED_JOB)) == RECORD_NAMES
+    for schema, names in (("Job", NAMES), ("JobRecord", RECORD_NAMES), ("JobStatus", STATUS_NAMES)):
         assert list(schemas[schema]["properties"]) == names
         assert schemas[schema]["required"] == names
         assert schemas[schema]["additionalProperties"] is False
-    assert [f.name for f in dataclasses.fields(client.Job)] == [*NAMES, "raw"]
+    assert [f.name for f in dataclasses.fields(client.Job)] == [*RECORD_NAMES, "raw"]
     # Each is written from the row's attribute of the same name; the limits the document
     # adds are of declared fields.
-    assert set(NAMES) <= {f.name for f in dataclasses.fields(Job)}
+    assert set(RECORD_NAMES) <= {f.name for f in dataclasses.fields(Job)}
     assert set(openapi._LIMITS) <= set(NAMES)
 
 
@@ -156,6 +174,42 @@ def test_the_client_reads_back_what_job_json_wrote():
         assert read.finished is (row.status in FINISHED)
 
 
+def test_the_full_record_writes_the_failed_attempts_with_times_in_utc():
+    assert record_json(FINISHED_JOB)["errors"] == [
+        {
+            "attempt": 1,
+            "at": "2026-11-30T04:19:45.500000Z",
+            "error": "TimeoutError: read timed out",
+            "traceback": 'Traceback (most recent call last):\n  File "h.py", line 3, in run\n',
+        },
+        {
+            "attempt": 2,
+            "at": "2026-11-30T04:19:46.000000Z",
+            "error": "lease expired",
+            "traceback": None,
+        },
+    ]
+    assert record_json(dataclasses.replace(FINISHED_JOB, errors=[]))["errors"] == []
+    # Lists and the other answers leave them out.
+    assert "errors" not in job_json(FINISHED_JOB)
+
+
+def test_the_client_reads_the_failed_attempts_of_the_full_record_and_none_elsewhere():
+    read = client.Job.from_json(jsonio.loads(jsonio.dumps(record_json(FINISHED_JOB))))
+    assert read.errors == (
+        client.FailedAttempt(
+            1,
+            NOW - timedelta(seconds=3, microseconds=582038),
+            "TimeoutError: read timed out",
+            'Traceback (most recent call last):\n  File "h.py", line 3, in run\n',
+        ),
+        client.FailedAttempt(
+            2, NOW.replace(microsecond=0) - timedelta(seconds=3), "lease expired", None
+        ),
+    )
+    assert client.Job.from_json(jsonio.loads(jsonio.dumps(job_json(FINISHED_JOB)))).errors is None
+
+
 def test_the_client_reads_a_later_releases_status_and_an_earlier_releases_missing_fields():
     data = jsonio.loads(jsonio.dumps(job_json(PENDING_JOB)))
     data["status"] = "paused"
@@ -164,10 +218,11 @@ def test_the_client_reads_a_later_releases_status_and_an_earlier_releases_missin
     read = client.Job.from_json(data)
     assert read.status == "paused" and not read.finished
     assert (read.result, read.cancel_requested_at, read.finished_at) == (None, None, None)
-    assert {field.name for field in record.JOB if field.since} == {
+    assert {field.name for field in record.JOB_RECORD if field.since} == {
         "result",
         "cancel_requested_at",
         "finished_at",
+        "errors",
     }
 
 

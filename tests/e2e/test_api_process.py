@@ -60,7 +60,7 @@ def test_serves_jobs_logs_json_and_exits_0_on_sigterm(start_api: Callable[..., A
     )
     assert created.status_code == 201, created.text
     job = created.json()
-    assert api.get(created.headers["location"]).json() == job
+    assert api.get(created.headers["location"]).json() == {**job, "errors": []}
     assert api.get(f"/jobs/{job['id']}/status").json()["status"] == "pending"
     assert "jobs_submitted_total 1.0" in api.get("/metrics").text
 
@@ -89,7 +89,7 @@ def test_scheduling_fields_are_taken_and_shown_by_the_real_process(
     job = created.json()
     assert (job["queue"], job["priority"], job["timeout"]) == ("mail", -5, 90.0)
     assert job["run_at"] == "2100-01-01T00:00:00.000000Z"
-    assert api.get(f"/jobs/{job['id']}").json() == job
+    assert api.get(f"/jobs/{job['id']}").json() == {**job, "errors": []}
     both = api.post("/jobs", json={"type": "sleep", "run_at": job["run_at"], "delay": "1s"})
     assert both.status_code == 400 and "'delay'" in both.json()["error"]
     batch = api.post("/jobs/batch", json={"jobs": [{"type": "sleep", "queue": "Mail"}]})

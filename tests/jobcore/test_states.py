@@ -59,6 +59,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         "retry_later",
         "snooze",
         "release",
+        "unhandled",
     ]
     for op in ATTEMPT_OUTCOMES:
         assert op.sources == {R} and op.outcome
@@ -68,6 +69,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         Operation.RETRY_LATER,
         Operation.SNOOZE,
         Operation.RELEASE,
+        Operation.UNHANDLED,
     }
     assert {op.outcome for op in ATTEMPT_OUTCOMES} == {
         "completed",
@@ -77,6 +79,7 @@ def test_attempt_outcomes_end_processing_in_one_status_each_and_name_their_outco
         "retried",
         "snoozed",
         "released",
+        "unhandled",
     }
 
 
@@ -87,6 +90,7 @@ def test_only_an_operator_or_the_holder_cancels_and_only_an_operator_revives_a_c
         Operation.RETRY_LATER,
         Operation.SNOOZE,
         Operation.RELEASE,
+        Operation.UNHANDLED,
         Operation.RELEASE_CLAIM,
         Operation.RECOVER_EXPIRED,
     }

@@ -25,6 +25,7 @@ EXPECTED = {
     ("release", R): P,
     ("release_claim", R): P,
     ("snooze", R): P,
+    ("unhandled", R): P,
     ("fail", R): F,
     ("dead_letter", R): D,
     ("recover_expired", R): P,  # attempts left
@@ -38,6 +39,7 @@ EXPECTED = {
     # A cancel was requested: what would let the job run again ends it cancelled instead.
     ("retry_later_cancelling", R): X,
     ("snooze_cancelling", R): X,
+    ("unhandled_cancelling", R): X,
     ("release_cancelling", R): X,
     ("release_claim_cancelling", R): X,
     ("recover_expired_cancelling", R): X,

@@ -157,6 +157,7 @@ async def values(conn: asyncpg.Connection, name: str) -> dict[str, Any]:
         "ids": ids,
         "tokens": tokens,
         "errors": ["boom"] * len(ids),
+        "tracebacks": ["Traceback (most recent call last):"] * len(ids),
         "delays": [1.0] * len(ids),
         "results": ['{"ok": true}'] * len(ids),
         "keys": ["key-3", "key-13", "key-missing"],

@@ -13,7 +13,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -28,8 +28,9 @@ from jobcore.rows import (
     TableStats,
     TypeLimits,
 )
+from jobcore.schema import ERRORS_KEPT
 from jobcore.search import QueueDepth
-from jobcore.states import FINISHED, Operation, Status, out_of_attempts
+from jobcore.states import FINISHED, Operation, Status, out_of_attempts, unhandled_delay
 
 
 @dataclass
@@ -54,6 +55,14 @@ class FakeJob:
     finished_at: float | None = None  # on the fake's clock
     created_at: float = 0.0  # on the fake's clock (retention counts from both)
     traceparent: str | None = None  # the submitting span's context, when tracing was on
+    # The failed attempts, oldest first, the last ERRORS_KEPT: {"attempt", "at" (on the
+    # fake's clock), "error", "traceback"}, as `jobs.errors` holds them.
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def failed(self, error: str, traceback: str | None, at: float) -> None:
+        """The attempt under way failed: `jobcore.queries.common.errors_appended`."""
+        entry = {"attempt": self.attempts, "at": at, "error": error, "traceback": traceback}
+        self.errors = [*self.errors, entry][-ERRORS_KEPT:]
 
 
 class DatabaseDown(ConnectionError):
@@ -285,6 +294,7 @@ class FakeStore:
         errors: Sequence[str] = (),
         delays: Sequence[float] = (),
         results: Sequence[str | None] = (),
+        tracebacks: Sequence[str | None] = (),
     ) -> list[Lease]:
         """Fenced like the real store; the target status comes from the operation's declaration
         (of two, the one other than `cancelled`, which a requested cancel picks instead)."""
@@ -311,11 +321,18 @@ class FakeStore:
             if operation.writes_result:
                 job.result = results[i] if results else None
                 job.last_error = None
+            if operation.due_again:  # before the error: the delay counts the earlier ones
+                if operation.delay_grows:
+                    delay = unhandled_delay(
+                        sum(1 for e in job.errors if e["attempt"] == job.attempts)
+                    )
+                else:
+                    delay = delays[i]
+                job.delay = delay
+                job.run_at = self.clock() + delay
             if operation.writes_error:
                 job.last_error = errors[i]
-            if operation.due_again:
-                job.delay = delays[i]
-                job.run_at = self.clock() + delays[i]
+                job.failed(errors[i], tracebacks[i] if tracebacks else None, self.clock())
             if operation.gives_back:
                 job.attempts -= 1
             if job.status in FINISHED:
@@ -373,6 +390,8 @@ class FakeStore:
                 else:
                     job.status = Status.PENDING
                 job.locked_until = None
+                job.last_error = f"lease expired during attempt {job.attempts}"
+                job.failed(job.last_error, None, now)
                 recovered.append((job.id, job.status))
         return recovered
 

@@ -207,8 +207,8 @@ async def test_complete_fail_and_no_handler_walk_the_short_paths(moves):
             lambda: len(moves) == 4 and all(m[-1] is P.FREED for m in moves.values()), 5, "freed"
         )
     assert [store.status(j) for j in (done, failed, threaded, unknown)] == [
-        *(Status.COMPLETED, Status.FAILED, Status.DEAD_LETTER, Status.FAILED)
-    ]
+        *(Status.COMPLETED, Status.FAILED, Status.DEAD_LETTER, Status.PENDING)
+    ]  # a job without a handler is given back
     assert moves[done] == moves[failed] == [P.IN_HANDLER, *_FINISHED]
     # It heeded its timeout.
     assert moves[threaded] == [

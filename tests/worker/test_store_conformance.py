@@ -22,7 +22,7 @@ from jobcore import store
 from jobcore.ids import new_id
 from jobcore.rows import Lease, NewJob, TypeLimits
 from jobcore.schema import jobs
-from jobcore.states import ATTEMPT_OUTCOMES, FINISHED, Operation, Status
+from jobcore.states import ATTEMPT_OUTCOMES, FINISHED, Operation, Status, unhandled_delay
 from jobqueue_worker.database import PgJobStore
 from tests.worker.fakestore import FakeStore
 
@@ -48,7 +48,18 @@ class Memory:
         job = self.store.jobs.get(job_id)
         if job is None:
             return None
-        return {"status": job.status, "attempts": job.attempts, "last_error": job.last_error}
+        return {
+            "status": job.status,
+            "attempts": job.attempts,
+            "last_error": job.last_error,
+            "errors": _entries(job.errors),
+        }
+
+    async def due_in(self, job_id: UUID) -> float:
+        return self.store.jobs[job_id].run_at - self.store.clock()
+
+    async def make_due(self, job_id: UUID) -> None:
+        self.store.jobs[job_id].run_at = self.store.clock() - 0.001
 
     async def expire(self, job_id: UUID) -> None:
         self.store.jobs[job_id].locked_until = self.store.clock() - 1
@@ -87,9 +98,9 @@ class Postgres:
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
-                    sa.select(jobs.c.status, jobs.c.attempts, jobs.c.last_error).where(
-                        jobs.c.id == job_id
-                    )
+                    sa.select(
+                        jobs.c.status, jobs.c.attempts, jobs.c.last_error, jobs.c.errors
+                    ).where(jobs.c.id == job_id)
                 )
             ).first()
         if row is None:
@@ -98,7 +109,17 @@ class Postgres:
             "status": Status(row.status),
             "attempts": row.attempts,
             "last_error": row.last_error,
+            "errors": _entries(row.errors or []),
         }
+
+    async def due_in(self, job_id: UUID) -> float:
+        seconds = sa.extract("epoch", jobs.c.run_at - sa.func.now())
+        async with self.engine.connect() as conn:
+            found = await conn.scalar(sa.select(seconds).where(jobs.c.id == job_id))
+        return float(found)
+
+    async def make_due(self, job_id: UUID) -> None:
+        await self._update(job_id, run_at=sa.func.now())
 
     async def _update(self, job_id: UUID, **values: Any) -> None:
         async with self.engine.begin() as conn:
@@ -130,6 +151,12 @@ class Postgres:
 
 
 Backend = Memory | Postgres
+
+
+def _entries(errors: list[dict[str, Any]]) -> list[tuple[int, str, str | None]]:
+    """The (attempt, error, traceback) of each entry of `errors`; each must say when."""
+    assert all(entry["at"] is not None for entry in errors), errors
+    return [(entry["attempt"], entry["error"], entry["traceback"]) for entry in errors]
 
 
 def _created_ago(seconds: float) -> UUID:
@@ -195,7 +222,9 @@ async def test_each_outcome_has_its_declared_effects_and_is_fenced(
     (claimed,) = await backend.store.claim({"default": 1}, LEASE)
     stale = Lease(job_id, claimed.lease_token + 1)
     assert await backend.store.record(operation, [stale], ["x"], [60.0]) == [stale]
-    lost = await backend.store.record(operation, [claimed.lease], ["boom"], [60.0], ["1"])
+    lost = await backend.store.record(
+        operation, [claimed.lease], ["boom"], [60.0], ["1"], tracebacks=["Traceback ..."]
+    )
     assert lost == []
     job = await backend.job(job_id)
     assert job is not None
@@ -203,10 +232,46 @@ async def test_each_outcome_has_its_declared_effects_and_is_fenced(
     assert job["status"] is target
     assert job["attempts"] == (0 if operation.gives_back else 1)
     assert job["last_error"] == ("boom" if operation.writes_error else None)
+    # A failed attempt adds its entry; a success, snooze, release or cancel adds none.
+    assert job["errors"] == ([(1, "boom", "Traceback ...")] if operation.writes_error else [])
     if operation.due_again:  # pending, but not due for a minute
         assert await backend.store.claim({"default": 1}, LEASE) == []
     # The lease is spent: writing again changes nothing.
     assert await backend.store.record(operation, [claimed.lease], ["x"], [0.0]) == [claimed.lease]
+
+
+async def test_the_errors_keep_the_last_20_failed_attempts_oldest_dropped(backend: Backend):
+    job_id = await backend.add(max_attempts=30)
+    for n in range(1, 26):
+        (claimed,) = await backend.store.claim({"default": 1}, LEASE)
+        operation = Operation.RETRY_LATER
+        await backend.store.record(operation, [claimed.lease], [f"e{n}"], [0.0])
+    job = await backend.job(job_id)
+    assert job is not None and job["attempts"] == 25 and job["last_error"] == "e25"
+    # No traceback given: null.
+    assert job["errors"] == [(n, f"e{n}", None) for n in range(6, 26)]
+
+
+async def test_a_job_without_a_handler_is_given_back_due_again_later_and_later(
+    backend: Backend,
+):
+    job_id = await backend.add(max_attempts=1)
+    waits = []
+    for _ in range(8):
+        (claimed,) = await backend.store.claim({"default": 1}, LEASE)
+        assert claimed.attempts == 1  # never spent: the last attempt stays available
+        error = "no handler for type 't' in this worker"
+        assert await backend.store.record(Operation.UNHANDLED, [claimed.lease], [error]) == []
+        job = await backend.job(job_id)
+        assert job is not None
+        assert job["status"] is Status.PENDING and job["attempts"] == 0
+        waits.append(await backend.due_in(job_id))
+        await backend.make_due(job_id)
+    # 1 s, doubling with each give-back of the same attempt, at most 60 s.
+    assert [round(wait) for wait in waits] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert [unhandled_delay(n) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    job = await backend.job(job_id)
+    assert job is not None and job["errors"] == [(1, error, None)] * 8
 
 
 async def test_complete_and_claim_completes_and_refills_in_one_call(backend: Backend):
@@ -252,6 +317,13 @@ async def test_recovery_gives_expired_jobs_back_or_dead_letters_the_last_attempt
     assert recovered == {again: Status.PENDING, last: Status.DEAD_LETTER}
     assert await _status(backend, live) is Status.PROCESSING
     assert await backend.store.recover_expired() == []
+    # The lost attempt is a failed one, with no traceback: nothing raised.
+    for job_id in (again, last):
+        job = await backend.job(job_id)
+        assert job is not None
+        assert job["errors"] == [(1, "lease expired during attempt 1", None)]
+    live_job = await backend.job(live)
+    assert live_job is not None and live_job["errors"] == []
 
 
 # --- per-type limits ----------------------------------------------------------------------

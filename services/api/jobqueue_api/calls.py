@@ -85,7 +85,7 @@ async def submit_group(
 async def get(conn: Driver, job_id: UUID) -> Job | None:
     """`store.get`: the job, or None."""
     rows = await conn.fetch(_GET.sql, *_GET.args({"id": job_id}))
-    return job_from_row(rows[0]) if rows else None
+    return job_from_row(rows[0], full=True) if rows else None
 
 
 async def notify(conn: Driver) -> None:

@@ -31,7 +31,7 @@ from jobqueue_api.database import REQUEST_DEADLINE, in_turn, on_driver
 from jobqueue_api.errors import error_response
 from jobqueue_api.groups import SubmitGroups
 from jobqueue_api.notify import Notifier
-from jobqueue_api.records import JSONBody, job_json, status_json
+from jobqueue_api.records import JSONBody, job_json, record_json, status_json
 from jobqueue_api.state import AppState, state_of
 from jobqueue_api.tracing import submitting
 
@@ -248,7 +248,7 @@ async def get_job(request: Request) -> Response:
             )
     if job is None:
         return _not_found(request)
-    return JSONBody(job_json(job))
+    return JSONBody(record_json(job))
 
 
 _T = TypeVar("_T")

@@ -152,6 +152,7 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
     }
     return {
         "Job": _record(record.JOB),
+        "JobRecord": _record(record.JOB_RECORD),
         "JobStatus": _record(record.JOB_STATUS),
         "CreateJob": create,
         "BatchItem": {
@@ -429,7 +430,11 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
                 "summary": "The full job record, at once or once the job has finished",
                 **locked,
                 "parameters": [_JOB_ID, _WAIT],
-                "responses": {"200": _response("The job.", "Job"), **bad_query, **job_read},
+                "responses": {
+                    "200": _response("The job's full record.", "JobRecord"),
+                    **bad_query,
+                    **job_read,
+                },
             }
         },
         "/jobs/{id}/status": {

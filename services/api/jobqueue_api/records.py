@@ -45,8 +45,10 @@ def _writer(name: str, fields: tuple[record.Field, ...]) -> Callable[[Job], dict
     return function
 
 
-# The job record (GET /jobs/{id}), and the job's status (GET /jobs/{id}/status).
+# A job as lists, submits and the control actions answer it; the full record (GET
+# /jobs/{id}); the job's status (GET /jobs/{id}/status).
 job_json = _writer("job_json", record.JOB)
+record_json = _writer("record_json", record.JOB_RECORD)
 status_json = _writer("status_json", record.JOB_STATUS)
 
 

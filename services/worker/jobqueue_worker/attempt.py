@@ -110,6 +110,7 @@ class Attempt:
         "started",
         "task",
         "timer",
+        "traceback",
     )
 
     def __init__(self, job: Claimed, lease_deadline: float) -> None:
@@ -125,6 +126,7 @@ class Attempt:
         self.ctx: JobContext | None = None  # once the handler starts
         self.kind = Operation.COMPLETE  # set for real when the attempt settles
         self.error: str | None = None
+        self.traceback: str | None = None  # a failure's, formatted (jobqueue_worker.failures)
         self.result: str | None = None  # complete: the return value as JSON text
         self.delay = 0.0
         self.started = 0.0

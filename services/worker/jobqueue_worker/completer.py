@@ -4,7 +4,7 @@ Executors hand an `Outcome` to `Completer.add()` with a callback. The completer
 writes what has arrived as soon as it runs (outcomes that arrive while a write
 is in flight make the next batch; with `linger` it also waits that long for
 company, up to `batch_size`), each kind (complete with its results, fail,
-dead_letter, cancel_attempt, retry_later, snooze, release) with one fenced
+dead_letter, cancel_attempt, retry_later, snooze, release, unhandled) with one fenced
 statement. The callback gets True once the write committed, or False when the
 lease was found lost or ran out while the database was failing; only then may
 the executor free the job's slot, so a slot never runs a second job while the
@@ -50,6 +50,9 @@ class Outcome(NamedTuple):
     error: str | None = None
     delay: float = 0.0  # retry_later and snooze: seconds until the job is due again
     result: str | None = None  # complete: the handler's return value as JSON text, None for none
+    # The operations that write an error: the formatted exception (at most TRACEBACK_LIMIT
+    # bytes, its end kept), None where nothing raised (a timeout, an unhandled type).
+    traceback: str | None = None
 
 
 Recorded = Callable[[bool], None]
@@ -250,7 +253,9 @@ class Completer:
         if kind is Operation.COMPLETE:
             return await self._store.record(kind, leases, results=[o.result for o in outcomes])
         errors = [o.error or "" for o in outcomes]
-        return await self._store.record(kind, leases, errors, [o.delay for o in outcomes])
+        delays = [o.delay for o in outcomes]
+        tracebacks = [o.traceback for o in outcomes]
+        return await self._store.record(kind, leases, errors, delays, tracebacks=tracebacks)
 
 
 def _per_queue(items: list[_Waiting]) -> dict[str, int]:

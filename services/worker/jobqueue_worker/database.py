@@ -111,6 +111,7 @@ class JobStore(Protocol):
         errors: Sequence[str] = (),
         delays: Sequence[float] = (),
         results: Sequence[str | None] = (),
+        tracebacks: Sequence[str | None] = (),
     ) -> list[Lease]: ...
 
     async def complete_and_claim(
@@ -352,9 +353,10 @@ class PgJobStore:
         errors: Sequence[str] = (),
         delays: Sequence[float] = (),
         results: Sequence[str | None] = (),
+        tracebacks: Sequence[str | None] = (),
     ) -> list[Lease]:
         return await self._run(
-            operation, compiled.record, operation, leases, errors, delays, results
+            operation, compiled.record, operation, leases, errors, delays, results, tracebacks
         )
 
     async def complete_and_claim(

@@ -7,12 +7,15 @@ at once (`jobqueue_worker.threads`), so the clock measures the handler alone. Wh
 a handler does (raise, time out, swallow cancellation, raise SystemExit), the
 attempt ends in exactly one outcome, as `jobcore.states.next_operation` decides:
 complete (with the handler's return value as the job's result, `jobqueue_worker.results`;
-one that cannot be stored fails the attempt), fail (PermanentError, unknown type),
-snooze (the handler raised Snooze), retry_later with backoff, or dead_letter on the
-last attempt; release when shutdown interrupts it, cancel_attempt when a cancel of the
-job was requested (`cancel()`). The outcome goes to the completer, and the slot is
-freed when the completer reports it written (or the lease lost), never before. A
-cancel that arrives once the outcome is settled changes nothing: that outcome stands.
+one that cannot be stored fails the attempt), fail (PermanentError), snooze (the handler
+raised Snooze), retry_later with backoff, or dead_letter on the last attempt; release
+when shutdown interrupts it, cancel_attempt when a cancel of the job was requested
+(`cancel()`), unhandled when this process has no handler for the job's type (given back,
+never failed: a rolling deploy may bring the code later). A failure is recorded with its
+formatted traceback (`jobqueue_worker.failures`) and logged with it, at warning when the
+job will run again and at error when it ended the job. The outcome goes to the completer,
+and the slot is freed when the completer reports it written (or the lease lost), never
+before. A cancel that arrives once the outcome is settled changes nothing: that outcome stands.
 
 Timeout, shutdown, a lost lease and a cancel request interrupt an attempt: its
 `ctx.cancelled` is set and an async handler's task is cancelled. Attempts whose
@@ -47,20 +50,27 @@ from uuid import UUID
 
 from jobcore import logs
 from jobcore.backoff import backoff
-from jobcore.errors import JobqueueError, PermanentError, Snooze, describe
+from jobcore.errors import JobqueueError, Snooze
 from jobcore.registry import Handler, JobContext, get_handler
 from jobcore.rows import Claimed, Lease
 from jobcore.states import Operation, next_operation
 from jobqueue_worker import metrics, tracing
 from jobqueue_worker.attempt import BACK_IN_TASK, STOPPED_BY, Attempt, Interruption, Phase
 from jobqueue_worker.completer import Outcome, Recorded
+from jobqueue_worker.failures import error_text, traceback_text
 from jobqueue_worker.results import ResultError, encode_result
 from jobqueue_worker.threads import HandlerThreads
 
 log = logging.getLogger("jobqueue.worker")
 
-# last_error is TEXT: PostgreSQL rejects NUL characters, and a huge message helps nobody.
-_MAX_ERROR = 2000
+# A job of a type this process has no handler for is logged at most once a minute per type.
+_UNHANDLED_LOG_EVERY = 60.0
+# How a failure is logged, by the outcome it led to: it ended the job, or it runs again.
+_FAILURE_LEVELS = {
+    Operation.FAIL: logging.ERROR,
+    Operation.DEAD_LETTER: logging.ERROR,
+    Operation.RETRY_LATER: logging.WARNING,
+}
 
 # The longest a handler interrupted by a cancel request is waited for before its attempt is
 # recorded without it: the record lands within a second of the request.
@@ -115,6 +125,8 @@ class Executor:
         self._cancel_grace = cancel_grace
         self._clock = clock
         self._running: set[Attempt] = set()
+        # Type -> when (clock) this process last warned of having no handler for it.
+        self._unhandled_warned: dict[str, float] = {}
         # Attempts in their handler, by the tick of their JOB_TIMEOUT deadline. A tick stays
         # until its timer fires, even when empty: attempts that finish without ever waiting
         # would otherwise make and cancel a timer each.
@@ -260,11 +272,6 @@ class Executor:
 
     async def _attempt(self, attempt: Attempt) -> None:
         job = attempt.job
-        handler = get_handler(job.type)
-        if handler is None:
-            unknown = PermanentError(f"no handler is registered for job type {job.type!r}")
-            self._settle(attempt, Operation.FAIL, str(unknown))
-            return
         if attempt.interrupted is Interruption.CANCELLED:
             self._settle(attempt, Operation.CANCEL_ATTEMPT)
             return
@@ -273,6 +280,10 @@ class Executor:
             return
         if attempt.interrupted is Interruption.LEASE_LOST:
             self._drop(attempt)
+            return
+        handler = get_handler(job.type)
+        if handler is None:
+            self._unhandled(attempt)
             return
         ctx = JobContext(
             job_id=job.id,
@@ -323,7 +334,9 @@ class Executor:
             attempt.move(Phase.ENDED)
         attempt.duration = self._clock() - attempt.started
         if attempt.interrupted is not None:
-            self._settle_interrupted(attempt)
+            # An async handler's cancellation shows where it was stopped; a thread's shows
+            # only the executor waiting for it.
+            self._settle_interrupted(attempt, failure if _is_async(handler) else None)
         elif failure is not None:
             self._settle_failure(attempt, failure)
         elif value is None:  # most handlers: nothing to encode
@@ -336,7 +349,8 @@ class Executor:
             result = encode_result(value, self._max_result_bytes)
         except ResultError as exc:
             # Not retried: the same handler would return the same value again.
-            self._settle(attempt, Operation.FAIL, _error_text(exc, named=False))
+            error = error_text(exc, named=False)
+            self._settle(attempt, Operation.FAIL, error, traceback=traceback_text(exc))
             return
         attempt.result = result
         self._settle(attempt, Operation.COMPLETE)
@@ -419,7 +433,26 @@ class Executor:
             attempt.duration = self._clock() - attempt.started
             self._settle_interrupted(attempt)
 
-    def _settle_interrupted(self, attempt: Attempt) -> None:
+    def _unhandled(self, attempt: Attempt) -> None:
+        """No handler for the job's type in this process: the job is given back to wait for
+        a worker that has one (the type may be new, and this worker of an older release)."""
+        job_type = attempt.job.type
+        now = self._clock()
+        last = self._unhandled_warned.get(job_type)
+        if last is None or now - last >= _UNHANDLED_LOG_EVERY:
+            if len(self._unhandled_warned) >= 1000:  # types come from submitters: bounded
+                self._unhandled_warned.clear()
+            self._unhandled_warned[job_type] = now
+            log.warning(
+                "no handler for this job type in this worker, giving its jobs back",
+                extra={**attempt.fields.values, "every_seconds": _UNHANDLED_LOG_EVERY},
+            )
+        error = f"no handler for type {job_type!r} in this worker"
+        self._settle(attempt, Operation.UNHANDLED, error)
+
+    def _settle_interrupted(self, attempt: Attempt, failure: BaseException | None = None) -> None:
+        """`failure`: what the handler raised when it stopped, if it did (an async handler's
+        cancellation): for a timeout, its traceback shows where the handler was."""
         if attempt.interrupted is Interruption.LEASE_LOST:
             self._drop(attempt)
         elif attempt.interrupted is Interruption.CANCELLED:
@@ -428,13 +461,17 @@ class Executor:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
         else:
             timeout = self._timeout(attempt.job)
-            self._settle_failure(attempt, JobTimeout(f"timed out after {timeout:g}s"))
+            self._settle_failure(attempt, JobTimeout(f"timed out after {timeout:g}s"), failure)
 
     def _timeout(self, job: Claimed) -> float:
         """The job's own timeout, else JOB_TIMEOUT."""
         return job.timeout if job.timeout is not None else self._job_timeout
 
-    def _settle_failure(self, attempt: Attempt, failure: BaseException) -> None:
+    def _settle_failure(
+        self, attempt: Attempt, failure: BaseException, raised: BaseException | None = None
+    ) -> None:
+        """`raised`: the exception whose traceback goes with `failure` when that was not
+        raised itself (a timeout); by default `failure`'s own. None for a timeout: none."""
         job = attempt.job
         operation = next_operation(failure, job.attempts, job.max_attempts)
         if isinstance(failure, Snooze):
@@ -443,17 +480,26 @@ class Executor:
         delay = 0.0
         if operation is Operation.RETRY_LATER:
             delay = backoff(job.attempts, self._backoff_base, self._backoff_max)
-        self._settle(attempt, operation, _error_text(failure), delay)
+        if raised is None and failure.__traceback__ is not None:
+            raised = failure
+        traceback = traceback_text(raised) if raised is not None else None
+        self._settle(attempt, operation, error_text(failure), delay, traceback)
 
     def _settle(
-        self, attempt: Attempt, kind: Operation, error: str | None = None, delay: float = 0.0
+        self,
+        attempt: Attempt,
+        kind: Operation,
+        error: str | None = None,
+        delay: float = 0.0,
+        traceback: str | None = None,
     ) -> None:
         """Hand the outcome to the completer; the slot is freed once it is written."""
         attempt.settle()
         attempt.kind, attempt.error, attempt.delay = kind, error, delay
+        attempt.traceback = traceback
         job = attempt.job
         outcome = Outcome(
-            kind, job.lease, job.queue, attempt.deadline, error, delay, attempt.result
+            kind, job.lease, job.queue, attempt.deadline, error, delay, attempt.result, traceback
         )
         self._record(outcome, functools.partial(self._recorded, attempt))
 
@@ -470,17 +516,20 @@ class Executor:
     def _recorded(self, attempt: Attempt, applied: bool) -> None:
         kind = attempt.kind
         metrics.attempt_finished(kind, applied, attempt.duration)
-        logs.line(
-            log,
-            "job finished",
-            attempt.fields,
-            {
-                "outcome": kind.outcome,
-                "duration_ms": round(attempt.duration * 1000, 3),
-                "error": attempt.error,
-                "retry_in": round(attempt.delay, 3) if kind.due_again else None,
-            },
-        )
+        if kind is Operation.UNHANDLED and applied:
+            metrics.job_unhandled(attempt.job.type)
+        # An unhandled job's delay is the statement's, which the worker does not see.
+        known_delay = kind.due_again and not kind.delay_grows
+        finished: dict[str, Any] = {
+            "outcome": kind.outcome,
+            "duration_ms": round(attempt.duration * 1000, 3),
+            "error": attempt.error,
+            "retry_in": round(attempt.delay, 3) if known_delay else None,
+        }
+        if attempt.traceback is not None:
+            finished["exc"] = attempt.traceback
+        level = _FAILURE_LEVELS.get(kind, logging.INFO) if applied else logging.INFO
+        logs.line(log, "job finished", attempt.fields, finished, level=level)
         if attempt.span is not None:
             tracing.end(attempt.span, kind.outcome, applied=applied, error=attempt.error)
         self._free(attempt)
@@ -497,11 +546,3 @@ class Executor:
 @functools.lru_cache(maxsize=1024)
 def _is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler)
-
-
-def _error_text(exc: BaseException, named: bool = True) -> str:
-    # last_error is TEXT in UTF-8: no NUL, and no lone surrogates (a message built from
-    # undecodable bytes), which the driver refuses before sending anything.
-    text = (describe(exc) if named else str(exc)).replace("\x00", "\\x00")
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= _MAX_ERROR else text[: _MAX_ERROR - 3] + "..."

@@ -56,6 +56,12 @@ class _Series:
             "Jobs whose lease expired, put back to pending or dead_letter (cancelled when a cancel"
             " was requested).",
         )
+        self.JOBS_UNHANDLED = Counter(
+            "jobs_unhandled_total",
+            "Claimed jobs given back (attempt not spent) because the worker has no handler for"
+            " their type, by type.",
+            ["type"],
+        )
         self.JOB_DURATION = Histogram(
             "job_processing_duration_seconds",
             "Time a handler ran, by the attempt's outcome.",
@@ -189,6 +195,11 @@ def jobs_recovered(dead_lettered: int, total: int, cancelled: int = 0) -> None:
         _series().JOBS_FAILED.labels(status=Status.DEAD_LETTER).inc(dead_lettered)
     if cancelled:
         _series().JOBS_CANCELLED.inc(cancelled)
+
+
+def job_unhandled(job_type: str) -> None:
+    """Count a job given back for want of a handler for its type."""
+    _series().JOBS_UNHANDLED.labels(type=job_type).inc()
 
 
 def lease_lost(n: int) -> None:

@@ -22,7 +22,7 @@ from jobcore.client.errors import (
     Unavailable,
     WaitTimeout,
 )
-from jobcore.client.records import Job, QueueDepth, Submitted
+from jobcore.client.records import FailedAttempt, Job, QueueDepth, Submitted
 from jobcore.client.retries import Retries
 from jobcore.client.sync import Client
 
@@ -32,6 +32,7 @@ __all__ = [
     "Client",
     "ClientError",
     "Conflict",
+    "FailedAttempt",
     "Invalid",
     "Job",
     "NotFound",

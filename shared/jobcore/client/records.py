@@ -15,13 +15,15 @@ from datetime import datetime
 from typing import Any
 
 from jobcore import record
+from jobcore.record import FailedAttempt as FailedAttempt
 from jobcore.states import FINISHED, Status
 
 
 @dataclass(frozen=True)
 class Job:
-    """A job record (docs/api.md#jobs): the fields of `jobcore.record.JOB`, in its order,
-    each read as its declaration says."""
+    """A job record (docs/api.md#jobs): the fields of `jobcore.record.JOB_RECORD`, in its
+    order, each read as its declaration says. `errors` (the failed attempts, oldest first)
+    is None where the answer leaves it out: only `get` reads the full record."""
 
     id: str
     type: str
@@ -39,6 +41,7 @@ class Job:
     finished_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    errors: tuple[FailedAttempt, ...] | None
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @property
@@ -48,7 +51,8 @@ class Job:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
-        return cls(**{declared.name: declared.read(data) for declared in record.JOB}, raw=data)
+        fields = {declared.name: declared.read(data) for declared in record.JOB_RECORD}
+        return cls(**fields, raw=data)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore.rows import Job
+from jobcore.rows import JOB_FIELDS
 from jobcore.schema import ERRORS_KEPT, jobs
 from jobcore.states import FINISHED, Operation, Status
 
@@ -43,7 +43,7 @@ def guard(operation: Operation) -> Any:
     return c.status.in_([status_literal(status) for status in sources])
 
 
-JOB_COLUMNS = [jobs.c[name] for name in Job.__dataclass_fields__]
+JOB_COLUMNS = [jobs.c[name] for name in JOB_FIELDS]
 
 
 def unnest(**arrays: tuple[str, Any]) -> Any:
@@ -54,7 +54,8 @@ def unnest(**arrays: tuple[str, Any]) -> Any:
 
 
 LEASES = {"id": ("ids", pg.UUID(as_uuid=True)), "token": ("tokens", sa.BigInteger)}
-ERRORS = {"error": ("errors", sa.Text)}
+# A failed attempt's error (`last_error`) and its formatted traceback (NULL: none).
+ERRORS = {"error": ("errors", sa.Text), "traceback": ("tracebacks", sa.Text)}
 DELAYS = {"delay": ("delays", sa.Float)}
 RESULTS = {"result": ("results", sa.Text)}
 

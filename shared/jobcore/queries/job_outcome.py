@@ -17,6 +17,7 @@ from jobcore.queries.common import (
     RESULTS,
     WOKE,
     c,
+    errors_appended,
     finish_time,
     guard,
     status_literal,
@@ -24,7 +25,15 @@ from jobcore.queries.common import (
     unnest,
 )
 from jobcore.schema import jobs
-from jobcore.states import ATTEMPT_OUTCOMES, FINISHED, Operation, Status, out_of_attempts
+from jobcore.states import (
+    ATTEMPT_OUTCOMES,
+    FINISHED,
+    UNHANDLED_DELAY_FIRST,
+    UNHANDLED_DELAY_MAX,
+    Operation,
+    Status,
+    out_of_attempts,
+)
 
 
 def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
@@ -57,25 +66,47 @@ def _fenced(operation: Operation, o: Any, **values: Any) -> Any:
 _o = unnest(**LEASES)
 
 
+def _grown_delay() -> Any:
+    """`jobcore.states.unhandled_delay` in SQL: seconds doubling from UNHANDLED_DELAY_FIRST
+    to UNHANDLED_DELAY_MAX with the entries `errors` already holds for this attempt's number.
+    A give-back does not spend the attempt, so each one of the same attempt adds an entry
+    of that number; any other failure of it moves the next attempt's number on."""
+    before = sa.func.jsonb_path_query_array(
+        sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")),
+        sa.literal_column("'$[*] ? (@.attempt == $n)'::jsonpath"),
+        sa.func.jsonb_build_object(sa.literal_column("'n'"), c.attempts),
+    )
+    # Literals, not parameters: the constants are part of the statement.
+    exponent = sa.func.least(sa.func.jsonb_array_length(before), sa.literal_column("16"))
+    doubled: Any = sa.literal_column(f"{UNHANDLED_DELAY_FIRST!r}") * sa.func.power(
+        sa.literal_column("2"), exponent
+    )
+    return sa.func.least(doubled, sa.literal_column(f"{UNHANDLED_DELAY_MAX!r}"))
+
+
 def _set_outcome(operation: Operation) -> Any:
     """`operation`'s write, from its declared effects: parameters `ids` and `tokens`, and
-    `errors` (writes_error), `delays` (due_again: seconds until the job is due again) and
-    `results` (writes_result: JSON text, NULL for None)."""
+    `errors` and `tracebacks` (writes_error: NULL for no traceback), `delays` (due_again,
+    unless delay_grows: seconds until the job is due again) and `results` (writes_result:
+    JSON text, NULL for None)."""
     o = unnest(
         **LEASES,
         **(ERRORS if operation.writes_error else {}),
-        **(DELAYS if operation.due_again else {}),
+        **(DELAYS if operation.due_again and not operation.delay_grows else {}),
         **(RESULTS if operation.writes_result else {}),
     )
     values: dict[str, Any] = {}
     if operation.writes_result:  # a success: no error left from an earlier attempt
         values.update(last_error=sa.null(), result=sa.cast(o.c.result, pg.JSONB))
     if operation.writes_error:
+        # `attempts` is the row's value before this write: the attempt that failed.
         values["last_error"] = o.c.error
+        values["errors"] = errors_appended(c.attempts, o.c.error, o.c.traceback)
     if operation.gives_back:
         values["attempts"] = c.attempts - 1
     if operation.due_again:
-        values["run_at"] = sa.func.now() + o.c.delay * ONE_SECOND
+        delay = _grown_delay() if operation.delay_grows else o.c.delay
+        values["run_at"] = sa.func.now() + delay * ONE_SECOND
     return _fenced(operation, o, **values)
 
 
@@ -165,6 +196,8 @@ _expired = (
     .prefix_with("MATERIALIZED")
 )
 # A job whose cancel was requested ends cancelled; else it runs again if it has attempts left.
+# Either way the lost attempt is one that failed, without a traceback (nothing raised).
+_LEASE_EXPIRED = sa.func.concat("lease expired during attempt ", c.attempts)
 _RECOVERED = sa.case(
     (c.cancel_requested_at.is_not(None), status_literal(Status.CANCELLED)),
     (out_of_attempts(c.attempts, c.max_attempts), status_literal(Status.DEAD_LETTER)),
@@ -176,7 +209,8 @@ JOB_RECOVER_EXPIRED = (
     .values(
         status=_RECOVERED,
         locked_until=sa.null(),
-        last_error=sa.func.concat("lease expired during attempt ", c.attempts),
+        last_error=_LEASE_EXPIRED,
+        errors=errors_appended(c.attempts, _LEASE_EXPIRED, sa.null()),
         finished_at=finish_time(_RECOVERED),
         updated_at=sa.func.now(),
     )

@@ -10,7 +10,10 @@ from jobcore.states import Status
 
 # --- reads ----------------------------------------------------------------
 
-JOB_GET = sa.select(*JOB_COLUMNS).where(c.id == sa.bindparam("id"))
+# The full record: the columns every answer has, and the failed attempts ([] for none).
+JOB_GET = sa.select(
+    *JOB_COLUMNS, sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).label("errors")
+).where(c.id == sa.bindparam("id"))
 
 
 # --- admission (the API's MAX_PENDING) ----------------------------------------

@@ -44,7 +44,7 @@ FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::T
 
 -- name: job_get
 -- parameters: $1 id
-SELECT jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at 
+SELECT jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, coalesce(jobs.errors, '[]'::jsonb) AS errors 
 FROM jobs 
 WHERE jobs.id = $1::UUID;
 
@@ -468,20 +468,20 @@ WHERE h.run_at IS NOT NULL;
 UPDATE jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_fail
--- parameters: $1 ids, $2 tokens, $3 errors
-UPDATE jobs SET status='failed', locked_until=NULL, last_error=o.error, finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, error) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+-- parameters: $1 ids, $2 tokens, $3 errors, $4 tracebacks
+UPDATE jobs SET status='failed', locked_until=NULL, last_error=o.error, finished_at=now(), errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[]) AS o(id, token, error, traceback) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_dead_letter
--- parameters: $1 ids, $2 tokens, $3 errors
-UPDATE jobs SET status='dead_letter', locked_until=NULL, last_error=o.error, finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, error) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+-- parameters: $1 ids, $2 tokens, $3 errors, $4 tracebacks
+UPDATE jobs SET status='dead_letter', locked_until=NULL, last_error=o.error, finished_at=now(), errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[]) AS o(id, token, error, traceback) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_cancel_attempt
 -- parameters: $1 ids, $2 tokens
 UPDATE jobs SET status='cancelled', locked_until=NULL, finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[]) AS o(id, token) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_retry_later
--- parameters: $1 ids, $2 tokens, $3 errors, $4 delays
-UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, run_at=(now() + o.delay * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::FLOAT[]) AS o(id, token, error, delay) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+-- parameters: $1 ids, $2 tokens, $3 errors, $4 tracebacks, $5 delays
+UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, run_at=(now() + o.delay * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::FLOAT[]) AS o(id, token, error, traceback, delay) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_snooze
 -- parameters: $1 attempts_1=1, $2 ids, $3 tokens, $4 delays
@@ -490,6 +490,10 @@ UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'ca
 -- name: job_set_outcome_release
 -- parameters: $1 attempts_1=1, $2 ids, $3 tokens
 UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), locked_until=NULL, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+
+-- name: job_set_outcome_unhandled
+-- parameters: $1 attempts_1=1, $2 ids, $3 tokens, $4 errors, $5 tracebacks
+UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), run_at=(now() + least(1.0 * power(2, least(jsonb_array_length(jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb), '$[*] ? (@.attempt == $n)'::jsonpath, jsonb_build_object('n', jobs.attempts))), 16)), 60.0) * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS o(id, token, error, traceback) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_renew_many
 -- parameters: $1 lease_seconds, $2 ids, $3 tokens
@@ -516,7 +520,7 @@ WITH expired AS MATERIALIZED
 FROM jobs 
 WHERE jobs.status = 'processing' AND jobs.locked_until < now() AND jobs.locked_until >= coalesce(now() - $2::FLOAT * interval '1 second', CAST('-infinity' AS timestamptz)) ORDER BY jobs.locked_until 
  LIMIT $3::INTEGER FOR UPDATE SKIP LOCKED)
- UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END, locked_until=NULL, last_error=concat($1::VARCHAR, jobs.attempts), finished_at=CASE WHEN (CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN now() END, updated_at=now() WHERE jobs.id = ANY (array((SELECT expired.id 
+ UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END, locked_until=NULL, last_error=concat($1::VARCHAR, jobs.attempts), finished_at=CASE WHEN (CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN now() END, errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', concat($1::VARCHAR, jobs.attempts), 'traceback', NULL)), '$[last - 19 to last]'::jsonpath), updated_at=now() WHERE jobs.id = ANY (array((SELECT expired.id 
 FROM expired))) RETURNING jobs.id, jobs.status, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
 
 -- name: job_type_record

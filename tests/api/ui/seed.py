@@ -25,6 +25,7 @@ def job_rows(
     payload: Any = None,
     last_error: str | None = None,
     result: Any = None,
+    errors: list[dict[str, Any]] | None = None,
     attempts: int | None = None,
     scheduled: bool = False,
     finished_minutes_ago: float = 0.0,
@@ -42,6 +43,7 @@ def job_rows(
             "queue": queue,
             "last_error": last_error,
             "result": result,
+            "errors": errors,
             "run_at": sa.func.now() + sa.text("interval '1 hour'") if scheduled else sa.func.now(),
             "locked_until": sa.func.now() + sa.text("interval '5 minutes'")
             if status == "processing"

@@ -118,6 +118,7 @@ async def test_a_script_in_a_payload_result_error_type_or_queue_is_shown_as_text
         payload={"note": SCRIPT, SCRIPT: [1]},
         result=SCRIPT,
         last_error=f'boom {SCRIPT} <img src=x onerror="alert(2)">',
+        errors=[_failed(1, f"boom {SCRIPT}", f'raise ValueError("{SCRIPT}<img src=x>")')],
     )
     for path in [f"/ui/jobs/{job_id}", "/ui/jobs", "/ui/dead-letters", f"/ui/jobs?type={SCRIPT}"]:
         page = await api.get(path)
@@ -227,6 +228,40 @@ async def test_the_detail_page_shows_the_job_and_only_the_actions_its_status_all
     buttons = re.findall(r'<button type="submit"[^>]*>(\w+)</button>', text)
     expected = ["Retry"] * (status in RETRYABLE) + ["Cancel"] * (status in CANCELLABLE)
     assert buttons == expected
+
+
+def _failed(attempt: int, error: str, traceback: str | None) -> dict[str, object]:
+    """An entry of `jobs.errors` as the database writes it."""
+    at = f"2026-11-30T04:19:4{attempt}.5+00:00"
+    return {"attempt": attempt, "at": at, "error": error, "traceback": traceback}
+
+
+async def test_the_detail_page_shows_each_failed_attempt_with_its_traceback(api):
+    engine = engine_of(api)
+    traceback = "Traceback (most recent call last):\n  File \"h.py\", line 3, in run\nKeyError: 'x'"
+    [failed, fresh] = [
+        *await add_jobs(
+            engine,
+            status="dead_letter",
+            attempts=2,
+            last_error="lease expired during attempt 2",
+            errors=[
+                _failed(1, "KeyError: 'x'", traceback),
+                _failed(2, "lease expired during attempt 2", None),
+            ],
+        ),
+        *await add_jobs(engine, status="pending"),
+    ]
+    text = (await api.get(f"/ui/jobs/{failed}")).text
+    section = text[text.index("<h2>Failed attempts</h2>") :]
+    entries = re.findall(r"<details( open)?>\s*<summary>Attempt (\d) at", section)
+    assert entries == [("", "1"), (" open", "2")]  # oldest first, the latest open
+    assert "2026-11-30T04:19:41.500000Z" in section
+    assert "File &#34;h.py&#34;, line 3, in run" in section  # escaped, as every value is
+    assert "KeyError: &#39;x&#39;" in section
+    assert "No traceback: nothing raised." in section
+    fresh_page = (await api.get(f"/ui/jobs/{fresh}")).text
+    assert re.search(r"<h2>Failed attempts</h2>\s*<p>None.</p>", fresh_page)
 
 
 async def test_the_static_files_come_from_the_package(api):

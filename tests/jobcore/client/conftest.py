@@ -8,6 +8,7 @@ import contextlib
 import gc
 import http.server
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -54,7 +55,8 @@ def stack(
 ) -> Iterator[Stack]:
     name = pg.create_database(pg_server, pg_template)
     url = pg.with_database(pg_server, name)
-    api = Api(url, API_TOKENS=TOKEN, JOB_HANDLERS="tests.worker.handlers", PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    api = Api(url, API_TOKENS=TOKEN, JOB_HANDLERS="tests.worker.handlers", PYTHONPATH=path)
     worker = start_worker(url, tmp_path_factory.mktemp("client-worker"), QUEUES=SERVED)
     try:
         api.wait_ready()

@@ -75,7 +75,8 @@ def test_submit_and_get_print_a_table_for_people_and_json_for_scripts(jobqueue: 
         3,
     )
     # --json before the command works as well as after it.
-    assert jobqueue("--json", "get", job["id"]).json() == job
+    # The full record: the failed attempts too, none yet.
+    assert jobqueue("--json", "get", job["id"]).json() == {**job, "errors": []}
     table = jobqueue("get", job["id"])
     assert table.code == 0
     for text in (job["id"], "pending", queue, '{"duration": "1s"}', "0 of 5"):

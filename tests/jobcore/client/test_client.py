@@ -4,6 +4,7 @@ error, and retries that never create a second job."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -113,7 +114,8 @@ def test_bad_input_raises_invalid_with_the_apis_message_and_writes_nothing(
 
 def test_get_answers_the_record_and_not_found_names_the_job(client: Client, queue: str):
     job = client.submit("sleep", queue=queue)
-    assert client.get(job.id) == job
+    assert client.get(job.id) == dataclasses.replace(job, errors=())  # the full record
+    assert job.errors is None  # a submit's answer leaves them out
     missing = "01a22aae-32d0-7c31-b68d-fb41a7ea06d6"
     with pytest.raises(NotFound) as raised:
         client.get(missing)

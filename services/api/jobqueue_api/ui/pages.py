@@ -19,6 +19,7 @@ from starlette.responses import RedirectResponse, Response
 
 from jobcore import search, store
 from jobcore.ids import parse_id
+from jobcore.record import FailedAttempt
 from jobcore.rows import Job
 from jobcore.states import Status
 from jobqueue_api import jobs, validation
@@ -147,6 +148,11 @@ def job_view(
         "job": job,
         "can_retry": job.status in jobs.RETRYABLE,
         "can_cancel": job.status in jobs.CANCELLABLE,
+        # Oldest first, as the API lists them; None when the job was read without them
+        # (the answer of an action), and the page leaves the section out.
+        "failed_attempts": (
+            None if job.errors is None else [FailedAttempt.from_json(e) for e in job.errors]
+        ),
         "notice": notice,
         "error": error,
     }
