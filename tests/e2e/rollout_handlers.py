@@ -1,5 +1,5 @@
-"""A handler type that is new in a release: the API and the new release's workers import this
-module (`JOB_HANDLERS`), the previous release's workers do not
+"""A handler type that is new in a release: the new release's workers import this module
+(`JOB_HANDLERS`), the previous release's workers do not; the API names it in `JOB_TYPES`
 (tests/e2e/test_worker_unhandled.py)."""
 
 from __future__ import annotations
