@@ -38,10 +38,12 @@ def test_outcome_writes_take_leases_and_only_the_arrays_their_effects_need():
         Operation.COMPLETE: {"ids", "tokens", "results"},
         Operation.CANCEL_ATTEMPT: {"ids", "tokens"},
         Operation.RELEASE: {"ids", "tokens"},
-        Operation.FAIL: {"ids", "tokens", "errors"},
-        Operation.DEAD_LETTER: {"ids", "tokens", "errors"},
-        Operation.RETRY_LATER: {"ids", "tokens", "errors", "delays"},
+        Operation.FAIL: {"ids", "tokens", "errors", "tracebacks"},
+        Operation.DEAD_LETTER: {"ids", "tokens", "errors", "tracebacks"},
+        Operation.RETRY_LATER: {"ids", "tokens", "errors", "tracebacks", "delays"},
         Operation.SNOOZE: {"ids", "tokens", "delays"},
+        # Its delay is worked out in the statement (it grows with each give-back).
+        Operation.UNHANDLED: {"ids", "tokens", "errors", "tracebacks"},
     }
     found = {op: compiled.STATEMENTS[f"job_set_outcome_{op}"].parameters for op in ATTEMPT_OUTCOMES}
     assert found == expected
