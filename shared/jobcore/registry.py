@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 from uuid import UUID
 
+from jobcore.environ import variable
 from jobcore.errors import ConfigError
 
 BUILTIN_MODULES = ("jobcore.builtin.sleep", "jobcore.builtin.webhook")
@@ -106,4 +107,4 @@ def load_handlers(modules: list[str]) -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:  # any import failure is a configuration error
-            raise ConfigError("JOB_HANDLERS", f"cannot import {name!r}: {exc}") from exc
+            raise ConfigError(variable("JOB_HANDLERS"), f"cannot import {name!r}: {exc}") from exc
