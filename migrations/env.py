@@ -10,7 +10,6 @@ continues in autocommit, still under the lock (it is held by the session).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from logging.config import fileConfig
 
@@ -20,6 +19,7 @@ from alembic.util import CommandError
 from sqlalchemy.engine import Connection
 
 from jobcore.db import check_url, make_engine
+from jobcore.environ import getenv, variable
 from jobcore.schema import metadata
 
 # Any constant shared by all migrators; "jobqueue" spelled in hex.
@@ -36,13 +36,13 @@ target_metadata = metadata
 def database_url() -> str:
     """The URL to migrate, checked as the services check it: a bad one is one clear line
     (alembic prints a CommandError as `FAILED: ...`, without a traceback)."""
-    url: str = config.attributes.get("database_url") or os.environ.get(
+    url: str = config.attributes.get("database_url") or getenv(
         "DATABASE_URL", "postgresql://localhost:5432/jobqueue"
     )
     try:
         check_url(url)
     except ValueError as exc:
-        raise CommandError(f"invalid configuration: DATABASE_URL: {exc}") from None
+        raise CommandError(f"invalid configuration: {variable('DATABASE_URL')}: {exc}") from None
     return url
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-from jobcore import logs
+from jobcore import environ, logs
 from jobcore.settings import parse_addr
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,8 @@ def _step(name: str, command: list[str], env: dict[str, str] | None) -> str | No
             log.error(line, extra={"step": name})
         log.error(f"{name} failed with status {result.returncode}", extra={"step": name})
         return None
-    for line in lines if name != "database" else []:
+    # The database step's last line is the URL, which may hold a password: logged redacted.
+    for line in lines[:-1] if name == "database" else lines:
         log.info(line, extra={"step": name})
     return lines[-1] if lines else ""
 
@@ -162,8 +163,8 @@ class _Probe:
     def __init__(self, env: dict[str, str]) -> None:
         # The worker first: while it is not ready, the API's access log stays quiet.
         self.urls = {
-            "metrics": _local_url(env.get("METRICS_ADDR", ":9090")),
-            "api": _local_url(env.get("HTTP_ADDR", ":8080")),
+            "metrics": _local_url(environ.getenv("METRICS_ADDR", ":9090", env) or ""),
+            "api": _local_url(environ.getenv("HTTP_ADDR", ":8080", env) or ""),
         }
         # No proxy from the environment: these are loopback requests.
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -46,8 +46,9 @@ CHART_COPIES = {
     CHART / "files" / "alerts.yaml": DEPLOY / "prometheus" / "alerts.yaml",
     CHART / "files" / "jobqueue.json": DEPLOY / "grafana" / "jobqueue.json",
 }
-# The image holds the runtime dependencies and these extras (tracing is then a setting away).
-IMAGE_EXTRAS = ("otel",)
+# The image holds the runtime dependencies and these extras: the services, and tracing a
+# setting away.
+IMAGE_EXTRAS = ("server", "otel")
 REGENERATE_LOCK = (
     "uv pip compile pyproject.toml -o deploy/requirements.lock"
     " --universal --python-version 3.11 --generate-hashes"

@@ -1,9 +1,9 @@
 """Running jobcore's statements on a caller's own connection, whatever its kind: one adapter
 per kind (SQLAlchemy `Connection` and `AsyncConnection`, an asyncpg connection or pool
-connection, psycopg `Connection` and `AsyncConnection`), each sending a construct's SQL as
-compiled once by `jobcore.runner.of` and returning rows by column name. Recognised by the
-connection class's package, so psycopg and asyncpg are imported only by callers that pass
-their connections (`jobcore.transactional`)."""
+connection, psycopg `Connection` and `AsyncConnection`, Django's connection on psycopg),
+each sending a construct's SQL as compiled once by `jobcore.runner.of` and returning rows
+by column name. Recognised by the connection class's package, so psycopg, asyncpg and
+Django are imported only by callers that pass their connections (`jobcore.transactional`)."""
 
 from __future__ import annotations
 
@@ -125,6 +125,26 @@ class _PsycopgAsync(Runner):
         return nullcontext()
 
 
+def _django(conn: Any) -> Runner:
+    """Django's connection (`django.db.connection`, or `connections[alias]`) on PostgreSQL
+    through psycopg 3: the statements run on the psycopg connection under it, so inside
+    `transaction.atomic()` they are in that transaction (Django has turned autocommit off),
+    and outside one in a transaction of their own, as on any autocommitting connection."""
+    if getattr(conn, "vendor", None) != "postgresql":
+        raise TypeError(
+            f"cannot enqueue on Django's {getattr(conn, 'vendor', '?')} database: "
+            "jobqueue's tables are in PostgreSQL"
+        )
+    conn.ensure_connection()
+    inner = conn.connection
+    if type(inner).__module__.partition(".")[0] != "psycopg":
+        raise TypeError(
+            "cannot enqueue on a Django connection through psycopg2: install psycopg 3, "
+            "which Django uses when it is present"
+        )
+    return _Psycopg(inner)
+
+
 # (package, class name) of a connection class or one of its bases -> how to run on it.
 ADAPTERS: dict[tuple[str, str], Callable[[Any], Runner]] = {
     ("sqlalchemy", "Connection"): _SqlAlchemy,
@@ -133,6 +153,9 @@ ADAPTERS: dict[tuple[str, str], Callable[[Any], Runner]] = {
     ("asyncpg", "_ConnectionProxy"): _Asyncpg,  # a pool's connection
     ("psycopg", "Connection"): _Psycopg,
     ("psycopg", "AsyncConnection"): _PsycopgAsync,
+    # `django.db.connection` is a proxy of the default alias's wrapper.
+    ("django", "ConnectionProxy"): _django,
+    ("django", "BaseDatabaseWrapper"): _django,
 }
 
 
@@ -145,5 +168,5 @@ def runner_for(conn: Any) -> Runner:
     raise TypeError(
         f"cannot enqueue on a {type(conn).__module__}.{type(conn).__qualname__}: pass a "
         "SQLAlchemy Connection or AsyncConnection (for a Session: session.connection()), an "
-        "asyncpg connection, or a psycopg Connection or AsyncConnection"
+        "asyncpg connection, a psycopg Connection or AsyncConnection, or Django's connection"
     )

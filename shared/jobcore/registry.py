@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar, cast
 from uuid import UUID
 
+from jobcore.environ import variable
 from jobcore.errors import ConfigError, JobqueueError
 
 if TYPE_CHECKING:
@@ -264,4 +265,4 @@ def load_handlers(modules: list[str]) -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:  # any import failure is a configuration error
-            raise ConfigError("JOB_HANDLERS", f"cannot import {name!r}: {exc}") from exc
+            raise ConfigError(variable("JOB_HANDLERS"), f"cannot import {name!r}: {exc}") from exc

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,7 +36,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore import catalog, connections, idempotency, queries, tracing, validation
+from jobcore import catalog, connections, environ, idempotency, queries, tracing, validation
 from jobcore.errors import ConfigError, IdempotencyConflict, InvalidRequest
 from jobcore.queries.job_types import record_from_row
 from jobcore.registry import BUILTIN_MODULES, known
@@ -179,20 +178,19 @@ def _lookup(items: Sequence[Any]) -> tuple[Any, dict[str, Any]] | None:
 
 
 def _default_max_attempts() -> int:
-    """MAX_ATTEMPTS from the environment, as the API reads it; else the API's default."""
-    text = os.environ.get("MAX_ATTEMPTS")
-    if text is None or not text.strip():
-        from jobcore.settings import SharedSettings
-
-        default: int = SharedSettings.model_fields["max_attempts"].default
-        return default
+    """MAX_ATTEMPTS (or JOBQUEUE_MAX_ATTEMPTS) from the environment, as the API reads it; else
+    the API's default."""
+    found = environ.lookup("MAX_ATTEMPTS")
+    if found is None or not found[1].strip():
+        return validation.DEFAULT_MAX_ATTEMPTS
+    variable, text = found
     try:
         value = int(text)
     except ValueError:
         value = 0
     if not validation.MIN_ATTEMPTS <= value <= validation.MAX_ATTEMPTS:
         raise ConfigError(
-            "MAX_ATTEMPTS",
+            variable.upper(),
             f"must be an integer from {validation.MIN_ATTEMPTS} to {validation.MAX_ATTEMPTS}, "
             f"got {text!r}",
         )

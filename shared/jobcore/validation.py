@@ -31,6 +31,8 @@ SCHEDULING_FIELDS = ("queue", "priority", "run_at", "delay", "timeout")
 CREATE_FIELDS = ("type", "payload", "max_attempts", *SCHEDULING_FIELDS)
 BATCH_ITEM_FIELDS = (*CREATE_FIELDS, "idempotency_key")
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 100
+# MAX_ATTEMPTS's default (the settings' and transactional enqueue's).
+DEFAULT_MAX_ATTEMPTS = 5
 MIN_DELAY, MAX_DELAY = 0.0, Snooze.MAX_DELAY
 _NO_OPTIONS: Mapping[str, Mapping[str, Any]] = {}
 

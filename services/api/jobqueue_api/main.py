@@ -36,7 +36,7 @@ from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from jobcore import logs, tracing
+from jobcore import environ, logs, tracing
 from jobcore.db import check_schema
 from jobcore.errors import ConfigError, SchemaNotAtHead
 from jobcore.registry import load_handlers
@@ -93,7 +93,7 @@ def ensure_fd_limit(max_connections: int, *, explicit: bool = True) -> int:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
                 return int(hard - FD_HEADROOM)
             raise ConfigError(
-                "MAX_CONNECTIONS",
+                environ.variable("MAX_CONNECTIONS"),
                 f"{max_connections} connections need {needed} file descriptors, "
                 f"but this process may open at most {hard} (ulimit -n)",
             )
@@ -228,7 +228,9 @@ async def run(
                 shutdown_trigger=lambda: _drained(signalled, settings.drain_delay, budget),
             )
         except OSError as exc:
-            log.error(f"cannot listen on {settings.http_addr} (HTTP_ADDR): {exc}")
+            log.error(
+                f"cannot listen on {settings.http_addr} ({environ.variable('HTTP_ADDR')}): {exc}"
+            )
             return 1
         finally:
             await close(app)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from jobcore import environ
 from jobcore.settings import Address, ApiSettings
 from jobqueue_api import metrics
 
@@ -52,7 +53,8 @@ def supervise(settings: ApiSettings) -> int:
     try:
         sock = listen(settings.http_addr)
     except OSError as exc:
-        log.error(f"cannot listen on {settings.http_addr} (HTTP_ADDR): {exc}")
+        variable = environ.variable("HTTP_ADDR")
+        log.error(f"cannot listen on {settings.http_addr} ({variable}): {exc}")
         return 1
     fd = sock.fileno()
     # prometheus-client's multiprocess mode (docs/operations.md): every process writes its

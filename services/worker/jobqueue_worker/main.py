@@ -73,15 +73,17 @@ def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
 def run(settings: WorkerSettings, metrics_dir: str, cleanup: Callable[[], None]) -> int:
     import asyncio
 
+    from jobcore import environ
     from jobqueue_worker import server
     from jobqueue_worker.supervisor import Supervisor
 
     try:
         sock = server.listen(settings.metrics_addr)
     except OSError as exc:
+        variable = environ.variable("METRICS_ADDR")
         log.error(
-            f"cannot listen on METRICS_ADDR {settings.metrics_addr}: {exc.strerror or exc}",
-            extra={"variable": "METRICS_ADDR"},
+            f"cannot listen on {variable} {settings.metrics_addr}: {exc.strerror or exc}",
+            extra={"variable": variable},
         )
         return 1
     log.info(

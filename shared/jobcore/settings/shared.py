@@ -3,7 +3,7 @@ loading that turns an environment into one of them or a `ConfigError`."""
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,8 +20,10 @@ from pydantic import (
 
 from jobcore.db import check_url
 from jobcore.durations import format_duration, parse_duration
+from jobcore.environ import read as environ_read
 from jobcore.errors import ConfigError, JobqueueError
 from jobcore.settings.parsing import parse_list
+from jobcore.validation import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS, MIN_ATTEMPTS
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -88,7 +90,7 @@ class SharedSettings(BaseModel):
     # Modules imported at startup; importing them registers their handlers.
     job_handlers: Names = Field(default_factory=list)
     # The attempt budget of a job submitted without one (the worker's periodic jobs too).
-    max_attempts: int = Field(default=5, ge=1, le=100)
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=MIN_ATTEMPTS, le=MAX_ATTEMPTS)
     # API: in-flight requests after the listener closed; worker: running jobs after SIGTERM.
     shutdown_timeout: Duration = 20.0
 
@@ -116,20 +118,35 @@ S = TypeVar("S", bound=SharedSettings)
 
 
 def load(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
-    """Read and validate `cls`'s variables from `environ` (default: the process environment);
-    others are ignored, so one environment may serve both services. Names are matched
-    case-insensitively. Raises ConfigError naming the first variable at fault."""
-    source = os.environ if environ is None else environ
-    fields = cls.model_fields
-    values = {name.lower(): text for name, text in source.items() if name.lower() in fields}
+    """Read and validate `cls`'s variables from `environ` (default: the process environment),
+    each as `NAME` or `JOBQUEUE_NAME` (which wins, `jobcore.environ`); others are ignored, so
+    one environment may serve both services. Names are matched case-insensitively. Raises
+    ConfigError naming the first variable at fault as it was read."""
+    found = environ_read(cls.model_fields, environ)
+    values = {field: text for field, (_, text) in found.items()}
+    # The variable each field was read from, upper-cased: what errors name.
+    names = {field: variable.upper() for field, (variable, _) in found.items()}
+
+    def named(field: str) -> str:
+        return names.get(field, field.upper())
+
+    def renamed(message: str) -> str:
+        """A message naming other settings (`must not be smaller than BACKOFF_BASE`) names
+        them as they were read."""
+        return re.sub(
+            r"\b[A-Z][A-Z0-9_]*\b",
+            lambda m: named(m.group(0).lower()) if m.group(0).lower() in names else m.group(0),
+            message,
+        )
+
     try:
         return cls.model_validate(values)
     except ValidationError as exc:
         error = exc.errors()[0]
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, Relation):
-            raise ConfigError(cause.field.upper(), str(cause)) from None
+            raise ConfigError(named(cause.field), renamed(str(cause))) from None
         field = str(error["loc"][0]) if error["loc"] else "configuration"
         message = str(error["msg"]).removeprefix("Value error, ")
         got = error.get("input")
-        raise ConfigError(field.upper(), f"{message} (got {got!r})") from None
+        raise ConfigError(named(field), f"{renamed(message)} (got {got!r})") from None
