@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from jobcore.schema import jobs
-from tests.worker.support import ROOT
+from tests.packaging import UV, installed_venv, wheel
 
 pytestmark = pytest.mark.xdist_group("install-weight")
 
-UV = Path(sys.executable).parent / "uv"
 # What only the services (the `server` extra) or a driver extra bring.
 SERVER_ONLY = {
     "starlette",
@@ -38,26 +36,18 @@ SERVER_ONLY = {
 # The base install's packages (jobqueue itself included) were 17 when this was written;
 # the bound leaves room for a new transitive dependency, not for a service's.
 MOST_PACKAGES = 20
-# Not copied into the build: local state, caches, other builds.
-IGNORED = shutil.ignore_patterns(
-    ".git",
-    ".venv",
-    ".devdb",
-    "__pycache__",
-    "*.egg-info",
-    "build",
-    "dist",
-    ".*_cache",
-    ".hypothesis",
-    "test-artifacts",
-    "bench-results",
-    "chaos-results",
-)
 
 
 def _run(*command: str | Path, env: dict[str, str] | None = None, check: bool = True):
+    # Run away from the tree: `python -m` puts the working directory on sys.path, and the
+    # tree's own jobqueue.egg-info would stand in for the installed metadata.
     done = subprocess.run(
-        [str(part) for part in command], capture_output=True, text=True, timeout=120, env=env
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tempfile.gettempdir(),
     )
     if check:
         assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
@@ -67,17 +57,8 @@ def _run(*command: str | Path, env: dict[str, str] | None = None, check: bool = 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the base install's bin directory, the wheel)."""
-    if not UV.exists():
-        pytest.skip(f"{UV} is missing (make install puts uv into the virtualenv)")
-    tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "source"
-    shutil.copytree(ROOT, source, ignore=IGNORED)
-    _run(UV, "build", "-q", "--wheel", "--out-dir", tmp / "dist", source)
-    (wheel,) = (tmp / "dist").glob("jobqueue-*.whl")
-    venv = tmp / "venv"
-    _run(UV, "venv", "-q", "--python", sys.executable, venv)
-    _run(UV, "pip", "install", "-q", "--python", venv / "bin" / "python", wheel)
-    return venv / "bin", wheel
+    venv = installed_venv(tmp_path_factory.mktemp("wheel") / "venv")
+    return venv / "bin", wheel()
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
