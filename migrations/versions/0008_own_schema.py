@@ -9,7 +9,10 @@ change under a brief ACCESS EXCLUSIVE lock, given up after 5 s rather than queue
 long transaction (every query on the table would queue behind it); run it again then. The
 views are simple (one table, every column), so PostgreSQL updates through them itself:
 INSERT ... ON CONFLICT on the table's unique indexes, UPDATE ... RETURNING, SELECT ... FOR
-UPDATE SKIP LOCKED. A view has the table's column defaults.
+UPDATE SKIP LOCKED. A view has the table's column defaults. Each view also shows the
+table's system column `xmax`: the previous release's submit tells a created job from a
+replay by `RETURNING (xmax = 0)`, and a view has no system columns of its own (a column
+PostgreSQL cannot update through, which no statement writes).
 
 A table is moved only if it is in `public` and not in the schema: on a new database,
 0001-0007 created everything in the schema already (an application's own `public.jobs` is
@@ -62,7 +65,9 @@ BEGIN
                 WHERE oid = to_regclass(format('%I.%I', 'public', t))) = 'r'
            AND to_regclass(format('%I.%I', '{schema}', t)) IS NULL THEN
             EXECUTE format('ALTER TABLE public.%I SET SCHEMA %I', t, '{schema}');
-            EXECUTE format('CREATE VIEW public.%I AS SELECT * FROM %I.%I', t, '{schema}', t);
+            EXECUTE format(
+                'CREATE VIEW public.%I AS SELECT *, xmax FROM %I.%I', t, '{schema}', t
+            );
             moved := true;
         END IF;
     END LOOP;

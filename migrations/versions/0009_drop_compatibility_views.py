@@ -68,7 +68,9 @@ BEGIN
     FOREACH t IN ARRAY {_tables()} LOOP
         IF to_regclass(format('%I.%I', '{schema}', t)) IS NOT NULL
            AND to_regclass(format('%I.%I', 'public', t)) IS NULL THEN
-            EXECUTE format('CREATE VIEW public.%I AS SELECT * FROM %I.%I', t, '{schema}', t);
+            EXECUTE format(
+                'CREATE VIEW public.%I AS SELECT *, xmax FROM %I.%I', t, '{schema}', t
+            );
         END IF;
     END LOOP;
 END $$"""

@@ -39,7 +39,7 @@ async def _until(predicate: Callable[[], Any], what: str, within: float = 10) ->
 
 async def _awaited(engine: AsyncEngine, job_id: uuid.UUID) -> bool:
     async with engine.connect() as conn:
-        query = sa.text("SELECT awaited FROM jobs WHERE id = :id")
+        query = sa.text("SELECT awaited FROM jobqueue.jobs WHERE id = :id")
         return bool(await conn.scalar(query, {"id": job_id}))
 
 

@@ -108,7 +108,7 @@ async def _insert(engine, rows: int, *, priority: int = 0, run_at: str = "now()"
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, priority, run_at)"
                 f" SELECT gen_random_uuid(), 'sleep', '{{}}', 3, {priority}, {run_at}"
                 f" FROM generate_series(1, {rows}) AS i"
             )
@@ -274,7 +274,7 @@ async def _expired_lease(engine, ago: str) -> Any:
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, status, attempts,"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, status, attempts,"
                 " lease_token, locked_until) VALUES (:id, 'sleep', '{}', 3, 'processing', 1, 1,"
                 f" now() - interval '{ago}')"
             ),
