@@ -80,6 +80,8 @@ BEGIN
     END IF;
 END $$"""
     )
+    # Whatever ran before in public (an adopted deployment's revisions) ends here.
+    op.execute(f"SET search_path TO {schema}")
 
 
 def downgrade() -> None:
@@ -112,3 +114,6 @@ BEGIN
     INSERT INTO public.alembic_version VALUES ('{PREVIOUS}') ON CONFLICT DO NOTHING;
 END $$"""
     )
+    # The revisions below this one name their tables unqualified: they find them in public
+    # now (the session's setting, not the transaction's: a revision may go on in autocommit).
+    op.execute("SET search_path TO public")
