@@ -60,14 +60,13 @@ DECLARE
     moved boolean := false;
 BEGIN
     FOREACH t IN ARRAY {_tables()} LOOP
-        IF to_regclass(format('%I.%I', 'public', t)) IS NOT NULL
+        IF to_regclass('public.' || quote_ident(t)) IS NOT NULL
            AND (SELECT relkind FROM pg_class
-                WHERE oid = to_regclass(format('%I.%I', 'public', t))) = 'r'
-           AND to_regclass(format('%I.%I', '{schema}', t)) IS NULL THEN
-            EXECUTE format('ALTER TABLE public.%I SET SCHEMA %I', t, '{schema}');
-            EXECUTE format(
-                'CREATE VIEW public.%I AS SELECT *, xmax FROM %I.%I', t, '{schema}', t
-            );
+                WHERE oid = to_regclass('public.' || quote_ident(t))) = 'r'
+           AND to_regclass('{schema}.' || quote_ident(t)) IS NULL THEN
+            EXECUTE 'ALTER TABLE public.' || quote_ident(t) || ' SET SCHEMA {schema}';
+            EXECUTE 'CREATE VIEW public.' || quote_ident(t)
+                || ' AS SELECT *, xmax FROM {schema}.' || quote_ident(t);
             moved := true;
         END IF;
     END LOOP;
@@ -97,14 +96,15 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY {_tables()} LOOP
         IF (SELECT relkind FROM pg_class
-            WHERE oid = to_regclass(format('%I.%I', 'public', t))) = 'v' THEN
-            EXECUTE format('DROP VIEW public.%I', t);
+            WHERE oid = to_regclass('public.' || quote_ident(t))) = 'v' THEN
+            EXECUTE 'DROP VIEW public.' || quote_ident(t);
         END IF;
-        IF to_regclass(format('%I.%I', '{schema}', t)) IS NOT NULL THEN
-            IF to_regclass(format('%I.%I', 'public', t)) IS NOT NULL THEN
-                RAISE EXCEPTION 'cannot move %.% back: public.% exists', '{schema}', t, t;
+        IF to_regclass('{schema}.' || quote_ident(t)) IS NOT NULL THEN
+            IF to_regclass('public.' || quote_ident(t)) IS NOT NULL THEN
+                RAISE EXCEPTION USING MESSAGE =
+                    'cannot move {schema}.' || t || ' back: public.' || t || ' exists';
             END IF;
-            EXECUTE format('ALTER TABLE %I.%I SET SCHEMA public', '{schema}', t);
+            EXECUTE 'ALTER TABLE {schema}.' || quote_ident(t) || ' SET SCHEMA public';
         END IF;
     END LOOP;
     CREATE TABLE IF NOT EXISTS public.alembic_version (

@@ -43,14 +43,14 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY {_tables()} LOOP
-        IF to_regclass(format('%I.%I', '{schema}', t)) IS NOT NULL AND EXISTS (
+        IF to_regclass('{schema}.' || quote_ident(t)) IS NOT NULL AND EXISTS (
             SELECT 1 FROM pg_class AS v
             JOIN pg_rewrite AS r ON r.ev_class = v.oid
             JOIN pg_depend AS d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
-            WHERE v.oid = to_regclass(format('%I.%I', 'public', t)) AND v.relkind = 'v'
-              AND d.refobjid = to_regclass(format('%I.%I', '{schema}', t))
+            WHERE v.oid = to_regclass('public.' || quote_ident(t)) AND v.relkind = 'v'
+              AND d.refobjid = to_regclass('{schema}.' || quote_ident(t))
         ) THEN
-            EXECUTE format('DROP VIEW public.%I', t);
+            EXECUTE 'DROP VIEW public.' || quote_ident(t);
         END IF;
     END LOOP;
 END $$"""
@@ -66,11 +66,10 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY {_tables()} LOOP
-        IF to_regclass(format('%I.%I', '{schema}', t)) IS NOT NULL
-           AND to_regclass(format('%I.%I', 'public', t)) IS NULL THEN
-            EXECUTE format(
-                'CREATE VIEW public.%I AS SELECT *, xmax FROM %I.%I', t, '{schema}', t
-            );
+        IF to_regclass('{schema}.' || quote_ident(t)) IS NOT NULL
+           AND to_regclass('public.' || quote_ident(t)) IS NULL THEN
+            EXECUTE 'CREATE VIEW public.' || quote_ident(t)
+                || ' AS SELECT *, xmax FROM {schema}.' || quote_ident(t);
         END IF;
     END LOOP;
 END $$"""

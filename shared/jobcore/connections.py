@@ -27,7 +27,7 @@ class Runner:
     # Each kind's own: a plain function for the sync kinds, a coroutine function otherwise.
     fetch: Callable[[Any, Mapping[str, Any]], Any]
 
-    def __init__(self, conn: Any, schema: str) -> None:
+    def __init__(self, conn: Any, schema: str = naming.DEFAULT_SCHEMA) -> None:
         self.conn = conn
         self.schema = schema
 
@@ -55,7 +55,7 @@ def _sqlalchemy_options(schema: str) -> dict[str, Any]:
 
 
 class _SqlAlchemy(Runner):
-    def __init__(self, conn: Any, schema: str) -> None:
+    def __init__(self, conn: Any, schema: str = naming.DEFAULT_SCHEMA) -> None:
         _refuse_autocommit(conn)
         super().__init__(conn, schema)
         self._options = _sqlalchemy_options(schema)
@@ -68,7 +68,7 @@ class _SqlAlchemy(Runner):
 class _SqlAlchemyAsync(Runner):
     is_async = True
 
-    def __init__(self, conn: Any, schema: str) -> None:
+    def __init__(self, conn: Any, schema: str = naming.DEFAULT_SCHEMA) -> None:
         _refuse_autocommit(conn.sync_connection)
         super().__init__(conn, schema)
         self._options = _sqlalchemy_options(schema)

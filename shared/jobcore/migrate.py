@@ -156,11 +156,18 @@ def _run_alembic(action: Any, database_url: str, schema: str, *args: Any, **kw: 
 # --- reading the database --------------------------------------------------------------
 
 
-def _read(database_url: str, schema: str) -> tuple[str | None, int]:
-    """The database's revision and the previous release's sessions connected to it."""
+@dataclass(frozen=True)
+class _Found:
+    revision: str | None
+    in_public: bool  # recorded by an earlier release in public.alembic_version
+    sessions: int  # of the previous release
+
+
+def _read(database_url: str, schema: str) -> _Found:
+    """The database's revision, where, and the previous release's sessions connected."""
     from jobcore.db import make_engine, session_name
 
-    async def read() -> tuple[str | None, int]:
+    async def read() -> _Found:
         engine = make_engine(
             database_url,
             pool_size=1,
@@ -170,7 +177,11 @@ def _read(database_url: str, schema: str) -> tuple[str | None, int]:
         try:
             async with engine.connect() as conn:
                 return await conn.run_sync(
-                    lambda sync: (revision(sync, schema), previous_release_sessions(sync))
+                    lambda sync: _Found(
+                        revision(sync, schema),
+                        not _has_version_table(sync, schema),
+                        previous_release_sessions(sync),
+                    )
                 )
         finally:
             await engine.dispose()
@@ -183,10 +194,15 @@ def _read(database_url: str, schema: str) -> tuple[str | None, int]:
         raise MigrationError(f"cannot read the database: {exc}") from exc
 
 
+def _has_version_table(conn: Connection, schema: str) -> bool:
+    found = conn.scalar(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.alembic_version"})
+    return found is not None
+
+
 def revision(conn: Connection, schema: str) -> str | None:
     """The revision in `<schema>.alembic_version`, else an earlier release's row of ours in
     `public.alembic_version` (the one `adopt` carries over), else None."""
-    if conn.scalar(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.alembic_version"}):
+    if _has_version_table(conn, schema):
         found = conn.scalar(sa.text(f"SELECT version_num FROM {schema}.alembic_version"))
         return str(found) if found is not None else None
     return _public_revision(conn)
@@ -266,8 +282,7 @@ def adopt(conn: Connection, schema: str, revisions: frozenset[str]) -> str | Non
 def state(database_url: str | None = None, schema: str | None = None) -> State:
     """Where the database is (`--check`); nothing is written."""
     url, target = _settings(database_url, schema)
-    current, _ = _read(url, target)
-    return State(current, SCHEMA_REVISION)
+    return State(_read(url, target).revision, SCHEMA_REVISION)
 
 
 def upgrade(
@@ -280,12 +295,13 @@ def upgrade(
     from alembic import command
 
     url, target = _settings(database_url, schema)
-    before, sessions = _read(url, target)
+    found = _read(url, target)
+    before, sessions = found.revision, found.sessions
     wanted = "head"
     if defer and sessions and (before is None or before < SCHEMA_REVISION):
         wanted = VIEWS_REVISION
     _run_alembic(command.upgrade, url, target, wanted)
-    after, _ = _read(url, target)
+    after = _read(url, target).revision
     return Upgraded(before, after, sessions if wanted == VIEWS_REVISION else 0)
 
 
@@ -308,13 +324,13 @@ def sql(
 
     url, target = _settings(database_url, schema)
     if start is None:
-        current, _ = _read(url, target)
-        if current is not None and current < VIEWS_REVISION:
+        found = _read(url, target)
+        if found.revision is not None and found.in_public:
             raise MigrationError(
-                f"the database is at {current}, kept in public by an earlier release: "
+                f"the database is at {found.revision}, kept in public by an earlier release: "
                 "run `jobqueue migrate` (without --sql) to adopt it"
             )
-        start = current
+        start = found.revision
     if start == SCHEMA_REVISION:
         return ""
     if start is None or start < "0005":

@@ -120,7 +120,9 @@ def test_a_run_that_fails_after_a_concurrently_part_keeps_what_was_committed(
     assert _version(url) == "0004"
     assert _has_column(url, "finished_at")  # 0005's first part, committed before its build
     with _connect(url) as conn:
-        assert conn.execute("SELECT to_regclass('jobqueue.jobs_claim_type_idx')").fetchone() != (None,)
+        assert conn.execute("SELECT to_regclass('jobqueue.jobs_claim_type_idx')").fetchone() != (
+            None,
+        )
         conn.execute("DELETE FROM jobqueue.jobs WHERE status = 'bogus'")
     command.upgrade(config, "head")
     assert _version(url) == SCHEMA_REVISION

@@ -4,6 +4,7 @@ types and keys, so they never see each other's jobs."""
 
 from __future__ import annotations
 
+import os
 import contextlib
 import gc
 import http.server
@@ -54,7 +55,12 @@ def stack(
 ) -> Iterator[Stack]:
     name = pg.create_database(pg_server, pg_template)
     url = pg.with_database(pg_server, name)
-    api = Api(url, API_TOKENS=TOKEN, JOB_HANDLERS="tests.worker.handlers", PYTHONPATH=str(ROOT))
+    api = Api(
+        url,
+        API_TOKENS=TOKEN,
+        JOB_HANDLERS="tests.worker.handlers",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     worker = start_worker(url, tmp_path_factory.mktemp("client-worker"), QUEUES=SERVED)
     try:
         api.wait_ready()
