@@ -636,7 +636,7 @@ def cut_listener(c: Chaos) -> Injected:
     cut_at = time.time()
     ((terminated,),) = c.system.query(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE application_name = %s) t",
+        " WHERE split_part(application_name, '/', 1) = %s) t",
         (LISTEN_NAME,),
     )
     back_at = wait_until(lambda: _listeners(c, since=cut_at) >= before, RECONNECT_LIMIT, 0.05)
@@ -669,7 +669,8 @@ def _listeners(c: Chaos, since: float | None = None) -> int:
     """The workers' LISTEN connections (opened after `since`, if given)."""
     try:
         ((n,),) = c.system.query(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE split_part(application_name, '/', 1) = %s"
             " AND (%s::float8 IS NULL OR backend_start > to_timestamp(%s::float8))",
             (LISTEN_NAME, since, since),
         )

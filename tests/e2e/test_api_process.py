@@ -115,7 +115,7 @@ def test_refuses_to_start_when_the_schema_is_not_at_head(empty_database_url: str
     )
     code = service.wait(STARTUP)
     assert code != 0
-    assert "alembic upgrade head" in service.output()
+    assert "jobqueue migrate" in service.output()
     service.logs()  # still JSON
 
 

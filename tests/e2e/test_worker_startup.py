@@ -35,7 +35,7 @@ def test_schema_not_at_head_exits_non_zero_naming_alembic_upgrade_head(
 ):
     worker = start_worker(empty_database_url, tmp_path)
     assert worker.wait(60) != 0
-    assert any("alembic upgrade head" in line["msg"] for line in worker.logs())
+    assert any("jobqueue migrate" in line["msg"] for line in worker.logs())
     assert not worker.messages("worker started")
 
 
