@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import compiled, store
+from jobcore.db import session_name
 from jobcore.ids import new_id
 from jobcore.rows import Lease, NewJob
 from jobcore.states import Operation, Status
@@ -112,8 +113,8 @@ async def test_a_thousand_concurrent_waiters_on_one_process_are_all_answered_whe
     async with engine.connect() as conn:
         backends = {name: n for name, n in await conn.execute(_BACKENDS)}
     # The waiters hold no connection each: the pool's (at most 10) and one listener.
-    assert backends.get("jobqueue-api-listen") == 1, backends
-    assert backends.get("jobqueue-api", 0) <= 10, backends
+    assert backends.get(session_name("jobqueue-api-listen")) == 1, backends
+    assert backends.get(session_name("jobqueue-api"), 0) <= 10, backends
 
     async with engine.begin() as conn:
         lost = await compiled.record(await driver(conn), Operation.COMPLETE, leases)

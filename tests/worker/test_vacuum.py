@@ -18,7 +18,7 @@ from tests.worker.support import eventually
 
 
 async def _dead_in_jobs(pg) -> int:
-    return {t.name: t.dead for t in await pg.table_stats()}["jobs"]
+    return {t.name: t.dead for t in await pg.table_stats()}["jobqueue.jobs"]
 
 
 async def test_the_leader_vacuums_a_table_autovacuum_leaves_alone(engine, pg, caplog):
@@ -37,7 +37,7 @@ async def test_the_leader_vacuums_a_table_autovacuum_leaves_alone(engine, pg, ca
     await eventually(lambda: _count_at_least(pg, 6000), 30, "6,000 dead tuples counted")
     vacuum = Vacuum(TakingTurns(pg), dead_tuples=5000)
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
-        assert await vacuum.run_once() == ["jobs"]
+        assert await vacuum.run_once() == ["jobqueue.jobs"]
     assert await _dead_in_jobs(pg) < 5000
     said = [r.getMessage() for r in caplog.records]
     assert "autovacuum is off for a table: the worker vacuums it" in said

@@ -4,11 +4,11 @@ types and keys, so they never see each other's jobs."""
 
 from __future__ import annotations
 
-import os
 import contextlib
 import gc
 import http.server
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
