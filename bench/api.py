@@ -427,7 +427,7 @@ async def _profile(port: int, pid: int, args: argparse.Namespace) -> dict[str, A
 async def _job_count(url: str) -> int:
     conn = await asyncpg.connect(url)
     try:
-        return int(await conn.fetchval("SELECT count(*) FROM jobs"))
+        return int(await conn.fetchval("SELECT count(*) FROM jobqueue.jobs"))
     finally:
         await conn.close()
 

@@ -31,7 +31,7 @@ from jobcore.states import Operation
 LEASE_SECONDS = 60.0
 
 FILL = f"""
-INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, run_at, lease_token,
+INSERT INTO jobqueue.jobs (id, type, payload, status, attempts, max_attempts, run_at, lease_token,
                   created_at, updated_at)
 SELECT gen_random_uuid(), '{JOB_TYPE}', '{{}}'::jsonb,
        CASE WHEN g <= $1::bigint THEN 'completed' ELSE 'pending' END,
@@ -47,11 +47,13 @@ async def fill(adapter: Ours, completed: int, pending: int) -> None:
     """Add `completed` finished and `pending` due jobs in one statement, then VACUUM ANALYZE."""
     assert adapter.sql.conn is not None
     await adapter.sql.conn.execute(FILL, completed, pending, timeout=1800)
-    await adapter.sql.conn.execute("VACUUM ANALYZE jobs", timeout=1800)
+    await adapter.sql.conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=1800)
 
 
 async def pending_count(adapter: Ours) -> int:
-    return int(await adapter.sql.value("SELECT count(*) FROM jobs WHERE status = 'pending'"))
+    return int(
+        await adapter.sql.value("SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending'")
+    )
 
 
 async def claim_latency(adapter: Ours, samples: int, n: int) -> dict[str, Any]:
@@ -90,7 +92,7 @@ async def drain_window(
     finally:
         await to_the_end(adapter.stop_workers())
     rows = await adapter.sql.conn.fetch(
-        "SELECT extract(epoch FROM updated_at) AS at FROM jobs"
+        "SELECT extract(epoch FROM updated_at) AS at FROM jobqueue.jobs"
         " WHERE status = 'completed' AND updated_at >= to_timestamp($1)"
         " ORDER BY updated_at LIMIT $2",
         since,

@@ -137,7 +137,7 @@ async def session(
                 for kind, run, args in plan:
                     await _empty_queue(conns[0])
                     runs[kind].append(await run(*args))
-                    stored = await conns[0].fetchval("SELECT count(*) FROM jobs")
+                    stored = await conns[0].fetchval("SELECT count(*) FROM jobqueue.jobs")
                     if stored != jobs:
                         raise RuntimeError(f"{kind}: {stored} jobs stored, {jobs} written")
                 first += 4 * jobs
@@ -153,7 +153,7 @@ async def _empty_queue(conn: asyncpg.Connection) -> None:
     """Every run writes into an empty table, after a checkpoint: otherwise each run would
     pay for the ones before it (the autovacuum of their rows, the first writes of pages
     after a checkpoint they caused), and the figures would depend on the run order."""
-    await conn.execute("TRUNCATE jobs")
+    await conn.execute("TRUNCATE jobqueue.jobs")
     # A role without pg_checkpoint: the runs still start from an empty table.
     with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
         await conn.execute("CHECKPOINT")

@@ -126,7 +126,7 @@ async def limits_session(
         figures = await drain_with_cpu(ours, rx, processes, jobs, limit, env)
         assert ours.sql.conn is not None
         rows = await ours.sql.conn.fetch(
-            "SELECT type = $1, extract(epoch FROM max(updated_at))::float8 FROM jobs"
+            "SELECT type = $1, extract(epoch FROM max(updated_at))::float8 FROM jobqueue.jobs"
             " WHERE status = 'completed' GROUP BY 1",
             LIMITED_TYPE,
         )

@@ -56,7 +56,7 @@ STATED_PROCESSES = 2  # the process count the targets are stated for
 FIRST_PRUNE_LIMIT = 60.0  # seconds retention gets to delete its first batch
 
 _OLD = (
-    "SELECT count(*) FROM jobs"
+    "SELECT count(*) FROM jobqueue.jobs"
     " WHERE status = 'completed' AND finished_at < now() - interval '1 hour'"
 )
 
@@ -116,7 +116,7 @@ async def session(
         await ours.prepare()
         assert ours.sql.conn is not None
         await ours.sql.conn.execute(retention.PREFILL, prefill, timeout=1800)
-        await ours.sql.conn.execute("VACUUM ANALYZE jobs", timeout=1800)
+        await ours.sql.conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=1800)
         await ours.start_workers(processes, **SETTINGS)
         await measure.warm_up(
             ours,

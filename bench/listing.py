@@ -48,7 +48,7 @@ TARGET_ROWS = 1_000_000  # the table size the target is stated for
 # $1: how many jobs. Shares come from hashes of the row number, so every fill of a size
 # holds the same mix.
 FILL = """
-INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, run_at, locked_until,
+INSERT INTO jobqueue.jobs (id, type, payload, status, attempts, max_attempts, run_at, locked_until,
                   lease_token, last_error, queue, finished_at, created_at, updated_at)
 SELECT encode(set_byte(b, 6, (get_byte(b, 6) & 15) | 112), 'hex')::uuid,
        (ARRAY['email', 'webhook', 'thumbnail', 'report', 'export'])[
@@ -112,7 +112,7 @@ PAGES = ("first", "deep")
 async def fill(ours: Ours, rows: int) -> None:
     assert ours.sql.conn is not None
     await ours.sql.conn.execute(FILL, rows, timeout=3600)
-    await ours.sql.conn.execute("VACUUM ANALYZE jobs", timeout=3600)
+    await ours.sql.conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=3600)
 
 
 def _where(filters: Filters) -> list[Any]:

@@ -79,7 +79,7 @@ _V7_BYTES = """LATERAL (SELECT overlay(uuid_send(gen_random_uuid())
 
 # $1 completed jobs created between two days and one day ago, each finished a second later.
 PREFILL = f"""
-INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, run_at, lease_token,
+INSERT INTO jobqueue.jobs (id, type, payload, status, attempts, max_attempts, run_at, lease_token,
                   finished_at, created_at, updated_at)
 SELECT {_V7}, '{JOB_TYPE}', '{{}}'::jsonb, 'completed', 1, {MAX_ATTEMPTS}, t, 1,
        t + interval '1 second', t, t + interval '1 second'
@@ -90,7 +90,7 @@ FROM generate_series(1, $1::bigint) AS g,
 
 # $1 completed no-op jobs, created and finished now, as if the worker had run them.
 FINISHED = f"""
-INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, run_at, lease_token,
+INSERT INTO jobqueue.jobs (id, type, payload, status, attempts, max_attempts, run_at, lease_token,
                   finished_at, created_at, updated_at)
 SELECT {_V7}, '{JOB_TYPE}', '{{}}'::jsonb, 'completed', 1, {MAX_ATTEMPTS}, t, 1, t, t, t
 FROM generate_series(1, $1::bigint) AS g,
@@ -101,7 +101,7 @@ FROM generate_series(1, $1::bigint) AS g,
 # $1 due no-op jobs, created now; the workers are woken at commit.
 CHURN = f"""
 WITH added AS (
-    INSERT INTO jobs (id, type, payload, max_attempts)
+    INSERT INTO jobqueue.jobs (id, type, payload, max_attempts)
     SELECT {_V7}, '{JOB_TYPE}', '{{}}'::jsonb, {MAX_ATTEMPTS}
     FROM generate_series(1, $1::bigint) AS g,
          LATERAL (SELECT now() + g * interval '1 microsecond' AS t) AS times,
@@ -112,11 +112,11 @@ SELECT count(*), pg_notify('{queries.NOTIFY_CHANNEL}', '') FROM added
 """
 
 _OLD = (
-    "SELECT count(*) FROM jobs"
+    "SELECT count(*) FROM jobqueue.jobs"
     " WHERE status = 'completed' AND finished_at < now() - interval '1 hour'"
 )
-_COMPLETED = "SELECT count(*) FROM jobs WHERE status = 'completed'"
-_SIZE = "SELECT pg_table_size('jobs') + pg_indexes_size('jobs')"
+_COMPLETED = "SELECT count(*) FROM jobqueue.jobs WHERE status = 'completed'"
+_SIZE = "SELECT pg_table_size('jobqueue.jobs') + pg_indexes_size('jobqueue.jobs')"
 
 
 async def pruned_total(ours: Ours) -> int:
@@ -158,7 +158,7 @@ async def prune_session(
         await ours.prepare()
         assert ours.sql.conn is not None
         await ours.sql.conn.execute(PREFILL, prefill, timeout=1800)
-        await ours.sql.conn.execute("VACUUM ANALYZE jobs", timeout=1800)
+        await ours.sql.conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=1800)
         await ours.start_workers(processes, RETENTION_COMPLETED=RETENTIONS[variant])
         await measure.warm_up(
             ours,
@@ -277,10 +277,11 @@ class StandInVacuum:
                 await asyncio.sleep(wait)
                 wait = naptime
                 dead, live = await conn.fetchrow(
-                    "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'jobs'"
+                    "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables"
+                    " WHERE relid = 'jobqueue.jobs'::regclass"
                 )
                 if dead > threshold + scale * live:
-                    await conn.execute("VACUUM jobs", timeout=3600)
+                    await conn.execute("VACUUM jobqueue.jobs", timeout=3600)
                     self.vacuums += 1
         finally:
             await conn.close()
@@ -324,8 +325,9 @@ class Churned:
             await vacuum.stop()
         stats = await conn.fetchrow(
             "SELECT n_dead_tup, autovacuum_count, autoanalyze_count,"
-            " pg_table_size('jobs') AS table_bytes, pg_indexes_size('jobs') AS index_bytes"
-            " FROM pg_stat_user_tables WHERE relname = 'jobs'"
+            " pg_table_size('jobqueue.jobs') AS table_bytes,"
+            " pg_indexes_size('jobqueue.jobs') AS index_bytes"
+            " FROM pg_stat_user_tables WHERE relid = 'jobqueue.jobs'::regclass"
         )
         assert self.pushed is not None
         self.pushed |= {
@@ -370,7 +372,7 @@ class Churned:
 
         async def old_enough() -> bool:
             age = await ours.sql.value(
-                "SELECT extract(epoch FROM now() - max(finished_at)) FROM jobs"
+                "SELECT extract(epoch FROM now() - max(finished_at)) FROM jobqueue.jobs"
                 " WHERE status = 'completed'"
             )
             return age is None or float(age) > 1.0

@@ -59,7 +59,8 @@ async def lateness(ours: Ours, rx: Receiver, samples: int) -> dict[str, Any]:
     await ours.insert(jobs)
     assert ours.sql.conn is not None
     rows = await ours.sql.conn.fetch(
-        "SELECT id::text, extract(epoch FROM run_at)::float8 FROM jobs WHERE id = ANY($1::uuid[])",
+        "SELECT id::text, extract(epoch FROM run_at)::float8 FROM jobqueue.jobs"
+        " WHERE id = ANY($1::uuid[])",
         [job.id for job in jobs],
     )
     run_at = {job_id: at for job_id, at in rows}

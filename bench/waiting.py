@@ -109,7 +109,7 @@ async def latency(ours: Ours, clients: int, samples: int) -> dict[str, Any]:
     await asyncio.gather(*(client() for _ in range(clients)))
     assert ours.sql.conn is not None
     rows = await ours.sql.conn.fetch(
-        "SELECT id, extract(epoch FROM finished_at)::float8 AS at, awaited FROM jobs"
+        "SELECT id, extract(epoch FROM finished_at)::float8 AS at, awaited FROM jobqueue.jobs"
         " WHERE id = ANY($1::uuid[])",
         list(arrived),
     )
@@ -177,7 +177,7 @@ async def thousand(ours: Ours, waiters: int, limit: float = 120) -> dict[str, An
         while (
             marked := int(
                 await ours.sql.value(
-                    "SELECT count(*) FROM jobs WHERE awaited AND status = 'pending'"
+                    "SELECT count(*) FROM jobqueue.jobs WHERE awaited AND status = 'pending'"
                 )
             )
         ) < waiters:
@@ -192,7 +192,7 @@ async def thousand(ours: Ours, waiters: int, limit: float = 120) -> dict[str, An
         assert ours.sql.conn is not None
         async with ours.engine.begin() as conn:
             await conn.exec_driver_sql(
-                "UPDATE jobs SET run_at = now() WHERE status = 'pending' AND awaited"
+                "UPDATE jobqueue.jobs SET run_at = now() WHERE status = 'pending' AND awaited"
             )
             await store.notify(conn)
         released = time.time()
@@ -202,7 +202,7 @@ async def thousand(ours: Ours, waiters: int, limit: float = 120) -> dict[str, An
         await sampler
         await sampler_conn.close()
     rows = await ours.sql.conn.fetch(
-        "SELECT id, extract(epoch FROM finished_at)::float8 AS at FROM jobs"
+        "SELECT id, extract(epoch FROM finished_at)::float8 AS at FROM jobqueue.jobs"
         " WHERE id = ANY($1::uuid[])",
         [job.id for job in jobs],
     )
@@ -257,7 +257,7 @@ async def _drain(ours: Ours, n: int, awaited: bool, limit: float, heard: _Heard)
             # What every waiter's mark does (jobcore.control.watch), in one statement; the
             # same update without waiters, so both tables hold the same row versions.
             await conn.exec_driver_sql(
-                f"UPDATE jobs SET awaited = {'true' if awaited else 'false'}"
+                f"UPDATE jobqueue.jobs SET awaited = {'true' if awaited else 'false'}"
                 " WHERE status = 'pending'"
             )
             await store.notify(conn)

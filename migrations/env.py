@@ -1,10 +1,23 @@
-"""Alembic environment: migrates the database named by DATABASE_URL.
+"""Alembic environment: migrates the database named by DATABASE_URL into jobqueue's schema.
 
-Takes an advisory lock for the whole run, so several `alembic upgrade head`
-started together apply each revision once, then runs the migrations in one
-transaction; a revision that must work outside a transaction (`CREATE INDEX
-CONCURRENTLY` on a table that may be large) commits what came before and
-continues in autocommit, still under the lock (it is held by the session).
+Every object of jobqueue's lives in one PostgreSQL schema, `DATABASE_SCHEMA` (default
+`jobqueue`; `jobcore.naming`), Alembic's version table included
+(`<schema>.alembic_version`), so an application's own Alembic project in the same database
+(`public.alembic_version`, its own tables in `public`) never meets it.
+
+A run takes an advisory lock for its whole length, so several runs started together apply
+each revision once; then it creates the schema if missing, adopts a deployment of a release
+that kept everything in `public` (`jobcore.migrate.adopt`: its revision moves from
+`public.alembic_version` into the schema's), and runs the migrations in one transaction; a
+revision that must work outside a transaction (`CREATE INDEX CONCURRENTLY` on a table that
+may be large) commits what came before and continues in autocommit, still under the lock
+(it is held by the session).
+
+Revisions 0001-0007 name their objects unqualified: the session's `search_path` is the
+schema alone, so on a new database they create everything there (an application's own
+`public.jobs` is not seen); on an adopted deployment whose tables are still in `public`
+(before 0008 moved them) it is `public`, where those revisions always ran. 0008 and later
+name schemas explicitly.
 """
 
 from __future__ import annotations
@@ -18,8 +31,11 @@ from alembic import context
 from alembic.util import CommandError
 from sqlalchemy.engine import Connection
 
-from jobcore.db import check_url, make_engine
+from jobcore import migrate as jobqueue_migrate
+from jobcore import naming
+from jobcore.db import check_url, make_engine, session_name
 from jobcore.environ import getenv, variable
+from jobcore.errors import ConfigError
 from jobcore.schema import metadata
 
 # Any constant shared by all migrators; "jobqueue" spelled in hex.
@@ -46,6 +62,17 @@ def database_url() -> str:
     return url
 
 
+def schema() -> str:
+    """The schema to migrate: the caller's (`jobcore.migrate`), else DATABASE_SCHEMA."""
+    given = config.attributes.get("schema")
+    try:
+        return naming.check(given) if given else naming.from_environment()
+    except ValueError as exc:
+        raise CommandError(f"invalid configuration: DATABASE_SCHEMA: {exc}") from None
+    except ConfigError as exc:
+        raise CommandError(f"invalid configuration: {exc}") from None
+
+
 def _lock(connection: Connection) -> None:
     """Take the migration lock, polling: a session waiting in pg_advisory_lock() holds a
     snapshot, which a CREATE INDEX CONCURRENTLY of the lock's holder would wait for (a
@@ -61,9 +88,18 @@ def _lock(connection: Connection) -> None:
 
 
 def migrate(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata)
+    target = schema()
     _lock(connection)
     try:
+        # Under the lock: what a concurrent run did is seen, and done once.
+        search_path = jobqueue_migrate.prepare(connection, target, _revisions())
+        connection.execute(sa.text(f"SET search_path TO {search_path}"))  # for the session
+        connection.commit()
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            version_table_schema=target,
+        )
         with context.begin_transaction():
             context.run_migrations()
     finally:
@@ -71,8 +107,22 @@ def migrate(connection: Connection) -> None:
         connection.commit()
 
 
+def _revisions() -> frozenset[str]:
+    """Every revision of jobqueue's: what `adopt` recognises in `public.alembic_version`."""
+    from alembic.script import ScriptDirectory
+
+    return frozenset(s.revision for s in ScriptDirectory.from_config(config).walk_revisions())
+
+
 async def run_online() -> None:
-    engine = make_engine(database_url(), pool_size=1, application_name="jobqueue-migrate")
+    engine = make_engine(
+        database_url(),
+        pool_size=1,
+        application_name=session_name("jobqueue-migrate"),
+        # The revisions' SQL is sent as written: unqualified (0001-0007, by search_path) or
+        # naming the schema it was given (0008 and later).
+        schema=naming.DEFAULT_SCHEMA,
+    )
     try:
         async with engine.connect() as conn:
             await conn.run_sync(migrate)
@@ -82,9 +132,17 @@ async def run_online() -> None:
 
 if context.is_offline_mode():
     database_url()  # checked, though offline mode only writes SQL
+    target = schema()
     context.configure(
-        dialect_name="postgresql", target_metadata=target_metadata, literal_binds=True
+        dialect_name="postgresql",
+        target_metadata=target_metadata,
+        literal_binds=True,
+        version_table_schema=target,
     )
+    # Offline SQL is for a database whose version table is in the schema already (new, or
+    # migrated by this release): the tables are there too.
+    context.get_context().impl.static_output(f"CREATE SCHEMA IF NOT EXISTS {target};")
+    context.get_context().impl.static_output(f"SET search_path TO {target};")
     with context.begin_transaction():
         context.run_migrations()
 else:

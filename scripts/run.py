@@ -47,7 +47,7 @@ def main() -> int:
     if url is None or received:
         return INTERRUPTED if received else 1
     env = {**os.environ, "DATABASE_URL": url}
-    if _step("migrations", [str(BIN / "alembic"), "upgrade", "head"], env) is None or received:
+    if _step("migrations", [str(BIN / "jobqueue"), "migrate"], env) is None or received:
         return INTERRUPTED if received else 1
     log.info("database ready", extra={"database_url": _redact(url)})
     return supervise(env, received)

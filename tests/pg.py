@@ -64,9 +64,15 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+# Besides the revisions and env.py, what decides what a migration run creates: where it
+# puts things (naming) and what it does before the revisions (migrate).
+_MIGRATION_CODE = ("shared/jobcore/naming.py", "shared/jobcore/migrate.py", "alembic.ini")
+
+
 def migrations_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted((ROOT / "migrations").rglob("*.py")):
+    paths = sorted((ROOT / "migrations").rglob("*.py")) + [ROOT / p for p in _MIGRATION_CODE]
+    for path in paths:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -200,14 +200,15 @@ class Ours:
         # Two counts, so each reads its partial index instead of the whole table.
         return int(
             await self.sql.value(
-                "SELECT (SELECT count(*) FROM jobs WHERE status = 'pending')"
-                " + (SELECT count(*) FROM jobs WHERE status = 'processing')"
+                "SELECT (SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending')"
+                " + (SELECT count(*) FROM jobqueue.jobs WHERE status = 'processing')"
             )
         )
 
     async def last_completion(self) -> float:
         return float(
             await self.sql.value(
-                "SELECT extract(epoch FROM max(updated_at)) FROM jobs WHERE status = 'completed'"
+                "SELECT extract(epoch FROM max(updated_at)) FROM jobqueue.jobs"
+                " WHERE status = 'completed'"
             )
         )

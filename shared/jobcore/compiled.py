@@ -307,7 +307,7 @@ async def prune(conn: Driver, status: Status, age_seconds: float) -> int:
 async def table_stats(conn: Driver) -> list[TableStats]:
     """jobqueue's tables as `maintenance.TABLE_GET_STATS` reads them."""
     statement = STATEMENTS["table_get_stats"]
-    rows = await conn.fetch(statement.sql, *statement.args({"tables": maintenance.TABLES}))
+    rows = await conn.fetch(statement.sql, *statement.args({"tables": maintenance.tables()}))
     return [TableStats(row["name"], int(row["dead"]), bool(row["autovacuum"])) for row in rows]
 
 

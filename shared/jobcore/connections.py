@@ -3,7 +3,12 @@ per kind (SQLAlchemy `Connection` and `AsyncConnection`, an asyncpg connection o
 connection, psycopg `Connection` and `AsyncConnection`, Django's connection on psycopg),
 each sending a construct's SQL as compiled once by `jobcore.runner.of` and returning rows
 by column name. Recognised by the connection class's package, so psycopg, asyncpg and
-Django are imported only by callers that pass their connections (`jobcore.transactional`)."""
+Django are imported only by callers that pass their connections (`jobcore.transactional`).
+
+Each adapter sends the statements naming its `schema`'s tables (`jobcore.naming`): the
+SQL that `runner.of` compiled, rewritten by `naming.translate`, or, on SQLAlchemy, which
+compiles the construct itself, SQLAlchemy's `schema_translate_map`. The caller's
+`search_path` plays no part."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from typing import Any
 
-from jobcore import runner
+from jobcore import naming, runner
 
 
 class Runner:
@@ -22,8 +27,9 @@ class Runner:
     # Each kind's own: a plain function for the sync kinds, a coroutine function otherwise.
     fetch: Callable[[Any, Mapping[str, Any]], Any]
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, schema: str = naming.DEFAULT_SCHEMA) -> None:
         self.conn = conn
+        self.schema = schema
 
     def atomic(self) -> Any:
         return nullcontext()
@@ -41,25 +47,34 @@ def _refuse_autocommit(conn: Any) -> None:
         )
 
 
+def _sqlalchemy_options(schema: str) -> dict[str, Any]:
+    """SQLAlchemy's own rewrite of the constructs' schema (they are all constructs, no text)."""
+    if schema == naming.DEFAULT_SCHEMA:
+        return {}
+    return {"schema_translate_map": {naming.DEFAULT_SCHEMA: schema}}
+
+
 class _SqlAlchemy(Runner):
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, schema: str = naming.DEFAULT_SCHEMA) -> None:
         _refuse_autocommit(conn)
-        super().__init__(conn)
+        super().__init__(conn, schema)
+        self._options = _sqlalchemy_options(schema)
 
     def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        result = self.conn.execute(statement, values)
+        result = self.conn.execute(statement, values, execution_options=self._options)
         return list(result.mappings()) if result.returns_rows else []
 
 
 class _SqlAlchemyAsync(Runner):
     is_async = True
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, schema: str = naming.DEFAULT_SCHEMA) -> None:
         _refuse_autocommit(conn.sync_connection)
-        super().__init__(conn)
+        super().__init__(conn, schema)
+        self._options = _sqlalchemy_options(schema)
 
     async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
-        result = await self.conn.execute(statement, values)
+        result = await self.conn.execute(statement, values, execution_options=self._options)
         return list(result.mappings()) if result.returns_rows else []
 
 
@@ -68,7 +83,7 @@ class _Asyncpg(Runner):
 
     async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
         compiled = runner.of(statement)
-        return list(await self.conn.fetch(compiled.sql, *compiled.args(values)))
+        return list(await self.conn.fetch(compiled.sql_in(self.schema), *compiled.args(values)))
 
     def atomic(self) -> AbstractAsyncContextManager[Any]:
         if self.conn.is_in_transaction():
@@ -77,9 +92,11 @@ class _Asyncpg(Runner):
         return transaction
 
 
-def _for_psycopg(statement: Any, values: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def _for_psycopg(
+    statement: Any, values: Mapping[str, Any], schema: str
+) -> tuple[str, dict[str, Any]]:
     compiled = runner.of(statement, "psycopg")
-    sql: str = compiled.string
+    sql = naming.translate(compiled.string, schema)
     return sql, dict(compiled.construct_params(values))
 
 
@@ -95,7 +112,7 @@ class _Psycopg(Runner):
     def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
         from psycopg.rows import dict_row
 
-        sql, params = _for_psycopg(statement, values)
+        sql, params = _for_psycopg(statement, values, self.schema)
         with self.conn.cursor(row_factory=dict_row) as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description is not None else []
@@ -113,7 +130,7 @@ class _PsycopgAsync(Runner):
     async def fetch(self, statement: Any, values: Mapping[str, Any]) -> list[Any]:
         from psycopg.rows import dict_row
 
-        sql, params = _for_psycopg(statement, values)
+        sql, params = _for_psycopg(statement, values, self.schema)
         async with self.conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(sql, params)
             return list(await cursor.fetchall()) if cursor.description is not None else []
@@ -125,7 +142,7 @@ class _PsycopgAsync(Runner):
         return nullcontext()
 
 
-def _django(conn: Any) -> Runner:
+def _django(conn: Any, schema: str) -> Runner:
     """Django's connection (`django.db.connection`, or `connections[alias]`) on PostgreSQL
     through psycopg 3: the statements run on the psycopg connection under it, so inside
     `transaction.atomic()` they are in that transaction (Django has turned autocommit off),
@@ -142,11 +159,11 @@ def _django(conn: Any) -> Runner:
             "cannot enqueue on a Django connection through psycopg2: install psycopg 3, "
             "which Django uses when it is present"
         )
-    return _Psycopg(inner)
+    return _Psycopg(inner, schema)
 
 
 # (package, class name) of a connection class or one of its bases -> how to run on it.
-ADAPTERS: dict[tuple[str, str], Callable[[Any], Runner]] = {
+ADAPTERS: dict[tuple[str, str], Callable[[Any, str], Runner]] = {
     ("sqlalchemy", "Connection"): _SqlAlchemy,
     ("sqlalchemy", "AsyncConnection"): _SqlAlchemyAsync,
     ("asyncpg", "Connection"): _Asyncpg,
@@ -159,12 +176,14 @@ ADAPTERS: dict[tuple[str, str], Callable[[Any], Runner]] = {
 }
 
 
-def runner_for(conn: Any) -> Runner:
-    """The adapter for `conn`'s kind, by its class's package and name."""
+def runner_for(conn: Any, schema: str | None = None) -> Runner:
+    """The adapter for `conn`'s kind, by its class's package and name, sending statements
+    into `schema` (default: the process's, `jobcore.naming.current()`)."""
+    target = naming.current() if schema is None else naming.check(schema)
     for cls in type(conn).__mro__:
         make = ADAPTERS.get((cls.__module__.partition(".")[0], cls.__qualname__))
         if make is not None:
-            return make(conn)
+            return make(conn, target)
     raise TypeError(
         f"cannot enqueue on a {type(conn).__module__}.{type(conn).__qualname__}: pass a "
         "SQLAlchemy Connection or AsyncConnection (for a Session: session.connection()), an "

@@ -1,4 +1,5 @@
-"""Database plumbing shared by both services: URLs, engines, the schema-at-head check.
+"""Database plumbing shared by both services: URLs, engines, session names, the
+schema-at-head check.
 
 `connect_args(url)` owns the translation of a libpq-style `DATABASE_URL` into
 asyncpg's connect arguments; every connection (the engines of both services,
@@ -6,6 +7,10 @@ migrations, the worker's LISTEN connection) is made through it, so a URL that
 works for one works for all. `check_url(url)` is the same parse without the
 result: settings validation calls it so a URL that cannot work stops the
 process at startup instead of failing every connection attempt later.
+
+Sessions are named `<role>/<revision>` (`session_name`): `jobqueue migrate` tells this
+release's sessions from the previous release's, whose names had no revision, by
+`pg_stat_activity.application_name` (`jobcore.migrate`).
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from jobcore import naming
 from jobcore.errors import SchemaNotAtHead
-from jobcore.schema import SCHEMA_REVISION
+from jobcore.schema import ACCEPTED_REVISIONS, SCHEMA_REVISION
 
 _SCHEME = re.compile(r"postgres(?:ql)?(?:\+asyncpg)?://")
 
@@ -130,6 +137,13 @@ def _connect_timeout(value: str) -> float | None:
     return float(max(seconds, _MIN_CONNECT_TIMEOUT)) if seconds > 0 else None
 
 
+def session_name(role: str = "jobqueue") -> str:
+    """This release's `application_name` for a session of `role` (`jobqueue-api`,
+    `jobqueue-worker`, ...): the role and the revision this code migrates to. The URL's own
+    `application_name` still wins."""
+    return f"{role}/{SCHEMA_REVISION}"
+
+
 def check_url(url: str) -> None:
     """Raise ValueError naming the parameter at fault if `url` cannot be used to connect."""
     _parse(url)
@@ -138,7 +152,7 @@ def check_url(url: str) -> None:
 def connect_args(
     url: str,
     *,
-    application_name: str = "jobqueue",
+    application_name: str | None = None,
     timeout: float = 5.0,
     server_settings: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -150,7 +164,7 @@ def connect_args(
     `options`, so where both set the same parameter the caller's value holds.
     """
     parsed = _parse(url)
-    settings = {"application_name": application_name, **parsed.server_settings}
+    settings = {"application_name": application_name or session_name(), **parsed.server_settings}
     settings.update(server_settings or {})
     return {
         "dsn": parsed.dsn,
@@ -171,26 +185,29 @@ def make_engine(
     connect_timeout: float = 5.0,
     statement_timeout: float | None = None,
     pre_ping: bool = True,
+    schema: str | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
     """An asyncpg engine that fails fast when the database is unreachable.
 
     `pre_ping` costs a round trip per checkout; a caller that retries failed
-    statements anyway (the worker) turns it off.
+    statements anyway (the worker) turns it off. `schema` (default: the process's,
+    `jobcore.naming.current()`) is where its statements find jobqueue's tables: for any
+    schema but the default, every statement it sends is rewritten into it.
     """
     own: dict[str, str] = {}
     if statement_timeout is not None:
         own["statement_timeout"] = str(int(statement_timeout * 1000))
     args = connect_args(
         url,
-        application_name=kwargs.pop("application_name", "jobqueue"),
+        application_name=kwargs.pop("application_name", None),
         timeout=connect_timeout,
         server_settings=own,
     )
     # The whole URL travels in `dsn` (multi-host lists and `?host=/socket/dir` included),
     # parsed by asyncpg: SQLAlchemy's URL parser would turn each query parameter into a
     # keyword argument asyncpg.connect() does not take.
-    return create_async_engine(
+    engine = create_async_engine(
         "postgresql+asyncpg://",
         pool_size=pool_size,
         max_overflow=kwargs.pop("max_overflow", 0),
@@ -199,19 +216,35 @@ def make_engine(
         connect_args=args,
         **kwargs,
     )
+    target = naming.current() if schema is None else naming.check(schema)
+    if target != naming.DEFAULT_SCHEMA:
+        # Constructs and text alike, whatever SQLAlchemy executes: the one rewrite.
+        @event.listens_for(engine.sync_engine, "before_cursor_execute", retval=True)
+        def _into_schema(
+            conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
+        ) -> tuple[str, Any]:
+            return naming.translate(statement, target), parameters
+
+    return engine
+
+
+# The version table, in jobqueue's schema; rewritten by the engine like every statement.
+_VERSION_EXISTS = sa.text("SELECT to_regclass('jobqueue.alembic_version') IS NOT NULL")
+_VERSION = sa.text("SELECT version_num FROM jobqueue.alembic_version")
 
 
 async def schema_revision(conn: AsyncConnection) -> str | None:
-    exists = await conn.scalar(sa.text("SELECT to_regclass('alembic_version') IS NOT NULL"))
-    if not exists:
+    """The revision recorded in jobqueue's schema, or None (nothing migrated there yet)."""
+    if not await conn.scalar(_VERSION_EXISTS):
         return None
-    found = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
+    found = await conn.scalar(_VERSION)
     return str(found) if found is not None else None
 
 
 async def check_schema(engine: AsyncEngine) -> None:
-    """Raise SchemaNotAtHead unless migrations have brought the schema to this code's revision."""
+    """Raise SchemaNotAtHead unless migrations have brought the schema to a revision this
+    code works on (`ACCEPTED_REVISIONS`)."""
     async with engine.connect() as conn:
         found = await schema_revision(conn)
-    if found != SCHEMA_REVISION:
+    if found not in ACCEPTED_REVISIONS:
         raise SchemaNotAtHead(found, SCHEMA_REVISION)

@@ -59,7 +59,7 @@ class SchemaNotAtHead(JobqueueError):
         self.expected = expected
         super().__init__(
             f"database schema is at revision {found or 'none'}, this version needs "
-            f"{expected}: run `alembic upgrade head` first"
+            f"{expected}: run `jobqueue migrate` first"
         )
 
 

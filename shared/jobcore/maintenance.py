@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from jobcore import naming
 from jobcore.schema import maintenance_leases, metadata
 from jobcore.states import FINISHED, Status
 
@@ -68,8 +69,8 @@ def _prune(status: Status) -> sa.TextualSelect:
     return sa.text(
         f"""
 WITH gone AS (
-    DELETE FROM jobs WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
         WHERE status BETWEEN '{value}' AND '{value}' AND id < {_CREATED_BEFORE}
           AND coalesce(finished_at, updated_at)
               < now() - CAST(:age AS float8) * interval '1 second'
@@ -89,8 +90,15 @@ JOB_PRUNE: dict[Status, sa.TextualSelect] = {status: _prune(status) for status i
 
 # --- vacuum, where autovacuum does not (jobqueue_worker.vacuum) ----------------------------
 
-# jobqueue's tables, as SQL names (schema-qualified where the metadata says so).
+# jobqueue's tables, as SQL names, schema-qualified (in the default schema, as every
+# statement is written: `tables()` names them in the process's schema).
 TABLES = [table.fullname for table in metadata.sorted_tables]
+
+
+def tables() -> list[str]:
+    """`TABLES` in this process's schema (`jobcore.naming`)."""
+    return [naming.translate(table) for table in TABLES]
+
 
 # Per table of jobqueue's: its dead tuples as the statistics count them, and whether
 # autovacuum will ever vacuum it (on for the server, not turned off for the table).
@@ -113,7 +121,7 @@ ORDER BY 1"""
 def vacuum_sql(table: str) -> str:
     """`VACUUM` of one of `TABLES`, skipping it if another vacuum (or DDL) holds it. Not a
     construct: VACUUM runs outside any transaction and takes no parameters."""
-    if table not in TABLES:
+    if table not in tables():
         raise ValueError(f"not one of jobqueue's tables: {table!r}")
     return f"VACUUM (SKIP_LOCKED) {table}"
 

@@ -2,7 +2,11 @@
 `jobcore.queries` compiled once per process and dialect (`of`), its parameters put in the
 order the SQL takes them (`Compiled.args`), on a connection kind's adapter (`Driver` for
 asyncpg, which the worker and the API's hot path use; `jobcore.connections` for every kind
-transactional enqueue takes)."""
+transactional enqueue takes).
+
+The SQL is compiled for jobqueue's default schema and sent in the process's own
+(`jobcore.naming`): `Compiled.sql` is the statement as this process sends it,
+`Compiled.sql_in(schema)` as a caller naming another schema does."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
+
+from jobcore import naming
 
 _DIALECT = asyncpg_dialect()  # type: ignore[no-untyped-call]
 
@@ -27,11 +33,13 @@ class Driver(Protocol):
 class Compiled:
     """A construct's SQL for asyncpg, and how to order its parameters."""
 
-    __slots__ = ("_order", "sql")
+    __slots__ = ("_order", "_sql", "_translated")
 
     def __init__(self, statement: Any) -> None:
         compiled = statement.compile(dialect=_DIALECT)
-        self.sql: str = compiled.string
+        self._sql: str = compiled.string
+        # The last schema asked for and the SQL in it (a process asks for one schema).
+        self._translated: tuple[str, str] = (naming.DEFAULT_SCHEMA, self._sql)
         binds = compiled.binds
         # Per positional parameter: the caller's value by name (fixed=None), or the
         # literal the construct itself holds (e.g. `attempts + 1`).
@@ -39,6 +47,19 @@ class Compiled:
             (name, binds[name].required, binds[name].effective_value)
             for name in compiled.positiontup or ()
         ]
+
+    @property
+    def sql(self) -> str:
+        """The statement in this process's schema (`jobcore.naming.current()`)."""
+        return self.sql_in(naming.current())
+
+    def sql_in(self, schema: str) -> str:
+        """The statement naming `schema`'s tables."""
+        target, sql = self._translated
+        if target != schema:
+            sql = naming.translate(self._sql, schema)
+            self._translated = (schema, sql)
+        return sql
 
     @property
     def positional(self) -> list[str]:

@@ -1,15 +1,25 @@
-"""The `jobs` table (and the per-type rate windows) as SQLAlchemy Core metadata; Alembic
-migrations must match it."""
+"""jobqueue's tables as SQLAlchemy Core metadata, in schema `DEFAULT_SCHEMA`; Alembic
+migrations must match it.
+
+Every construct renders its tables schema-qualified (`jobqueue.jobs`); a process configured
+with another `DATABASE_SCHEMA` rewrites that qualifier where SQL is sent (`jobcore.naming`).
+"""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
+from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
-# Bump together with a new Alembic revision; services refuse to start on any other.
-SCHEMA_REVISION = "0007"
+# Bump together with a new Alembic revision: the head this code migrates to.
+SCHEMA_REVISION = "0009"
+# The revisions this code works on; services refuse to start on any other. 0008 moved the
+# tables into the schema and left compatibility views in `public` for the previous
+# release; 0009 drops the views (`jobqueue migrate` defers it while that release runs),
+# which this code never reads.
+ACCEPTED_REVISIONS = frozenset({"0008", "0009"})
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -23,7 +33,7 @@ TRACEBACK_LIMIT = 8192
 # The list indexes: name -> the columns before `id`.
 LIST_INDEXES = {"status": ("status",), "type": ("type", "status"), "queue": ("queue", "status")}
 
-metadata = sa.MetaData()
+metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in Status)
 

@@ -133,20 +133,20 @@ _DEAD_LETTER = f"'{Status.DEAD_LETTER.value}'"
 QUEUE_GET_DEPTHS = sa.text(
     f"""
 WITH RECURSIVE known(queue) AS (
-    (SELECT queue FROM jobs WHERE status <> {_PROCESSING} ORDER BY queue LIMIT 1)
+    (SELECT queue FROM jobqueue.jobs WHERE status <> {_PROCESSING} ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT queue FROM jobs WHERE status <> {_PROCESSING} AND queue > known.queue
+    SELECT (SELECT queue FROM jobqueue.jobs WHERE status <> {_PROCESSING} AND queue > known.queue
             ORDER BY queue LIMIT 1)
     FROM known WHERE known.queue IS NOT NULL
 ), running AS (
-    SELECT queue, count(*) AS n FROM jobs WHERE status = {_PROCESSING} GROUP BY queue
+    SELECT queue, count(*) AS n FROM jobqueue.jobs WHERE status = {_PROCESSING} GROUP BY queue
 ), queues AS (
     SELECT queue FROM known WHERE queue IS NOT NULL
     UNION
     SELECT queue FROM running
 )
 SELECT q.queue, p.pending, p.scheduled, coalesce(r.n, 0) AS processing,
-       (SELECT count(*) FROM jobs
+       (SELECT count(*) FROM jobqueue.jobs
         WHERE status = {_DEAD_LETTER} AND queue = q.queue) AS dead_letter,
        coalesce(extract(epoch FROM now() - p.oldest_due), 0)::float8
            AS oldest_pending_age_seconds
@@ -156,7 +156,7 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
            count(*) FILTER (WHERE run_at > now()) AS scheduled,
            min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-    FROM jobs WHERE status = {_PENDING} AND queue = q.queue
+    FROM jobqueue.jobs WHERE status = {_PENDING} AND queue = q.queue
 ) AS p
 ORDER BY q.queue"""
 ).columns(
@@ -204,7 +204,7 @@ JOB_COUNT_FINISHED_PER_MINUTE = sa.text(
     f"""
 WITH finished AS (
     SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
-    FROM jobs
+    FROM jobqueue.jobs
     WHERE finished_at >= {_FIRST_MINUTE}
     GROUP BY 1, 2
 )

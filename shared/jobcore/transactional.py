@@ -342,27 +342,33 @@ async def _first(ids: Awaitable[list[UUID]]) -> UUID:
 
 
 @overload
-def enqueue_many(conn: SyncConnection, jobs: Iterable[Mapping[str, Any]]) -> list[UUID]: ...
+def enqueue_many(
+    conn: SyncConnection, jobs: Iterable[Mapping[str, Any]], *, schema: str | None = None
+) -> list[UUID]: ...
 
 
 @overload
 def enqueue_many(
-    conn: AsyncConnectionLike, jobs: Iterable[Mapping[str, Any]]
+    conn: AsyncConnectionLike, jobs: Iterable[Mapping[str, Any]], *, schema: str | None = None
 ) -> Coroutine[Any, Any, list[UUID]]: ...
 
 
-def enqueue_many(conn: Any, jobs: Iterable[Mapping[str, Any]]) -> Any:
+def enqueue_many(conn: Any, jobs: Iterable[Mapping[str, Any]], *, schema: str | None = None) -> Any:
     """Write `jobs` (create items as the API's batch takes them: `type`, `payload`,
     `max_attempts`, `queue`, `priority`, `run_at` or `delay`, `timeout`, `idempotency_key`)
     in the transaction open on `conn`, with one statement. Returns their ids in input order
     (a coroutine of them, for an async connection); an item whose idempotency key names an
     existing job of the same request gets that job's id.
 
+    `schema` is the PostgreSQL schema holding jobqueue's tables: default the process's
+    `DATABASE_SCHEMA` (`jobqueue` when unset). The statements name it; the connection's
+    `search_path` does not matter.
+
     Raises `InvalidRequest` (a ValueError) naming every invalid item, and
     `IdempotencyConflict` when a key is bound to a different request; either way the
-    transaction holds none of these jobs.
+    transaction holds none of these jobs. A `schema` that cannot be one is a ValueError.
     """
-    runner = connections.runner_for(conn)
+    runner = connections.runner_for(conn, schema)
     items = list(jobs)
     if runner.is_async:
         return _run_async(runner, items)
@@ -372,22 +378,36 @@ def enqueue_many(conn: Any, jobs: Iterable[Mapping[str, Any]]) -> Any:
 
 
 @overload
-def enqueue(conn: SyncConnection, type: str, payload: Any = None, **fields: Any) -> UUID: ...
+def enqueue(
+    conn: SyncConnection,
+    type: str,
+    payload: Any = None,
+    *,
+    schema: str | None = None,
+    **fields: Any,
+) -> UUID: ...
 
 
 @overload
 def enqueue(
-    conn: AsyncConnectionLike, type: str, payload: Any = None, **fields: Any
+    conn: AsyncConnectionLike,
+    type: str,
+    payload: Any = None,
+    *,
+    schema: str | None = None,
+    **fields: Any,
 ) -> Coroutine[Any, Any, UUID]: ...
 
 
-def enqueue(conn: Any, type: str, payload: Any = None, **fields: Any) -> Any:
+def enqueue(
+    conn: Any, type: str, payload: Any = None, *, schema: str | None = None, **fields: Any
+) -> Any:
     """Write one job of `type` in the transaction open on `conn`; returns its id (a coroutine
     of it, for an async connection). `payload` defaults to `{}`; `fields` are the create
     request's (`max_attempts`, `queue`, `priority`, `run_at` as an aware datetime or RFC 3339
     text, `delay` and `timeout` as seconds, a timedelta or a duration such as "90s") and
-    `idempotency_key`. Raises as `enqueue_many` does."""
-    ids = enqueue_many(conn, [_item(type, payload, fields)])
+    `idempotency_key`; `schema` as for `enqueue_many`. Raises as `enqueue_many` does."""
+    ids = enqueue_many(conn, [_item(type, payload, fields)], schema=schema)
     if isinstance(ids, list):
         return ids[0]
     return _first(ids)

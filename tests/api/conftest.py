@@ -61,7 +61,7 @@ def app_of(client: httpx.AsyncClient) -> Starlette:
 
 async def job_count(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        return int(await conn.scalar(sa.text("SELECT count(*) FROM jobs")) or 0)
+        return int(await conn.scalar(sa.text("SELECT count(*) FROM jobqueue.jobs")) or 0)
 
 
 class LogCapture:

@@ -19,7 +19,7 @@ from tests.pg import driver
 
 # Claims the one job named, whatever else is due: the tests choose which job runs.
 _TAKE = sa.text(
-    "UPDATE jobs SET status = 'processing', attempts = attempts + 1, "
+    "UPDATE jobqueue.jobs SET status = 'processing', attempts = attempts + 1, "
     "lease_token = lease_token + 1, locked_until = now() + interval '10 minutes', "
     "updated_at = now() WHERE id = :id AND status = 'pending' RETURNING lease_token"
 )

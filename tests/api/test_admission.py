@@ -29,7 +29,7 @@ from tests.faultproxy import FaultProxy
 
 async def _pending(engine: AsyncEngine, queue: str) -> int:
     async with engine.connect() as conn:
-        query = "SELECT count(*) FROM jobs WHERE queue = :q AND status = 'pending'"
+        query = "SELECT count(*) FROM jobqueue.jobs WHERE queue = :q AND status = 'pending'"
         return int(await conn.scalar(sa.text(query), {"q": queue}) or 0)
 
 
@@ -301,7 +301,7 @@ async def test_a_queue_admits_again_within_the_refresh_period_after_it_drains(
     await _fill(api, "default", 2)
     _assert_refused(await _post(api), "default")
     async with engine.begin() as conn:
-        await conn.execute(sa.text("UPDATE jobs SET status = 'completed'"))
+        await conn.execute(sa.text("UPDATE jobqueue.jobs SET status = 'completed'"))
     drained = time.monotonic()
     while (response := await _post(api)).status_code == 429:
         assert time.monotonic() - drained < REFRESH + 2, "still refused long after draining"

@@ -181,7 +181,7 @@ async def test_payloads_are_written_and_read_as_the_standard_library_would(
     assert job.payload == payload
     async with api_engine.connect() as conn:
         raw = await driver(conn)
-        text = await raw.fetchval("SELECT payload::text FROM jobs WHERE id = $1", new.id)
+        text = await raw.fetchval("SELECT payload::text FROM jobqueue.jobs WHERE id = $1", new.id)
     # The same values, of the same types (jsonb writes 1e16 as an integer: both read an int).
     assert _typed(jsonio.loads(text)) == _typed(json.loads(text)) == _typed(job.payload)
 

@@ -15,12 +15,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobcore.db import session_name
 from jobqueue_api import calls, database
 from tests.api.conftest import LogCapture, job_count
 
 _API_BACKENDS = (
     "FROM pg_stat_activity WHERE datname = current_database() "
-    "AND application_name = 'jobqueue-api' AND pid <> pg_backend_pid()"
+    f"AND application_name = '{session_name('jobqueue-api')}' AND pid <> pg_backend_pid()"
 )
 
 

@@ -36,7 +36,7 @@ async def _submit_all(api: httpx.AsyncClient, n: int = CLIENTS) -> list[httpx.Re
 
 async def _created_at(engine: AsyncEngine) -> dict[str, Any]:
     async with engine.connect() as conn:
-        rows = await conn.execute(sa.text("SELECT id::text, created_at FROM jobs"))
+        rows = await conn.execute(sa.text("SELECT id::text, created_at FROM jobqueue.jobs"))
         return dict(rows.all())
 
 

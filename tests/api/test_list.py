@@ -22,7 +22,7 @@ from tests.api.conftest import job_count
 from tests.api.jobstates import in_status
 
 _SET_STATUS = sa.text(
-    "UPDATE jobs SET status = :status, finished_at = CASE WHEN :finished THEN now() END, "
+    "UPDATE jobqueue.jobs SET status = :status, finished_at = CASE WHEN :finished THEN now() END, "
     "locked_until = CASE WHEN :status = 'processing' THEN now() + interval '1 hour' END "
     "WHERE id = ANY(:ids)"
 )

@@ -11,7 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobcore.states import Status
 from tests.api.jobstates import in_status, submit
 
-_DUE_SINCE = sa.text("UPDATE jobs SET run_at = now() - make_interval(secs => :age) WHERE id = :id")
+_DUE_SINCE = sa.text(
+    "UPDATE jobqueue.jobs SET run_at = now() - make_interval(secs => :age) WHERE id = :id"
+)
 
 
 async def test_no_jobs_no_queues(api: httpx.AsyncClient):

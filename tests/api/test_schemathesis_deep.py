@@ -60,7 +60,7 @@ class LiveApi:
     session: requests.Session
 
     def job_count(self) -> int:
-        row = self.db.execute("SELECT count(*) FROM jobs").fetchone()
+        row = self.db.execute("SELECT count(*) FROM jobqueue.jobs").fetchone()
         assert row is not None
         return int(row[0])
 

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import control
+from jobcore.db import session_name
 from jobcore.states import Status
 from jobqueue_api import waiters as waiters_module
 from jobqueue_api.app import shut_down
@@ -39,7 +40,7 @@ async def _until(predicate: Callable[[], Any], what: str, within: float = 10) ->
 
 async def _awaited(engine: AsyncEngine, job_id: uuid.UUID) -> bool:
     async with engine.connect() as conn:
-        query = sa.text("SELECT awaited FROM jobs WHERE id = :id")
+        query = sa.text("SELECT awaited FROM jobqueue.jobs WHERE id = :id")
         return bool(await conn.scalar(query, {"id": job_id}))
 
 
@@ -187,7 +188,8 @@ async def test_a_finish_while_the_listener_is_down_is_not_missed_and_others_keep
         killed = await conn.scalar(
             sa.text(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = 'jobqueue-api-listen' AND datname = current_database()"
+                f"WHERE application_name = '{session_name('jobqueue-api-listen')}'"
+                " AND datname = current_database()"
             )
         )
     assert killed == 1

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import compiled, store
+from jobcore.db import session_name
 from jobcore.ids import new_id
 from jobcore.rows import Lease, NewJob
 from jobcore.states import Operation, Status
@@ -32,11 +33,11 @@ pytestmark = pytest.mark.e2e
 WAITERS = 1000
 
 _TAKE_ALL = sa.text(
-    "UPDATE jobs SET status = 'processing', attempts = 1, lease_token = lease_token + 1, "
+    "UPDATE jobqueue.jobs SET status = 'processing', attempts = 1, lease_token = lease_token + 1, "
     "locked_until = now() + interval '10 minutes' WHERE status = 'pending' "
     "RETURNING id, lease_token"
 )
-_AWAITED = sa.text("SELECT count(*) FROM jobs WHERE awaited")
+_AWAITED = sa.text("SELECT count(*) FROM jobqueue.jobs WHERE awaited")
 _BACKENDS = sa.text(
     "SELECT application_name, count(*) FROM pg_stat_activity "
     "WHERE datname = current_database() AND application_name LIKE 'jobqueue-api%' "
@@ -112,8 +113,8 @@ async def test_a_thousand_concurrent_waiters_on_one_process_are_all_answered_whe
     async with engine.connect() as conn:
         backends = {name: n for name, n in await conn.execute(_BACKENDS)}
     # The waiters hold no connection each: the pool's (at most 10) and one listener.
-    assert backends.get("jobqueue-api-listen") == 1, backends
-    assert backends.get("jobqueue-api", 0) <= 10, backends
+    assert backends.get(session_name("jobqueue-api-listen")) == 1, backends
+    assert backends.get(session_name("jobqueue-api"), 0) <= 10, backends
 
     async with engine.begin() as conn:
         lost = await compiled.record(await driver(conn), Operation.COMPLETE, leases)
@@ -140,7 +141,7 @@ async def test_a_waiter_is_answered_within_a_second_of_the_finishing_commit(
             waiting = asyncio.create_task(client.get(f"/jobs/{job.id}?wait=10s"))
 
             async def awaited(job_id: UUID = job.id) -> bool:
-                query = sa.text("SELECT awaited FROM jobs WHERE id = :id")
+                query = sa.text("SELECT awaited FROM jobqueue.jobs WHERE id = :id")
                 return bool(await _scalar(engine, query, id=job_id))
 
             await _until(awaited, "the job to be awaited", 10)
@@ -168,7 +169,7 @@ async def test_on_sigterm_waiting_requests_are_answered_at_once_with_the_job_as_
         waiting = asyncio.create_task(client.get(f"/jobs/{job.id}?wait=60s"))
 
         async def awaited() -> bool:
-            query = sa.text("SELECT awaited FROM jobs WHERE id = :id")
+            query = sa.text("SELECT awaited FROM jobqueue.jobs WHERE id = :id")
             return bool(await _scalar(engine, query, id=job.id))
 
         await _until(awaited, "the job to be awaited", 10)
@@ -194,7 +195,7 @@ async def test_a_client_that_leaves_while_waiting_frees_its_request_at_once(
     request = await RawRequest.send(api, f"/jobs/{job.id}?wait=60s")
 
     async def awaited() -> bool:
-        query = sa.text("SELECT awaited FROM jobs WHERE id = :id")
+        query = sa.text("SELECT awaited FROM jobqueue.jobs WHERE id = :id")
         return bool(await _scalar(engine, query, id=job.id))
 
     await _until(awaited, "the job to be awaited", 10)

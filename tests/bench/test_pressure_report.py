@@ -167,6 +167,6 @@ def test_quick_shortens_every_phase_and_options_override_it() -> None:
 
 
 def test_a_table_is_named_with_its_schema_once_it_has_one() -> None:
-    assert qualified(schema.jobs) == JOBS == "jobs"
+    assert qualified(schema.jobs) == JOBS == "jobqueue.jobs"
     assert qualified(sa.Table("jobs", sa.MetaData(), schema="Queue")) == '"Queue".jobs'
     assert sorted(TABLES) == sorted(qualified(t) for t in schema.metadata.tables.values())

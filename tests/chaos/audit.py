@@ -17,7 +17,7 @@ import psycopg
 from tests.chaos.evidence import JobRow, Pruned
 
 INSTALL = """
-CREATE TABLE chaos_pruned (
+CREATE TABLE public.chaos_pruned (
     id uuid NOT NULL,
     type text NOT NULL,
     status text NOT NULL,
@@ -32,7 +32,7 @@ CREATE TABLE chaos_pruned (
 );
 CREATE FUNCTION chaos_record_pruned() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chaos_pruned
+    INSERT INTO public.chaos_pruned
     SELECT id, type, status, attempts, max_attempts, lease_token, idempotency_key, queue,
            finished_at, now(), current_setting('application_name')
     FROM gone;
@@ -54,7 +54,14 @@ class Queries(Protocol):
 
 
 def install(conn: psycopg.Connection) -> None:
-    conn.execute(INSTALL)
+    # `jobs` wherever the migrating release put it: jobqueue's schema, or (a release before
+    # 0008) public, from where 0008 moves it with its triggers. The audit table stays in
+    # public, where every session's default search_path finds it.
+    conn.execute("SET search_path TO jobqueue, public")
+    try:
+        conn.execute(INSTALL)
+    finally:
+        conn.execute("RESET search_path")
 
 
 def pruned(db: Queries) -> list[Pruned]:

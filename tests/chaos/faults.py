@@ -429,7 +429,7 @@ def lock_enqueue(c: Chaos) -> Injected:
     locked, bystanders = _lock_targets(c)
     rows = c.system.query(
         "SELECT id, type, payload, max_attempts, queue, priority, timeout, idempotency_key"
-        " FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
+        " FROM jobqueue.jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
         " AND idempotency_key IS NOT NULL",
         (locked,),
     )
@@ -501,7 +501,7 @@ def _lock_targets(c: Chaos) -> tuple[list[str], list[str]]:
         held = {
             (str(job_id), int(token))
             for job_id, token in c.system.query(
-                "SELECT id, lease_token FROM jobs WHERE status = 'processing'"
+                "SELECT id, lease_token FROM jobqueue.jobs WHERE status = 'processing'"
             )
         }
     c.tail.poll()
@@ -528,7 +528,7 @@ def _psql_lock(c: Chaos, ids: list[str]) -> tuple[dict[str, Any], str]:
     for LOCK_SECONDS once it holds them; then COMMIT. Without a psql binary, the same
     statements on a psycopg connection."""
     sql = (
-        "SELECT id FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
+        "SELECT id FROM jobqueue.jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
         " ORDER BY id FOR UPDATE"
     )
     psql = _psql(c)
@@ -607,7 +607,8 @@ def _rows_locked(c: Chaos, backend: int, ids: list[str]) -> dict[str, Any]:
     pgrowlocks, which takes no lock on a row; {} if it cannot be read."""
     try:
         rows = c.system.query(
-            "SELECT j.id FROM pgrowlocks('jobs') l JOIN jobs j ON j.ctid = l.locked_row"
+            "SELECT j.id FROM pgrowlocks('jobqueue.jobs') l"
+            " JOIN jobqueue.jobs j ON j.ctid = l.locked_row"
             " WHERE %s = ANY(l.pids) AND j.id = ANY(%s::uuid[])",
             (backend, ids),
         )
@@ -635,7 +636,7 @@ def cut_listener(c: Chaos) -> Injected:
     cut_at = time.time()
     ((terminated,),) = c.system.query(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE application_name = %s) t",
+        " WHERE split_part(application_name, '/', 1) = %s) t",
         (LISTEN_NAME,),
     )
     back_at = wait_until(lambda: _listeners(c, since=cut_at) >= before, RECONNECT_LIMIT, 0.05)
@@ -668,7 +669,8 @@ def _listeners(c: Chaos, since: float | None = None) -> int:
     """The workers' LISTEN connections (opened after `since`, if given)."""
     try:
         ((n,),) = c.system.query(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE split_part(application_name, '/', 1) = %s"
             " AND (%s::float8 IS NULL OR backend_start > to_timestamp(%s::float8))",
             (LISTEN_NAME, since, since),
         )
@@ -693,7 +695,7 @@ def _at_rest(c: Chaos, ids: list[str]) -> bool:
     """Whether every job of `ids` finished (retention may have deleted it since)."""
     try:
         ((n,),) = c.system.query(
-            "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])"
+            "SELECT count(*) FROM jobqueue.jobs WHERE id = ANY(%s::uuid[])"
             " AND status IN ('completed', 'failed', 'dead_letter', 'cancelled')",
             (ids,),
         )
@@ -729,7 +731,7 @@ def _stopped(pid: int) -> bool:
 
 def _token_after(c: Chaos, job_id: str, token: int) -> bool:
     try:
-        rows = c.system.query("SELECT lease_token FROM jobs WHERE id = %s", (job_id,))
+        rows = c.system.query("SELECT lease_token FROM jobqueue.jobs WHERE id = %s", (job_id,))
     except Exception:
         return False
     return bool(rows) and int(rows[0][0]) > token
@@ -778,7 +780,7 @@ def stalled(query: Callable[..., list[tuple[Any, ...]]], since: float) -> str | 
             "  'completed', 'failed', 'dead_letter', 'cancelled')"
             "  AND updated_at >= to_timestamp(%s)),"
             " count(*) FILTER (WHERE (status = 'pending' AND run_at <= now())"
-            "  OR (status = 'processing' AND type <> %s)) FROM jobs",
+            "  OR (status = 'processing' AND type <> %s)) FROM jobqueue.jobs",
             (since, LONG_TYPE),
         )
     except Exception as exc:

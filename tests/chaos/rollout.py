@@ -16,13 +16,15 @@ The phase (`run`), every step under the client's load:
 1. the database is at the previous release's head, migrated by its own tree's `alembic
    upgrade head` (`Release.migrate`, from `System.start`); its API and workers serve
    alone for `ALONE` seconds;
-2. the head's `alembic upgrade head` runs (as an operator, or a deployment's migration
-   job, runs it: its own process) while they go on serving; whatever revisions the head
-   has beyond the previous release's are applied, none if it has none;
+2. the head's `jobqueue migrate` runs (as an operator, or a deployment's migration job,
+   runs it: its own process) while they go on serving; it applies the head's revisions
+   beyond the previous release's, except that it stops after 0008 while sessions of a
+   release before 0008 are connected (their compatibility views stay; docs/upgrading.md);
 3. the head's APIs and workers start beside the old ones; once all are ready the client
    sends to the old and the new APIs for `BESIDE` seconds;
 4. the old APIs leave the client's rotation (as a load balancer takes a terminating
-   instance out), then every old service gets SIGTERM and must exit 0.
+   instance out), then every old service gets SIGTERM and must exit 0;
+5. `jobqueue migrate` runs again and reaches the head (0009 drops the views).
 
 A readiness monitor polls every service that should be serving (`/readyz`, and for a worker
 all its processes started) twice a second throughout. The record (`evidence.Rollout`) goes
@@ -117,6 +119,23 @@ def checkout(commit: str, into: Path) -> Release:
     return Release(commit, into)
 
 
+def migrate_head(url: str) -> tuple[int, str, float]:
+    """The head's `jobqueue migrate`, in a process of its own: exit status, output, seconds."""
+    started = time.monotonic()
+    code = "import sys; from jobcore.client.cli import main; sys.exit(main(['migrate']))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=MIGRATION_LIMIT,
+        check=False,
+    )
+    output = (result.stdout + result.stderr).strip()
+    return result.returncode, output[-2000:], time.monotonic() - started
+
+
 def upgrade(root: Path, url: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """`alembic upgrade head` of the tree at `root`, in a process of its own: exit status,
     output, seconds."""
@@ -150,11 +169,14 @@ def revisions_between(url: str, older: str | None, newer: str | None) -> list[st
 
 
 def current_revision(system: System) -> str | None:
-    try:
-        rows = system.query("SELECT version_num FROM alembic_version")
-    except Exception:
-        return None
-    return str(rows[0][0]) if rows else None
+    """The revision in jobqueue's schema, else (a release before 0008) in public."""
+    for table in ("jobqueue.alembic_version", "public.alembic_version"):
+        try:
+            rows = system.query(f"SELECT version_num FROM {table}")
+        except Exception:
+            continue
+        return str(rows[0][0]) if rows else None
+    return None
 
 
 class Monitor:
@@ -220,13 +242,18 @@ def run(system: System, load: Load, log: Callable[[str], None] = print) -> Rollo
     try:
         time.sleep(ALONE)  # the old release alone under load: part of the phase
         began = time.time()
-        code, output, _ = upgrade(ROOT, url)
+        code, output, _ = migrate_head(url)
         migrated = (began, time.time())
         to_revision = current_revision(system)
         log(
-            f"rollout: alembic upgrade head exited {code} after {migrated[1] - began:.2f}s, "
+            f"rollout: jobqueue migrate exited {code} after {migrated[1] - began:.2f}s, "
             f"revision {from_revision} -> {to_revision}"
         )
+        if from_revision is not None and from_revision < "0008" and to_revision != "0008":
+            problems.append(
+                f"jobqueue migrate reached {to_revision} while the previous release served:"
+                " it must stop after 0008, whose views that release works through"
+            )
         time.sleep(AFTER_MIGRATION)  # the old release on the new schema, alone
         new = system.launch_staged()
         new_ready_at = wait_until(lambda: all(system.ready(s) for s in new), START_LIMIT)
@@ -253,6 +280,12 @@ def run(system: System, load: Load, log: Callable[[str], None] = print) -> Rollo
             exits.append((service.name, status))
             system.retire(service)
         log(f"rollout: the previous release stopped ({_exits(exits)})")
+        if to_revision != target:  # the deferred rest, now that the old sessions are gone
+            again, more, _ = migrate_head(url)
+            code = again if code == 0 else code
+            output = f"{output}\n{more}"
+            to_revision = current_revision(system)
+            log(f"rollout: jobqueue migrate again exited {again}, revision {to_revision}")
     except Exception as exc:  # the record says it, the checker fails the run
         problems.append(f"the rollout failed: {type(exc).__name__}: {exc}")
         stopped_at = time.time()

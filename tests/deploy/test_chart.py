@@ -92,7 +92,7 @@ def test_migration_runs_as_pre_install_and_pre_upgrade_hook_before_the_services(
     manifests = default_manifests if values == "default" else production_manifests
     job = only(manifests, "Job", "-migration")
     assert hooks(job) == {"pre-install", "pre-upgrade"}
-    assert container(job)["args"] == ["alembic", "upgrade", "head"]
+    assert container(job)["args"] == ["jobqueue", "migrate"]
     assert pod(job)["restartPolicy"] == "Never"
     # Hooks run before the release's own objects exist: the Secret the Job reads
     # must be a hook created before it, or one the operator already has.

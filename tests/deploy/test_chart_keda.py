@@ -120,7 +120,7 @@ def filled(pg_server: str, pg_template: str) -> Iterator[str]:
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(FILL, ROWS, timeout=300)
-            await conn.execute("VACUUM ANALYZE jobs", timeout=300)
+            await conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=300)
         finally:
             await conn.close()
 
@@ -135,7 +135,7 @@ async def test_the_query_counts_due_pending_jobs_of_the_served_queues_only(fille
     query = query_of(render({**KEDA, "config": {"QUEUES": "default,critical:2"}}))
     conn = await asyncpg.connect(filled)
     try:
-        rows = await conn.fetch("SELECT status, queue, run_at <= now() AS due FROM jobs")
+        rows = await conn.fetch("SELECT status, queue, run_at <= now() AS due FROM jobqueue.jobs")
         counted = await conn.fetchval(query)
     finally:
         await conn.close()

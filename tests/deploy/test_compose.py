@@ -33,7 +33,7 @@ def test_postgres_16_has_a_healthcheck_and_a_named_volume(compose: dict[str, Any
 
 def test_migration_runs_once_after_postgres_is_healthy(compose: dict[str, Any]) -> None:
     migrate = compose["services"]["migrate"]
-    assert migrate["command"] == ["alembic", "upgrade", "head"]
+    assert migrate["command"] == ["jobqueue", "migrate"]
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert migrate.get("restart", "no") == "no"
 

@@ -115,7 +115,7 @@ def test_refuses_to_start_when_the_schema_is_not_at_head(empty_database_url: str
     )
     code = service.wait(STARTUP)
     assert code != 0
-    assert "alembic upgrade head" in service.output()
+    assert "jobqueue migrate" in service.output()
     service.logs()  # still JSON
 
 
@@ -308,8 +308,8 @@ def test_a_full_queue_is_refused_with_429_by_the_real_process_until_it_drains(
     assert "429" in document["paths"]["/jobs/batch"]["post"]["responses"]
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (4,)
-        conn.execute("UPDATE jobs SET status = 'completed' WHERE queue = 'default'")
+        assert conn.execute("SELECT count(*) FROM jobqueue.jobs").fetchone() == (4,)
+        conn.execute("UPDATE jobqueue.jobs SET status = 'completed' WHERE queue = 'default'")
     drained = time.monotonic()
 
     def admitted() -> bool:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import control
 from jobcore.control import Cancelled
+from jobcore.db import session_name
 from jobcore.ids import new_id
 from jobcore.rows import Job, NewJob
 from tests.worker.support import (
@@ -214,7 +215,7 @@ async def _terminate_listeners(engine: AsyncEngine) -> int:
         ended = await conn.execute(
             sa.text(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'jobqueue-worker-listen'"
+                f" WHERE application_name = '{session_name('jobqueue-worker-listen')}'"
                 " AND datname = current_database()"
             )
         )

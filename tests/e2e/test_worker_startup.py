@@ -7,6 +7,7 @@ import socket
 import pytest
 import sqlalchemy as sa
 
+from jobcore.db import session_name
 from tests.worker.support import all_in, eventually, start_worker, submit, until
 
 pytestmark = pytest.mark.e2e
@@ -30,12 +31,10 @@ def test_invalid_configuration_prints_one_line_naming_the_variable_and_exits_2(
     assert variable in line["msg"] and line["variable"] == variable
 
 
-def test_schema_not_at_head_exits_non_zero_naming_alembic_upgrade_head(
-    empty_database_url, tmp_path
-):
+def test_schema_not_at_head_exits_non_zero_naming_jobqueue_migrate(empty_database_url, tmp_path):
     worker = start_worker(empty_database_url, tmp_path)
     assert worker.wait(60) != 0
-    assert any("alembic upgrade head" in line["msg"] for line in worker.logs())
+    assert any("jobqueue migrate" in line["msg"] for line in worker.logs())
     assert not worker.messages("worker started")
 
 
@@ -85,7 +84,8 @@ async def test_a_database_url_with_libpq_parameters_runs_jobs(database_url, engi
             names = await conn.scalars(
                 sa.text(
                     "SELECT application_name FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND application_name <> 'jobqueue'"
+                    " WHERE datname = current_database()"
+                    f" AND application_name <> '{session_name()}'"
                 )
             )
             assert set(names) == {"wk"}

@@ -59,7 +59,7 @@ def test_order_with_receipt_commits_the_order_with_its_job_and_rolls_back_both(
     assert "does not exist, as its order does not" in done.stdout
     orders = _rows(database_url, "SELECT id, email FROM example_orders")
     assert [email for _, email in orders] == ["ada@example.com"]
-    jobs = _rows(database_url, "SELECT type, status, payload, result FROM jobs")
+    jobs = _rows(database_url, "SELECT type, status, payload, result FROM jobqueue.jobs")
     assert jobs == [
         (
             "send_receipt",
@@ -79,6 +79,6 @@ def test_submit_and_wait_submits_in_batches_and_sees_every_job_complete(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submitted 1200 jobs" in done.stdout and "{'created': 1200}" in done.stdout
     assert "all 1200 finished" in done.stdout and "{'completed': 1200}" in done.stdout
-    assert _rows(database_url, "SELECT status, count(*) FROM jobs GROUP BY status") == [
+    assert _rows(database_url, "SELECT status, count(*) FROM jobqueue.jobs GROUP BY status") == [
         ("completed", 1200)
     ]

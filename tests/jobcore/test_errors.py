@@ -35,7 +35,7 @@ def test_errors_name_what_to_act_on():
     )
     assert "order-42" in str(IdempotencyConflict("order-42"))
     schema = SchemaNotAtHead("0001", "0002")
-    assert "alembic upgrade head" in str(schema) and "0001" in str(schema)
+    assert "jobqueue migrate" in str(schema) and "0001" in str(schema)
 
 
 # --- the hierarchy: every error the project defines is a JobqueueError ------------------

@@ -108,7 +108,7 @@ async def _insert(engine, rows: int, *, priority: int = 0, run_at: str = "now()"
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, priority, run_at)"
                 f" SELECT gen_random_uuid(), 'sleep', '{{}}', 3, {priority}, {run_at}"
                 f" FROM generate_series(1, {rows}) AS i"
             )
@@ -174,7 +174,7 @@ async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
     whether its row turns out visible or not), counted for its transaction, rolled back."""
     sql = Compiled(queries.JOB_CLAIM)
     params = {"queues": ["default"], "slots": [10], "lease_seconds": 60.0, "claim": new_id()}
-    count = "SELECT pg_stat_get_xact_tuples_returned('jobs_claim_queue_idx'::regclass)"
+    count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_queue_idx'::regclass)"
     async with engine.connect() as conn:
         raw = await driver(conn)
         transaction = raw.transaction()
@@ -274,7 +274,7 @@ async def _expired_lease(engine, ago: str) -> Any:
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, status, attempts,"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, status, attempts,"
                 " lease_token, locked_until) VALUES (:id, 'sleep', '{}', 3, 'processing', 1, 1,"
                 f" now() - interval '{ago}')"
             ),

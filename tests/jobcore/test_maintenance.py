@@ -160,7 +160,8 @@ async def test_a_prune_deletes_at_most_a_batch_of_5000(engine):
         await conn.execute(
             sa.text(
                 """
-                INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, finished_at)
+                INSERT INTO jobqueue.jobs
+                    (id, type, payload, status, attempts, max_attempts, finished_at)
                 SELECT encode(set_byte(b, 6, (get_byte(b, 6) & 15) | 112), 'hex')::uuid,
                        'sleep', '{}', 'completed', 1, 3, now() - interval '1 day'
                 FROM generate_series(1, 6200) AS g,

@@ -30,7 +30,7 @@ async def _fill(engine) -> None:
         await conn.execute(
             sa.text(
                 """
-                INSERT INTO jobs (id, type, payload, status, attempts, max_attempts,
+                INSERT INTO jobqueue.jobs (id, type, payload, status, attempts, max_attempts,
                                   locked_until, run_at)
                 SELECT gen_random_uuid(), 'sleep', '{}',
                        CASE WHEN i % 50 = 0 THEN 'pending'
@@ -42,7 +42,7 @@ async def _fill(engine) -> None:
                 """
             )
         )
-        await conn.execute(sa.text("ANALYZE jobs"))
+        await conn.execute(sa.text("ANALYZE jobqueue.jobs"))
 
 
 async def _plan(engine, statement, params: dict, generic: bool) -> str:
@@ -126,19 +126,19 @@ async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, priority, run_at)"
                 " SELECT gen_random_uuid(), 'sleep', '{}', 3, 10 + i % 50,"
                 " now() + interval '1 hour' FROM generate_series(1, 20000) AS i"
             )
         )
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, run_at) SELECT"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, run_at) SELECT"
                 " gen_random_uuid(), 'sleep', '{}', 3, now() - interval '1 second'"
                 " FROM generate_series(1, 100)"
             )
         )
-        await conn.execute(sa.text("ANALYZE jobs"))
+        await conn.execute(sa.text("ANALYZE jobqueue.jobs"))
     for statement, params in (
         (
             queries.JOB_CLAIM,
@@ -256,19 +256,19 @@ async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(en
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, priority, run_at)"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, priority, run_at)"
                 " SELECT gen_random_uuid(), 'bulk', '{}', 3, 50,"
                 " now() - interval '1 minute' FROM generate_series(1, 20000)"
             )
         )
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts, run_at) SELECT"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, run_at) SELECT"
                 " gen_random_uuid(), 'mail', '{}', 3, now() - interval '1 second'"
                 " FROM generate_series(1, 100)"
             )
         )
-        await conn.execute(sa.text("ANALYZE jobs"))
+        await conn.execute(sa.text("ANALYZE jobqueue.jobs"))
     params = {
         "queues": ["default"],
         "slots": [10],

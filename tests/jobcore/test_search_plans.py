@@ -48,9 +48,9 @@ def big_database(pg_server: str, pg_template: str) -> Iterator[tuple[str, str]]:
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(FILL, ROWS, timeout=600)
-            await conn.execute("VACUUM ANALYZE jobs", timeout=600)
+            await conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=600)
             middle = await conn.fetchval(
-                "SELECT id FROM jobs ORDER BY id OFFSET $1 LIMIT 1", ROWS // 2
+                "SELECT id FROM jobqueue.jobs ORDER BY id OFFSET $1 LIMIT 1", ROWS // 2
             )
         finally:
             await conn.close()
@@ -166,7 +166,7 @@ async def test_a_page_not_filtered_by_both_type_and_queue_reads_one_page_per_sta
     through the lease index), however large the table: a deep page costs a first page."""
     async with big.connect() as conn:
         running = await conn.scalar(
-            sa.text("SELECT count(*) FROM jobs WHERE status = 'processing'")
+            sa.text("SELECT count(*) FROM jobqueue.jobs WHERE status = 'processing'")
         )
     branches = len(set(filters.statuses or Status) - {R}) if filters != Filters() else 1
     for before in (None, big_database[1]):
@@ -215,9 +215,13 @@ async def test_queue_depths_read_no_finished_job(big):
     queues: none of the finished jobs that fill most of the table."""
     async with big.connect() as conn:
         counts = dict(
-            (await conn.execute(sa.text("SELECT status, count(*) FROM jobs GROUP BY status"))).all()
+            (
+                await conn.execute(
+                    sa.text("SELECT status, count(*) FROM jobqueue.jobs GROUP BY status")
+                )
+            ).all()
         )
-        queues = await conn.scalar(sa.text("SELECT count(DISTINCT queue) FROM jobs"))
+        queues = await conn.scalar(sa.text("SELECT count(DISTINCT queue) FROM jobqueue.jobs"))
     counted = counts.get("pending", 0) + counts.get("processing", 0) + counts.get("dead_letter", 0)
     assert sum(counts.values()) > 10 * counted  # the finished jobs are there to be skipped
     root = await _analyze(big, search.QUEUE_GET_DEPTHS, {})

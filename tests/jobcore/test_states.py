@@ -125,6 +125,6 @@ def test_the_last_attempt_rule_is_one_expression_for_python_and_sql():
     assert out_of_attempts(3, 3) and out_of_attempts(4, 3) and not out_of_attempts(2, 3)
     condition = out_of_attempts(jobs.c.attempts, jobs.c.max_attempts)
     assert str(condition.compile(compile_kwargs={"literal_binds": True})) == (
-        "jobs.attempts >= jobs.max_attempts"
+        "jobqueue.jobs.attempts >= jobqueue.jobs.max_attempts"
     )
     assert isinstance(condition, sa.ColumnElement)

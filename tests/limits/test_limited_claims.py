@@ -45,7 +45,7 @@ async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engi
                 n = (
                     await conn.execute(
                         sa.text(
-                            "SELECT count(*) FROM jobs"
+                            "SELECT count(*) FROM jobqueue.jobs"
                             " WHERE status = 'processing' AND type = 'limited'"
                         )
                     )
@@ -68,7 +68,10 @@ async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engi
                     )
                     assert lost == []
                 elif (
-                    await _count(engine, "SELECT count(*) FROM jobs WHERE status = 'pending'") == 0
+                    await _count(
+                        engine, "SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending'"
+                    )
+                    == 0
                 ):
                     return taken
 
@@ -78,7 +81,9 @@ async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engi
     await watcher
     assert sum(taken) == 60
     assert 1 <= most <= 3
-    assert await _count(engine, "SELECT count(*) FROM jobs WHERE status = 'completed'") == 60
+    assert (
+        await _count(engine, "SELECT count(*) FROM jobqueue.jobs WHERE status = 'completed'") == 60
+    )
 
 
 async def test_a_rate_limited_type_never_starts_more_than_its_rate_in_a_window(engine):

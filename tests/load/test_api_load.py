@@ -92,7 +92,7 @@ async def drive(base_url: str, clients: int, seconds: float) -> Tally:
 
 def counts(database_url: str) -> dict[str, int]:
     with psycopg.connect(database_url) as conn:
-        rows = conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+        rows = conn.execute("SELECT status, count(*) FROM jobqueue.jobs GROUP BY status").fetchall()
     return {status: int(n) for status, n in rows}
 
 

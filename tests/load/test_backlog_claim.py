@@ -33,7 +33,7 @@ FACTOR, SLACK_SECONDS = 3.0, 0.010
 
 FILL = sa.text(
     """
-    INSERT INTO jobs (id, type, payload, max_attempts, run_at)
+    INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, run_at)
     SELECT gen_random_uuid(), 'sleep', '{"duration": "0s"}', 5,
            now() - random() * interval '1 hour'
     FROM generate_series(1, :count)
@@ -43,12 +43,14 @@ FILL = sa.text(
 
 async def fill_to(engine: AsyncEngine, level: int) -> None:
     async with engine.begin() as conn:
-        pending = await conn.scalar(sa.text("SELECT count(*) FROM jobs WHERE status = 'pending'"))
+        pending = await conn.scalar(
+            sa.text("SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending'")
+        )
         await conn.execute(FILL, {"count": level - pending})
     # What autovacuum would have done on a table this size before anyone measured.
     async with engine.connect() as conn:
         autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        await autocommit.execute(sa.text("VACUUM ANALYZE jobs"))
+        await autocommit.execute(sa.text("VACUUM ANALYZE jobqueue.jobs"))
 
 
 async def claim_latencies(engine: AsyncEngine, level: int) -> list[float]:
@@ -68,7 +70,9 @@ async def claim_latencies(engine: AsyncEngine, level: int) -> list[float]:
         if sample >= WARMUP:
             seconds.append(elapsed)
     async with engine.connect() as conn:
-        pending = await conn.scalar(sa.text("SELECT count(*) FROM jobs WHERE status = 'pending'"))
+        pending = await conn.scalar(
+            sa.text("SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending'")
+        )
     assert pending == level
     return seconds
 

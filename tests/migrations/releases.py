@@ -143,6 +143,12 @@ def head() -> str:
     return last
 
 
+# Revisions that no release stopped at: they came with the revision after them, in one
+# release. 0008 moved the tables into jobqueue's schema and left views for the previous
+# release; 0009, the same release's, drops them (its services work on either).
+WITHIN_A_RELEASE = frozenset({"0008"})
+
+
 def released_before_head() -> list[str]:
     """The revisions that have a release after which another revision came, oldest first."""
     nodes = revisions()
@@ -151,7 +157,17 @@ def released_before_head() -> list[str]:
     while rev is not None:
         chain.append(rev)
         rev = nodes[rev][0]
-    return list(reversed(chain))[:-1]
+    return [rev for rev in list(reversed(chain))[:-1] if rev not in WITHIN_A_RELEASE]
+
+
+def rolled_out_to(revision: str) -> str:
+    """The revision a rollout replacing the release at `revision` runs against while that
+    release's services remain: the next one, or, when the next release has several, the
+    last before its head (the one that keeps the old release working)."""
+    following = next_revision(revision)
+    while following in WITHIN_A_RELEASE and next_revision(following) in WITHIN_A_RELEASE:
+        following = next_revision(following)
+    return following
 
 
 def release_commit(revision: str) -> str:

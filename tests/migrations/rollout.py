@@ -73,9 +73,33 @@ _LATER_COLUMNS = {
 }
 
 
+async def connect(url: str, search_path: str = "jobqueue") -> asyncpg.Connection:
+    """A connection whose unqualified names (the fill, the checks, a release's statements)
+    find `jobs` in `search_path`: `jobqueue` for a database this release migrated; `public`
+    for the layout of the releases before 0008 (and the views 0008 leaves there)."""
+    return await asyncpg.connect(url, server_settings={"search_path": search_path})
+
+
+def previous_layout(url: str) -> None:
+    """An empty database at 0007 as the release at 0007 migrated it: its tables in
+    `public`, its revision in `public.alembic_version`, no schema of jobqueue's. 0008's
+    downgrade restores exactly that; what is left in the schema is the version table."""
+    import psycopg
+    from alembic import command
+
+    from tests import pg
+
+    config = pg.alembic_config(url)
+    command.upgrade(config, "0008")
+    command.downgrade(config, "0007")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA jobqueue CASCADE")
+
+
 async def columns(conn: asyncpg.Connection) -> set[str]:
     rows = await conn.fetch(
         "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs'"
+        " AND table_schema = current_schema()"
     )
     return {row[0] for row in rows}
 

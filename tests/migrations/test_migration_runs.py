@@ -26,16 +26,17 @@ def _connect(url: str, autocommit: bool = True) -> psycopg.Connection:
 
 def _version(url: str) -> str | None:
     with _connect(url) as conn:
-        if conn.execute("SELECT to_regclass('alembic_version')").fetchone() == (None,):
+        if conn.execute("SELECT to_regclass('jobqueue.alembic_version')").fetchone() == (None,):
             return None
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        row = conn.execute("SELECT version_num FROM jobqueue.alembic_version").fetchone()
         return None if row is None else str(row[0])
 
 
 def _has_column(url: str, column: str) -> bool:
     with _connect(url) as conn:
         row = conn.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_name = 'jobs'"
+            "SELECT 1 FROM information_schema.columns"
+            " WHERE table_schema = 'jobqueue' AND table_name = 'jobs'"
             " AND column_name = %s",
             (column,),
         ).fetchone()
@@ -84,7 +85,7 @@ def test_a_run_that_fails_in_a_revisions_first_part_leaves_that_revision_undone(
     config = pg.alembic_config(url)
     command.upgrade(config, "0004")
     holder = _connect(url, autocommit=False)
-    holder.execute("SELECT count(*) FROM jobs")  # a transaction holding ACCESS SHARE
+    holder.execute("SELECT count(*) FROM jobqueue.jobs")  # a transaction holding ACCESS SHARE
     try:
         started = time.monotonic()
         with pytest.raises(Exception, match="lock timeout"):
@@ -109,9 +110,9 @@ def test_a_run_that_fails_after_a_concurrently_part_keeps_what_was_committed(
     config = pg.alembic_config(url)
     command.upgrade(config, "0003")
     with _connect(url) as conn:  # a row no status check allows
-        conn.execute("ALTER TABLE jobs DROP CONSTRAINT jobs_status_check")
+        conn.execute("ALTER TABLE jobqueue.jobs DROP CONSTRAINT jobs_status_check")
         conn.execute(
-            "INSERT INTO jobs (id, type, payload, status, max_attempts)"
+            "INSERT INTO jobqueue.jobs (id, type, payload, status, max_attempts)"
             " VALUES (gen_random_uuid(), 'sleep', '{}', 'bogus', 3)"
         )
     with pytest.raises(Exception, match="jobs_status_check"):
@@ -119,7 +120,9 @@ def test_a_run_that_fails_after_a_concurrently_part_keeps_what_was_committed(
     assert _version(url) == "0004"
     assert _has_column(url, "finished_at")  # 0005's first part, committed before its build
     with _connect(url) as conn:
-        assert conn.execute("SELECT to_regclass('jobs_claim_type_idx')").fetchone() != (None,)
-        conn.execute("DELETE FROM jobs WHERE status = 'bogus'")
+        assert conn.execute("SELECT to_regclass('jobqueue.jobs_claim_type_idx')").fetchone() != (
+            None,
+        )
+        conn.execute("DELETE FROM jobqueue.jobs WHERE status = 'bogus'")
     command.upgrade(config, "head")
     assert _version(url) == SCHEMA_REVISION

@@ -27,9 +27,9 @@ def _state(url: str) -> tuple[str | None, bool]:
     try:
         with engine.connect() as conn:
             version = None
-            if conn.scalar(sa.text("SELECT to_regclass('alembic_version') IS NOT NULL")):
-                version = conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
-            has_jobs = conn.scalar(sa.text("SELECT to_regclass('jobs') IS NOT NULL"))
+            if conn.scalar(sa.text("SELECT to_regclass('jobqueue.alembic_version') IS NOT NULL")):
+                version = conn.scalar(sa.text("SELECT version_num FROM jobqueue.alembic_version"))
+            has_jobs = conn.scalar(sa.text("SELECT to_regclass('jobqueue.jobs') IS NOT NULL"))
         return version, bool(has_jobs)
     finally:
         engine.dispose()
@@ -78,7 +78,12 @@ def test_migrated_schema_matches_the_table_definitions(database_url):
     engine = _sync_engine(database_url)
     try:
         with engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn), metadata)
+            options = {
+                "include_schemas": True,
+                "include_name": lambda name, kind, _: kind != "schema" or name == "jobqueue",
+                "version_table_schema": "jobqueue",
+            }
+            diff = compare_metadata(MigrationContext.configure(conn, opts=options), metadata)
     finally:
         engine.dispose()
     assert diff == []
@@ -88,7 +93,9 @@ def test_hot_table_storage_settings_are_applied(database_url):
     engine = _sync_engine(database_url)
     try:
         with engine.connect() as conn:
-            options = conn.scalar(sa.text("SELECT reloptions FROM pg_class WHERE relname = 'jobs'"))
+            options = conn.scalar(
+                sa.text("SELECT reloptions FROM pg_class WHERE oid = 'jobqueue.jobs'::regclass")
+            )
     finally:
         engine.dispose()
     assert "fillfactor=70" in options
@@ -99,12 +106,12 @@ def test_upgrading_a_populated_table_rewrites_nothing_and_downgrades_cleanly(emp
     config = pg.alembic_config(empty_database_url)
     command.upgrade(config, "0001")
     engine = _sync_engine(empty_database_url)
-    relfilenode = sa.text("SELECT relfilenode FROM pg_class WHERE relname = 'jobs'")
+    relfilenode = sa.text("SELECT relfilenode FROM pg_class WHERE oid = 'jobqueue.jobs'::regclass")
     try:
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "INSERT INTO jobs (id, type, payload, max_attempts) SELECT"
+                    "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts) SELECT"
                     " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 100000)"
                 )
             )
@@ -112,10 +119,10 @@ def test_upgrading_a_populated_table_rewrites_nothing_and_downgrades_cleanly(emp
         command.upgrade(config, "head")
         with engine.connect() as conn:
             assert conn.scalar(relfilenode) == before  # no table rewrite
-            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 100000
+            assert conn.scalar(sa.text("SELECT count(*) FROM jobqueue.jobs")) == 100000
         command.downgrade(config, "0001")
-        with engine.connect() as conn:
-            assert conn.scalar(sa.text("SELECT count(*) FROM jobs")) == 100000
+        with engine.connect() as conn:  # below 0008, the releases' layout: in public
+            assert conn.scalar(sa.text("SELECT count(*) FROM public.jobs")) == 100000
     finally:
         engine.dispose()
 
@@ -128,15 +135,18 @@ def test_an_upgrade_interrupted_after_its_first_commit_can_be_run_again(empty_da
     engine = _sync_engine(empty_database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN queue text NOT NULL DEFAULT 'x'"))
+            conn.execute(
+                sa.text("ALTER TABLE jobqueue.jobs ADD COLUMN queue text NOT NULL DEFAULT 'x'")
+            )
             conn.execute(
                 sa.text(
-                    "ALTER TABLE jobs ADD CONSTRAINT jobs_priority_check CHECK (true) NOT VALID"
+                    "ALTER TABLE jobqueue.jobs ADD CONSTRAINT jobs_priority_check"
+                    " CHECK (true) NOT VALID"
                 )
             )
             conn.execute(
                 sa.text(
-                    "CREATE TABLE job_rate_windows (type text PRIMARY KEY,"
+                    "CREATE TABLE jobqueue.job_rate_windows (type text PRIMARY KEY,"
                     " window_start timestamptz NOT NULL, used integer NOT NULL)"
                 )
             )

@@ -33,8 +33,8 @@ from tests.migrations import releases, rollout
 from tests.migrations.rollout import QUEUES, SLOTS, Statement
 
 HEAD = releases.head()
-PREVIOUS = releases.revisions()[HEAD][0]
 RELEASED = releases.released_before_head()
+PREVIOUS = RELEASED[-1]
 
 # The releases whose statements their next revision broke, and which: a revision is
 # released once it is in the history, so this only records what was shipped (and what
@@ -61,7 +61,7 @@ async def _migrated(
     config = pg.alembic_config(url)
     if before is None:
         await asyncio.to_thread(command.upgrade, config, revision)
-        conn = await asyncpg.connect(url)
+        conn = await rollout.connect(url)
         try:
             await rollout.fill(conn)
         finally:
@@ -70,14 +70,14 @@ async def _migrated(
     down = releases.revisions()[revision][0]
     assert down is not None
     await asyncio.to_thread(command.upgrade, config, down)
-    conn = await asyncpg.connect(url)
+    conn = await rollout.connect(url)
     try:
         await rollout.fill(conn)
         await conn.execute(before)
     finally:
         await conn.close()
     await asyncio.to_thread(command.upgrade, config, revision)
-    conn = await asyncpg.connect(url)
+    conn = await rollout.connect(url)
     try:
         await conn.execute("ANALYZE jobs")
     finally:
@@ -249,11 +249,29 @@ def test_the_fixtures_are_what_git_history_holds(revision):
     )
 
 
+async def _rolled_out(pg_server: str, databases: list[str]) -> str:
+    """The previous release's database (its tables in `public`), filled, then migrated by
+    this release as a rollout does while that release still runs: adopted into the schema
+    and stopped at 0008, whose views in `public` the previous release goes through."""
+    url = pg.with_database(pg_server, pg.create_database(pg_server, None))
+    databases.append(url)
+    await asyncio.to_thread(rollout.previous_layout, url)
+    conn = await rollout.connect(url, "public")
+    try:
+        await rollout.fill(conn)
+    finally:
+        await conn.close()
+    target = releases.rolled_out_to(PREVIOUS)
+    await asyncio.to_thread(command.upgrade, pg.alembic_config(url), target)
+    return url
+
+
 async def test_the_previous_release_works_on_the_head_schema(pg_server, databases):
-    """The rollout to the head: the release before it reads through an index, its hot path
-    does what it did, and this release reads and retires what it wrote."""
+    """The rollout to the head: the release before it, its sessions at `search_path`
+    public, goes through 0008's views (reading through an index), its hot path does what it
+    did, and this release reads and retires what it wrote."""
     found = _release(PREVIOUS)
-    conn = await asyncpg.connect(await _migrated(pg_server, databases, HEAD))
+    conn = await rollout.connect(await _rolled_out(pg_server, databases), "public")
     try:
         bad = await rollout.problems(conn, found)
         assert not bad, _shown(bad)
@@ -269,7 +287,7 @@ async def test_each_earlier_release_worked_on_the_revision_after_it(pg_server, d
     revision after it. Only 0003's drop of the old claim index broke the rule."""
     found = _release(revision)
     url = await _migrated(pg_server, databases, releases.next_revision(revision))
-    conn = await asyncpg.connect(url)
+    conn = await rollout.connect(url)
     try:
         bad = await rollout.problems(conn, found)
         assert set(bad) == KNOWN_BROKEN.get(revision, set()), _shown(bad)
@@ -287,7 +305,7 @@ async def test_the_copy_of_the_old_claim_index_keeps_a_release_before_0003_claim
     run creates a copy of jobs_claim_idx first; 0003 drops only the original."""
     found = _release("0002")
     url = await _migrated(pg_server, databases, "0003", before=LEGACY_CLAIM_INDEX)
-    conn = await asyncpg.connect(url)
+    conn = await rollout.connect(url)
     try:
         bad = await rollout.problems(conn, found)
         assert not bad, _shown(bad)
@@ -301,7 +319,7 @@ async def test_this_release_passes_the_same_checks_on_its_own_schema(pg_server, 
     hold them, pass the checks on the head: the values above cover every parameter they
     take, and their generic plans read through an index too."""
     found = rollout.statements(releases.extract_working_tree())
-    conn = await asyncpg.connect(await _migrated(pg_server, databases, HEAD))
+    conn = await rollout.connect(await _migrated(pg_server, databases, HEAD))
     try:
         bad = await rollout.problems(conn, found)
         assert not bad, _shown(bad)
@@ -325,7 +343,7 @@ async def test_a_job_the_release_before_0005_finished_is_pruned_once_older_than_
     url = pg.with_database(pg_server, pg.create_database(pg_server, None))
     databases.append(url)
     await asyncio.to_thread(command.upgrade, pg.alembic_config(url), "0005")
-    conn = await asyncpg.connect(url)
+    conn = await rollout.connect(url)
     try:
         # Two jobs submitted three days ago (their ids say when), run by the 0004 release.
         now_ms = int(await conn.fetchval("SELECT extract(epoch FROM now()) * 1000"))
@@ -352,7 +370,7 @@ async def test_a_job_the_release_before_0005_finished_is_pruned_once_older_than_
     finally:
         await conn.close()
     await asyncio.to_thread(command.upgrade, pg.alembic_config(url), "head")
-    conn = await asyncpg.connect(url)
+    conn = await rollout.connect(url)
     try:
         assert await compiled.prune(conn, Status(status), 86400.0) == 1
         assert [r["id"] for r in await conn.fetch("SELECT id FROM jobs")] == [young]

@@ -35,17 +35,18 @@ async def _a_later_release_wrote(engine: AsyncEngine) -> UUID:
     known = ", ".join(f"'{s.value}'" for s in Status)
     job_id = new_id()
     async with engine.begin() as conn:
-        await conn.execute(sa.text("ALTER TABLE jobs DROP CONSTRAINT jobs_status_check"))
+        await conn.execute(sa.text("ALTER TABLE jobqueue.jobs DROP CONSTRAINT jobs_status_check"))
         await conn.execute(
             sa.text(
-                "ALTER TABLE jobs ADD CONSTRAINT jobs_status_check"
+                "ALTER TABLE jobqueue.jobs ADD CONSTRAINT jobs_status_check"
                 f" CHECK (status IN ({known}, '{LATER}'))"
             )
         )
-        await conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN paused_until timestamptz"))
+        await conn.execute(sa.text("ALTER TABLE jobqueue.jobs ADD COLUMN paused_until timestamptz"))
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, status, max_attempts, queue, paused_until)"
+                "INSERT INTO jobqueue.jobs"
+                " (id, type, payload, status, max_attempts, queue, paused_until)"
                 " VALUES (:id, 'sleep', '{}', :status, 3, 'mail', now() + interval '1 hour')"
             ),
             {"id": job_id, "status": LATER},

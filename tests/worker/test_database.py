@@ -226,17 +226,17 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, status, max_attempts) SELECT"
+                "INSERT INTO jobqueue.jobs (id, type, payload, status, max_attempts) SELECT"
                 " gen_random_uuid(), 'sleep', '{}', 'completed', 3 FROM generate_series(1, 300)"
             )
         )
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
-        await conn.execute(sa.text("ANALYZE jobs"))
+        await conn.execute(sa.text("ANALYZE jobqueue.jobs"))
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts) SELECT"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts) SELECT"
                 " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 5000)"
             )
         )
@@ -264,7 +264,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, status, max_attempts) SELECT"
+                "INSERT INTO jobqueue.jobs (id, type, payload, status, max_attempts) SELECT"
                 " gen_random_uuid(), 'sleep', '{}', 'completed', 3 FROM generate_series(1, 300)"
             )
         )
@@ -297,7 +297,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
         async with engine.begin() as conn:
             await conn.execute(
                 sa.text(
-                    "INSERT INTO jobs (id, type, payload, max_attempts) SELECT"
+                    "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts) SELECT"
                     " gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 20000)"
                 )
             )
@@ -424,7 +424,7 @@ async def test_the_store_recovers_every_expired_lease_in_time_windowed_or_swept(
         async with engine.begin() as conn:
             await conn.execute(
                 sa.text(
-                    "INSERT INTO jobs (id, type, payload, max_attempts, status, attempts,"
+                    "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, status, attempts,"
                     " lease_token, locked_until) SELECT gen_random_uuid(), 'sleep', '{}', 3,"
                     " 'processing', 1, 1, now() - i * interval '1 hour'"
                     " FROM generate_series(0, 2) AS i"

@@ -81,7 +81,7 @@ async def test_recovery_takes_back_more_expired_leases_than_one_statement_holds(
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, status, attempts, max_attempts,"
+                "INSERT INTO jobqueue.jobs (id, type, payload, status, attempts, max_attempts,"
                 " locked_until) SELECT gen_random_uuid(), 'sleep', '{}', 'processing', 1, 3,"
                 f" now() - interval '1 second' FROM generate_series(1, {count})"
             )

@@ -18,26 +18,26 @@ from tests.worker.support import eventually
 
 
 async def _dead_in_jobs(pg) -> int:
-    return {t.name: t.dead for t in await pg.table_stats()}["jobs"]
+    return {t.name: t.dead for t in await pg.table_stats()}["jobqueue.jobs"]
 
 
 async def test_the_leader_vacuums_a_table_autovacuum_leaves_alone(engine, pg, caplog):
     async with engine.begin() as conn:
         # Whatever the server says, autovacuum leaves this table alone now.
-        await conn.execute(sa.text("ALTER TABLE jobs SET (autovacuum_enabled = false)"))
+        await conn.execute(sa.text("ALTER TABLE jobqueue.jobs SET (autovacuum_enabled = false)"))
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, max_attempts)"
+                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts)"
                 " SELECT gen_random_uuid(), 'sleep', '{}', 3 FROM generate_series(1, 6000)"
             )
         )
     async with engine.begin() as conn:
-        await conn.execute(sa.text("DELETE FROM jobs"))
+        await conn.execute(sa.text("DELETE FROM jobqueue.jobs"))
     # Statistics reach the shared counts a moment after the transaction.
     await eventually(lambda: _count_at_least(pg, 6000), 30, "6,000 dead tuples counted")
     vacuum = Vacuum(TakingTurns(pg), dead_tuples=5000)
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
-        assert await vacuum.run_once() == ["jobs"]
+        assert await vacuum.run_once() == ["jobqueue.jobs"]
     assert await _dead_in_jobs(pg) < 5000
     said = [r.getMessage() for r in caplog.records]
     assert "autovacuum is off for a table: the worker vacuums it" in said

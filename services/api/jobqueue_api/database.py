@@ -20,7 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from jobcore.db import make_engine
+from jobcore.db import make_engine, session_name
 from jobcore.runner import Driver
 from jobqueue_api import jsonio
 
@@ -53,7 +53,7 @@ def open_engine(url: str) -> AsyncEngine:
         connect_timeout=CONNECT_TIMEOUT,
         statement_timeout=STATEMENT_TIMEOUT,
         pre_ping=False,
-        application_name="jobqueue-api",
+        application_name=session_name("jobqueue-api"),
         isolation_level="AUTOCOMMIT",
         # Waiting for a pooled connection is queueing behind busy requests, not an
         # outage: under a burst it may outlast CONNECT_TIMEOUT, so only the request

@@ -36,7 +36,7 @@ from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from jobcore import environ, logs, tracing
+from jobcore import environ, logs, naming, tracing
 from jobcore.db import check_schema
 from jobcore.errors import ConfigError, SchemaNotAtHead
 from jobcore.registry import load_handlers
@@ -246,6 +246,7 @@ def main() -> None:
     logs.configure("info")
     try:
         settings = load_api_settings()
+        naming.use(settings.database_schema)
         logs.configure(settings.log_level)
         load_handlers(settings.job_handlers)
         limit = ensure_fd_limit(

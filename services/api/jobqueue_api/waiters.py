@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import control, queries, store
 from jobcore.backoff import Retry
-from jobcore.db import connect_args
+from jobcore.db import connect_args, session_name
 from jobcore.errors import describe
 from jobcore.ids import parse_id
 from jobcore.rows import Job
@@ -177,7 +177,9 @@ class Waiters:
     async def _connect(self) -> None:
         conn = await asyncpg.connect(
             **connect_args(
-                self._database_url, application_name="jobqueue-api-listen", timeout=CONNECT_TIMEOUT
+                self._database_url,
+                application_name=session_name("jobqueue-api-listen"),
+                timeout=CONNECT_TIMEOUT,
             )
         )
         self._conn = conn

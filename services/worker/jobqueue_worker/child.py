@@ -26,8 +26,8 @@ import signal
 import sys
 from types import FrameType
 
-from jobcore import logs, tracing
-from jobcore.db import make_engine
+from jobcore import logs, naming, tracing
+from jobcore.db import make_engine, session_name
 from jobcore.maintenance import PRUNE_BATCH
 from jobcore.periodic import schedules
 from jobcore.registry import load_handlers
@@ -95,12 +95,14 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     if _stop_requested_in == os.getpid():
         stop.set()
     stop_heartbeat = start_heartbeat(beacon)
+    # A worker process is started with its settings, not by main(): the schema too.
+    naming.use(settings.database_schema)
 
     engine = make_engine(
         settings.database_url,
         pool_size=POOL_SIZE,
         connect_timeout=5.0,
-        application_name="jobqueue-worker",
+        application_name=session_name("jobqueue-worker"),
         # Every store call is a single statement: autocommit spares the BEGIN and COMMIT
         # round trips. No pre-ping either: every failed call is retried, and the pool
         # replaces a connection that failed.

@@ -28,7 +28,7 @@ import asyncpg
 
 from jobcore.backoff import Retry
 from jobcore.control import CANCEL_CHANNEL
-from jobcore.db import connect_args
+from jobcore.db import connect_args, session_name
 from jobcore.errors import describe
 from jobcore.queries import NOTIFY_CHANNEL
 from jobqueue_worker.loops import Loop
@@ -84,7 +84,7 @@ class Listener(Loop):
         self._conn = await asyncpg.connect(
             **connect_args(
                 self._database_url,
-                application_name="jobqueue-worker-listen",
+                application_name=session_name("jobqueue-worker-listen"),
                 timeout=CONNECT_TIMEOUT,
             )
         )

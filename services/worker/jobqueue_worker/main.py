@@ -51,13 +51,14 @@ def main() -> None:
 
 
 def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
-    from jobcore import logs, tracing
+    from jobcore import logs, naming, tracing
     from jobcore.errors import ConfigError
     from jobcore.registry import load_handlers
     from jobcore.settings import load_worker_settings
 
     try:
         settings = load_worker_settings()
+        naming.use(settings.database_schema)
         logs.configure(settings.log_level)
         load_handlers(settings.job_handlers)
         # Each worker process starts its own tracer: its OTEL_* variables are checked here,

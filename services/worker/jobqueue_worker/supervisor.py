@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from prometheus_client import multiprocess
 
 from jobcore.backoff import Retry
-from jobcore.db import check_schema, make_engine
+from jobcore.db import check_schema, make_engine, session_name
 from jobcore.errors import SchemaNotAtHead, describe
 from jobcore.settings import WorkerSettings
 from jobqueue_worker import launch, server
@@ -118,7 +118,7 @@ class Supervisor:
             settings.database_url,
             pool_size=1,
             connect_timeout=READY_TIMEOUT,
-            application_name="jobqueue-worker-supervisor",
+            application_name=session_name("jobqueue-worker-supervisor"),
             isolation_level="AUTOCOMMIT",
         )
 

@@ -1,5 +1,7 @@
 """The `jobqueue` command line: submit, get, wait, list, retry, cancel and queues against
-JOBQUEUE_URL (default http://localhost:8080) with JOBQUEUE_TOKEN, through `Client`.
+JOBQUEUE_URL (default http://localhost:8080) with JOBQUEUE_TOKEN, through `Client`; and
+`migrate`, which upgrades the database at DATABASE_URL (`jobcore.migrate`, imported only
+for it, so the client stays light).
 
 Tables for people (`render`, which brings rich in), one JSON document on stdout with
 `--json`. Exit status: 0 success; 1 not found, conflict, a wait that did not end
@@ -132,6 +134,25 @@ def parser() -> argparse.ArgumentParser:
         "id", metavar="ID"
     )
     command("queues", "each queue's pending, scheduled, processing and dead-letter jobs")
+
+    migrate = commands.add_parser(
+        "migrate",
+        help="upgrade the database at $DATABASE_URL to this version's schema",
+        description="Upgrade the database at $DATABASE_URL (schema $DATABASE_SCHEMA, default "
+        "jobqueue) to this version's head. Exit status: 0 done (or, with --check, at head), "
+        "1 behind (--check) or failed, 2 invalid configuration.",
+    )
+    what = migrate.add_mutually_exclusive_group()
+    what.add_argument(
+        "--check", action="store_true", help="only report: exit 0 at head, 1 when behind"
+    )
+    what.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    migrate.add_argument(
+        "--from",
+        dest="start",
+        metavar="REVISION",
+        help="with --sql: the revision the SQL starts from (default: the database's)",
+    )
     return main
 
 
@@ -261,8 +282,51 @@ def run(args: argparse.Namespace) -> int:
     return OK
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    """`jobqueue migrate`: one line on stdout saying where the database is."""
+    from jobcore import migrate
+    from jobcore.errors import ConfigError
+
+    try:
+        if args.start is not None and not args.sql:
+            raise Usage("--from goes with --sql")
+        if args.check:
+            found = migrate.state()
+            if found.at_head:
+                sys.stdout.write(f"at head: {found.head}\n")
+                return OK
+            sys.stdout.write(f"behind: current {found.current or 'none'}, wanted {found.head}\n")
+            return FAILED
+        if args.sql:
+            sys.stdout.write(migrate.sql(start=args.start))
+            return OK
+        done = migrate.upgrade()
+    except ConfigError as exc:
+        _error(f"migrate: invalid configuration: {exc}")
+        return USAGE
+    except migrate.MigrationError as exc:
+        _error(f"migrate: {exc}")
+        return FAILED
+    if done.deferred:
+        sys.stdout.write(
+            f"at {done.after}: the compatibility views stay for {done.deferred} sessions of "
+            "the previous release; run `jobqueue migrate` again once they are gone\n"
+        )
+    elif done.before == done.after:
+        sys.stdout.write(f"already at head: {done.after}\n")
+    else:
+        sys.stdout.write(f"upgraded from {done.before or 'none'} to {done.after}\n")
+    return OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "migrate":
+        try:
+            return _migrate(args)
+        except Usage as exc:
+            _error(f"migrate: {exc}")
+            return USAGE
     try:
         return run(args)
     except (Usage, Invalid) as exc:

@@ -52,7 +52,7 @@ def _next_priority(above: str, known_below: str) -> str:
     one in the gap down to the next known priority, else that known priority."""
     bound = f" AND priority < {above}" if above else ""
     return f"""coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = {_PENDING} AND queue = w.queue{bound}
                AND priority > (SELECT coalesce(max(known.p), {_NO_PRIORITY}) FROM known
                                {known_below})
@@ -81,7 +81,7 @@ def _due_jobs(skip: str) -> Any:
 SELECT j.id FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL ({_PRIORITIES}
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobs
+        SELECT id FROM jobqueue.jobs
         WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
           AND run_at >= {_FLOOR} AND run_at <= now(){skip}
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
@@ -130,7 +130,7 @@ JOB_NEXT_DUE = sa.text(
 SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
 FROM unnest(CAST(:queues AS text[])) AS w(queue)
 CROSS JOIN LATERAL ({_PRIORITIES}
-    SELECT (SELECT run_at FROM jobs
+    SELECT (SELECT run_at FROM jobqueue.jobs
             WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
               AND run_at > now()
             ORDER BY run_at LIMIT 1) AS run_at
@@ -148,7 +148,7 @@ JOB_CLAIM_HEADS = sa.text(
 SELECT w.queue, h.p AS priority, h.run_at
 FROM unnest(CAST(:queues AS text[])) AS w(queue)
 CROSS JOIN LATERAL ({_PRIORITIES}
-    SELECT priorities.p, (SELECT run_at FROM jobs
+    SELECT priorities.p, (SELECT run_at FROM jobqueue.jobs
                           WHERE status = {_PENDING} AND queue = w.queue
                             AND priority = priorities.p AND run_at <= now()
                           ORDER BY run_at, id LIMIT 1) AS run_at
@@ -252,9 +252,9 @@ JOB_CLAIM_LIMITED = sa.text(
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
            l.concurrency - l.overrun
-           - (SELECT count(*) FROM jobs
+           - (SELECT count(*) FROM jobqueue.jobs
               WHERE status = {_PROCESSING} AND type = l.type) AS concurrency_left,
-           l.rate - coalesce((SELECT used FROM job_rate_windows AS u
+           l.rate - coalesce((SELECT used FROM jobqueue.job_rate_windows AS u
                               WHERE u.type = l.type AND u.window_start = r.window_start),
                              0) AS rate_left
     FROM unnest(CAST(:types AS text[]), CAST(:concurrency AS integer[]),
@@ -271,18 +271,18 @@ WITH room AS MATERIALIZED (
     FROM room CROSS JOIN unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
         WITH RECURSIVE priorities(p) AS (
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
              ORDER BY priority DESC LIMIT 1)
             UNION ALL
-            SELECT (SELECT priority FROM jobs
+            SELECT (SELECT priority FROM jobqueue.jobs
                     WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
                       AND priority < priorities.p
                     ORDER BY priority DESC LIMIT 1)
             FROM priorities WHERE priorities.p IS NOT NULL
         )
         SELECT j.id, j.priority, j.run_at FROM priorities CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM jobs
+            SELECT id, priority, run_at FROM jobqueue.jobs
             WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
               AND priority = priorities.p AND run_at <= now()
             ORDER BY run_at, id
@@ -301,7 +301,7 @@ WITH room AS MATERIALIZED (
     FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL ({_PRIORITIES}
         SELECT d.id, d.priority, d.run_at FROM priorities CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM jobs
+            SELECT id, priority, run_at FROM jobqueue.jobs
             WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
               AND run_at >= {_FLOOR} AND run_at <= now()
               AND type <> ALL(CAST(:types AS text[]))
@@ -322,7 +322,7 @@ WITH room AS MATERIALIZED (
           UNION ALL
           SELECT id, priority, run_at, queue, slots, false FROM others) AS candidates
 ), claimed AS (
-    UPDATE jobs SET status = {_PROCESSING}, attempts = attempts + 1,
+    UPDATE jobqueue.jobs SET status = {_PROCESSING}, attempts = attempts + 1,
         lease_token = lease_token + 1,
         locked_until = now() + CAST(:lease_seconds AS float8) * interval '1 second',
         claim_id = CAST(:claim AS uuid), updated_at = now()
@@ -331,7 +331,7 @@ WITH room AS MATERIALIZED (
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
-    INSERT INTO job_rate_windows AS u (type, window_start, used)
+    INSERT INTO jobqueue.job_rate_windows AS u (type, window_start, used)
     SELECT room.type, room.window_start, started.n
     FROM room JOIN started ON started.type = room.type
     WHERE room.rate IS NOT NULL

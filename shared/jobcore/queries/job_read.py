@@ -26,11 +26,11 @@ JOB_GET = sa.select(
 JOB_COUNT_PENDING = sa.text(
     f"""
 WITH RECURSIVE present(queue) AS (
-    (SELECT queue FROM jobs WHERE status = {status_literal(Status.PENDING)}
+    (SELECT queue FROM jobqueue.jobs WHERE status = {status_literal(Status.PENDING)}
        AND CAST(:others AS bigint) IS NOT NULL
      ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT queue FROM jobs WHERE status = {status_literal(Status.PENDING)}
+    SELECT (SELECT queue FROM jobqueue.jobs WHERE status = {status_literal(Status.PENDING)}
               AND queue > present.queue ORDER BY queue LIMIT 1)
     FROM present WHERE present.queue IS NOT NULL
 ), capped(queue, cap) AS (
@@ -41,7 +41,7 @@ WITH RECURSIVE present(queue) AS (
 )
 SELECT capped.queue, (
     SELECT count(*) FROM (
-        SELECT 1 FROM jobs
+        SELECT 1 FROM jobqueue.jobs
         WHERE status = {status_literal(Status.PENDING)} AND jobs.queue = capped.queue
         LIMIT capped.cap
     ) AS p

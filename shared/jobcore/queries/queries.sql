@@ -5,57 +5,57 @@
 
 -- name: job_submit
 -- parameters: $1 id, $2 type, $3 payload, $4 max_attempts, $5 delay, $6 coalesce_1=0.0, $7 not_before, $8 queue, $9 priority, $10 timeout, $11 idempotency_key, $12 traceparent
-INSERT INTO jobs (id, type, payload, max_attempts, run_at, queue, priority, timeout, idempotency_key, traceparent) VALUES ($1::UUID, $2::VARCHAR, $3::JSONB, $4::INTEGER, greatest(now() + coalesce($5::FLOAT, $6::FLOAT) * interval '1 second', coalesce($7::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)), $8::VARCHAR, $9::SMALLINT, $10::FLOAT, $11::VARCHAR, $12::VARCHAR) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO UPDATE SET idempotency_key = excluded.idempotency_key WHERE jobs.type = excluded.type AND jobs.payload = excluded.payload AND jobs.max_attempts = excluded.max_attempts AND jobs.queue = excluded.queue AND jobs.priority = excluded.priority AND jobs.timeout IS NOT DISTINCT FROM excluded.timeout RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, (xmax = 0) AS created;
+INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, run_at, queue, priority, timeout, idempotency_key, traceparent) VALUES ($1::UUID, $2::VARCHAR, $3::JSONB, $4::INTEGER, greatest(now() + coalesce($5::FLOAT, $6::FLOAT) * interval '1 second', coalesce($7::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)), $8::VARCHAR, $9::SMALLINT, $10::FLOAT, $11::VARCHAR, $12::VARCHAR) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO UPDATE SET idempotency_key = excluded.idempotency_key WHERE jobqueue.jobs.type = excluded.type AND jobqueue.jobs.payload = excluded.payload AND jobqueue.jobs.max_attempts = excluded.max_attempts AND jobqueue.jobs.queue = excluded.queue AND jobqueue.jobs.priority = excluded.priority AND jobqueue.jobs.timeout IS NOT DISTINCT FROM excluded.timeout RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, (xmax = 0) AS created;
 
 -- name: job_submit_notify
 -- parameters: $1 id, $2 type, $3 payload, $4 max_attempts, $5 delay, $6 coalesce_1=0.0, $7 not_before, $8 queue, $9 priority, $10 timeout, $11 idempotency_key, $12 traceparent
 WITH submitted AS 
-(INSERT INTO jobs (id, type, payload, max_attempts, run_at, queue, priority, timeout, idempotency_key, traceparent) VALUES ($1::UUID, $2::VARCHAR, $3::JSONB, $4::INTEGER, greatest(now() + coalesce($5::FLOAT, $6::FLOAT) * interval '1 second', coalesce($7::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)), $8::VARCHAR, $9::SMALLINT, $10::FLOAT, $11::VARCHAR, $12::VARCHAR) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO UPDATE SET idempotency_key = excluded.idempotency_key WHERE jobs.type = excluded.type AND jobs.payload = excluded.payload AND jobs.max_attempts = excluded.max_attempts AND jobs.queue = excluded.queue AND jobs.priority = excluded.priority AND jobs.timeout IS NOT DISTINCT FROM excluded.timeout RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, (xmax = 0) AS created)
+(INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, run_at, queue, priority, timeout, idempotency_key, traceparent) VALUES ($1::UUID, $2::VARCHAR, $3::JSONB, $4::INTEGER, greatest(now() + coalesce($5::FLOAT, $6::FLOAT) * interval '1 second', coalesce($7::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)), $8::VARCHAR, $9::SMALLINT, $10::FLOAT, $11::VARCHAR, $12::VARCHAR) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO UPDATE SET idempotency_key = excluded.idempotency_key WHERE jobqueue.jobs.type = excluded.type AND jobqueue.jobs.payload = excluded.payload AND jobqueue.jobs.max_attempts = excluded.max_attempts AND jobqueue.jobs.queue = excluded.queue AND jobqueue.jobs.priority = excluded.priority AND jobqueue.jobs.timeout IS NOT DISTINCT FROM excluded.timeout RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, (xmax = 0) AS created)
  SELECT submitted.id, submitted.type, submitted.payload, submitted.status, submitted.attempts, submitted.max_attempts, submitted.run_at, submitted.locked_until, submitted.lease_token, submitted.last_error, submitted.idempotency_key, submitted.created_at, submitted.updated_at, submitted.queue, submitted.priority, submitted.timeout, submitted.result, submitted.cancel_requested_at, submitted.finished_at, submitted.created, CASE WHEN submitted.created THEN pg_notify('jobqueue_jobs', '') END AS notified 
 FROM submitted;
 
 -- name: job_submit_many
 -- parameters: $1 coalesce_1=0.0, $2 ids, $3 types, $4 payloads, $5 max_attempts, $6 keys, $7 queues, $8 priorities, $9 timeouts, $10 traceparents, $11 not_befores, $12 delays
-INSERT INTO jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id, b.type, CAST(b.payload AS JSONB) AS payload, b.max_attempts, b.key, b.queue, b.priority, b.timeout, b.traceparent, greatest(now() + coalesce(b.delay, $1::FLOAT) * interval '1 second', coalesce(b.not_before, '-infinity'::timestamptz)) AS greatest_1 
-FROM unnest($2::UUID[], $3::TEXT[], $4::TEXT[], $5::INTEGER[], $6::TEXT[], $7::TEXT[], $8::SMALLINT[], $9::FLOAT[], $10::TEXT[], $11::TIMESTAMP WITH TIME ZONE[], $12::FLOAT[]) AS b(id, type, payload, max_attempts, key, queue, priority, timeout, traceparent, not_before, delay) ORDER BY b.key ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING jobs.id, jobs.idempotency_key, (xmax = 0) AS created;
+INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id, b.type, CAST(b.payload AS JSONB) AS payload, b.max_attempts, b.key, b.queue, b.priority, b.timeout, b.traceparent, greatest(now() + coalesce(b.delay, $1::FLOAT) * interval '1 second', coalesce(b.not_before, '-infinity'::timestamptz)) AS greatest_1 
+FROM unnest($2::UUID[], $3::TEXT[], $4::TEXT[], $5::INTEGER[], $6::TEXT[], $7::TEXT[], $8::SMALLINT[], $9::FLOAT[], $10::TEXT[], $11::TIMESTAMP WITH TIME ZONE[], $12::FLOAT[]) AS b(id, type, payload, max_attempts, key, queue, priority, timeout, traceparent, not_before, delay) ORDER BY b.key ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING jobqueue.jobs.id, jobqueue.jobs.idempotency_key, (xmax = 0) AS created;
 
 -- name: job_submit_many_keyless
 -- parameters: $1 shared_type, $2 shared_max_attempts, $3 shared_queue, $4 shared_priority, $5 shared_timeout, $6 shared_traceparent, $7 shared_delay, $8 coalesce_7=0.0, $9 shared_not_before, $10 ids, $11 payloads, $12 types, $13 max_attempts, $14 queues, $15 priorities, $16 timeouts, $17 traceparents, $18 not_befores, $19 delays
-INSERT INTO jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id, coalesce(b.type, $1::VARCHAR) AS coalesce_1, CAST(b.payload AS JSONB) AS payload, coalesce(b.max_attempts, $2::INTEGER) AS coalesce_2, NULL AS anon_1, coalesce(b.queue, $3::VARCHAR) AS coalesce_3, coalesce(b.priority, $4::SMALLINT) AS coalesce_4, coalesce(b.timeout, $5::FLOAT) AS coalesce_5, coalesce(b.traceparent, $6::VARCHAR) AS coalesce_6, greatest(now() + coalesce(coalesce(b.delay, $7::FLOAT), $8::FLOAT) * interval '1 second', coalesce(coalesce(b.not_before, $9::TIMESTAMP WITH TIME ZONE), '-infinity'::timestamptz)) AS greatest_1 
+INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id, coalesce(b.type, $1::VARCHAR) AS coalesce_1, CAST(b.payload AS JSONB) AS payload, coalesce(b.max_attempts, $2::INTEGER) AS coalesce_2, NULL AS anon_1, coalesce(b.queue, $3::VARCHAR) AS coalesce_3, coalesce(b.priority, $4::SMALLINT) AS coalesce_4, coalesce(b.timeout, $5::FLOAT) AS coalesce_5, coalesce(b.traceparent, $6::VARCHAR) AS coalesce_6, greatest(now() + coalesce(coalesce(b.delay, $7::FLOAT), $8::FLOAT) * interval '1 second', coalesce(coalesce(b.not_before, $9::TIMESTAMP WITH TIME ZONE), '-infinity'::timestamptz)) AS greatest_1 
 FROM unnest($10::UUID[], $11::TEXT[], $12::TEXT[], $13::INTEGER[], $14::TEXT[], $15::SMALLINT[], $16::FLOAT[], $17::TEXT[], $18::TIMESTAMP WITH TIME ZONE[], $19::FLOAT[]) AS b(id, payload, type, max_attempts, queue, priority, timeout, traceparent, not_before, delay);
 
 -- name: job_submit_group
 -- parameters: $1 shared_type, $2 shared_max_attempts, $3 shared_queue, $4 shared_priority, $5 shared_timeout, $6 shared_traceparent, $7 shared_delay, $8 coalesce_7=0.0, $9 shared_not_before, $10 ids, $11 payloads, $12 types, $13 max_attempts, $14 queues, $15 priorities, $16 timeouts, $17 traceparents, $18 not_befores, $19 delays
-INSERT INTO jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id, coalesce(b.type, $1::VARCHAR) AS coalesce_1, CAST(b.payload AS JSONB) AS payload, coalesce(b.max_attempts, $2::INTEGER) AS coalesce_2, NULL AS anon_1, coalesce(b.queue, $3::VARCHAR) AS coalesce_3, coalesce(b.priority, $4::SMALLINT) AS coalesce_4, coalesce(b.timeout, $5::FLOAT) AS coalesce_5, coalesce(b.traceparent, $6::VARCHAR) AS coalesce_6, greatest(now() + coalesce(coalesce(b.delay, $7::FLOAT), $8::FLOAT) * interval '1 second', coalesce(coalesce(b.not_before, $9::TIMESTAMP WITH TIME ZONE), '-infinity'::timestamptz)) AS greatest_1 
-FROM unnest($10::UUID[], $11::TEXT[], $12::TEXT[], $13::INTEGER[], $14::TEXT[], $15::SMALLINT[], $16::FLOAT[], $17::TEXT[], $18::TIMESTAMP WITH TIME ZONE[], $19::FLOAT[]) AS b(id, payload, type, max_attempts, queue, priority, timeout, traceparent, not_before, delay) RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at;
+INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id, coalesce(b.type, $1::VARCHAR) AS coalesce_1, CAST(b.payload AS JSONB) AS payload, coalesce(b.max_attempts, $2::INTEGER) AS coalesce_2, NULL AS anon_1, coalesce(b.queue, $3::VARCHAR) AS coalesce_3, coalesce(b.priority, $4::SMALLINT) AS coalesce_4, coalesce(b.timeout, $5::FLOAT) AS coalesce_5, coalesce(b.traceparent, $6::VARCHAR) AS coalesce_6, greatest(now() + coalesce(coalesce(b.delay, $7::FLOAT), $8::FLOAT) * interval '1 second', coalesce(coalesce(b.not_before, $9::TIMESTAMP WITH TIME ZONE), '-infinity'::timestamptz)) AS greatest_1 
+FROM unnest($10::UUID[], $11::TEXT[], $12::TEXT[], $13::INTEGER[], $14::TEXT[], $15::SMALLINT[], $16::FLOAT[], $17::TEXT[], $18::TIMESTAMP WITH TIME ZONE[], $19::FLOAT[]) AS b(id, payload, type, max_attempts, queue, priority, timeout, traceparent, not_before, delay) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at;
 
 -- name: job_submit_group_notify
 -- parameters: $1 shared_type, $2 shared_max_attempts, $3 shared_queue, $4 shared_priority, $5 shared_timeout, $6 shared_traceparent, $7 shared_delay, $8 coalesce_7=0.0, $9 shared_not_before, $10 ids, $11 payloads, $12 types, $13 max_attempts, $14 queues, $15 priorities, $16 timeouts, $17 traceparents, $18 not_befores, $19 delays
 WITH grouped AS 
-(INSERT INTO jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id AS id, coalesce(b.type, $1::VARCHAR) AS coalesce_1, CAST(b.payload AS JSONB) AS payload, coalesce(b.max_attempts, $2::INTEGER) AS coalesce_2, NULL AS anon_1, coalesce(b.queue, $3::VARCHAR) AS coalesce_3, coalesce(b.priority, $4::SMALLINT) AS coalesce_4, coalesce(b.timeout, $5::FLOAT) AS coalesce_5, coalesce(b.traceparent, $6::VARCHAR) AS coalesce_6, greatest(now() + coalesce(coalesce(b.delay, $7::FLOAT), $8::FLOAT) * interval '1 second', coalesce(coalesce(b.not_before, $9::TIMESTAMP WITH TIME ZONE), '-infinity'::timestamptz)) AS greatest_1 
-FROM unnest($10::UUID[], $11::TEXT[], $12::TEXT[], $13::INTEGER[], $14::TEXT[], $15::SMALLINT[], $16::FLOAT[], $17::TEXT[], $18::TIMESTAMP WITH TIME ZONE[], $19::FLOAT[]) AS b(id, payload, type, max_attempts, queue, priority, timeout, traceparent, not_before, delay) RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at)
+(INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, idempotency_key, queue, priority, timeout, traceparent, run_at) SELECT b.id AS id, coalesce(b.type, $1::VARCHAR) AS coalesce_1, CAST(b.payload AS JSONB) AS payload, coalesce(b.max_attempts, $2::INTEGER) AS coalesce_2, NULL AS anon_1, coalesce(b.queue, $3::VARCHAR) AS coalesce_3, coalesce(b.priority, $4::SMALLINT) AS coalesce_4, coalesce(b.timeout, $5::FLOAT) AS coalesce_5, coalesce(b.traceparent, $6::VARCHAR) AS coalesce_6, greatest(now() + coalesce(coalesce(b.delay, $7::FLOAT), $8::FLOAT) * interval '1 second', coalesce(coalesce(b.not_before, $9::TIMESTAMP WITH TIME ZONE), '-infinity'::timestamptz)) AS greatest_1 
+FROM unnest($10::UUID[], $11::TEXT[], $12::TEXT[], $13::INTEGER[], $14::TEXT[], $15::SMALLINT[], $16::FLOAT[], $17::TEXT[], $18::TIMESTAMP WITH TIME ZONE[], $19::FLOAT[]) AS b(id, payload, type, max_attempts, queue, priority, timeout, traceparent, not_before, delay) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at)
  SELECT grouped.id, grouped.type, grouped.payload, grouped.status, grouped.attempts, grouped.max_attempts, grouped.run_at, grouped.locked_until, grouped.lease_token, grouped.last_error, grouped.idempotency_key, grouped.created_at, grouped.updated_at, grouped.queue, grouped.priority, grouped.timeout, grouped.result, grouped.cancel_requested_at, grouped.finished_at, (SELECT pg_notify('jobqueue_jobs', '') AS pg_notify_1) AS notified 
 FROM grouped;
 
 -- name: job_match_requests
 -- parameters: $1 ids, $2 types, $3 payloads, $4 max_attempts, $5 keys, $6 queues, $7 priorities, $8 timeouts, $9 traceparents, $10 not_befores, $11 delays
-SELECT b.id AS item, jobs.id, jobs.idempotency_key, jobs.type = b.type AND jobs.payload = CAST(b.payload AS JSONB) AND jobs.max_attempts = b.max_attempts AND jobs.queue = b.queue AND jobs.priority = b.priority AND jobs.timeout IS NOT DISTINCT FROM b.timeout AS same 
-FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::TEXT[], $7::SMALLINT[], $8::FLOAT[], $9::TEXT[], $10::TIMESTAMP WITH TIME ZONE[], $11::FLOAT[]) AS b(id, type, payload, max_attempts, key, queue, priority, timeout, traceparent, not_before, delay) JOIN jobs ON jobs.idempotency_key = b.key;
+SELECT b.id AS item, jobqueue.jobs.id, jobqueue.jobs.idempotency_key, jobqueue.jobs.type = b.type AND jobqueue.jobs.payload = CAST(b.payload AS JSONB) AND jobqueue.jobs.max_attempts = b.max_attempts AND jobqueue.jobs.queue = b.queue AND jobqueue.jobs.priority = b.priority AND jobqueue.jobs.timeout IS NOT DISTINCT FROM b.timeout AS same 
+FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::TEXT[], $7::SMALLINT[], $8::FLOAT[], $9::TEXT[], $10::TIMESTAMP WITH TIME ZONE[], $11::FLOAT[]) AS b(id, type, payload, max_attempts, key, queue, priority, timeout, traceparent, not_before, delay) JOIN jobqueue.jobs ON jobqueue.jobs.idempotency_key = b.key;
 
 -- name: job_get
 -- parameters: $1 id
-SELECT jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, coalesce(jobs.errors, '[]'::jsonb) AS errors 
-FROM jobs 
-WHERE jobs.id = $1::UUID;
+SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, coalesce(jobqueue.jobs.errors, '[]'::jsonb) AS errors 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.id = $1::UUID;
 
 -- name: job_count_pending
 -- parameters: $1 others, $2 queues, $3 caps
 WITH RECURSIVE present(queue) AS (
-    (SELECT queue FROM jobs WHERE status = 'pending'
+    (SELECT queue FROM jobqueue.jobs WHERE status = 'pending'
        AND CAST($1 AS bigint) IS NOT NULL
      ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT queue FROM jobs WHERE status = 'pending'
+    SELECT (SELECT queue FROM jobqueue.jobs WHERE status = 'pending'
               AND queue > present.queue ORDER BY queue LIMIT 1)
     FROM present WHERE present.queue IS NOT NULL
 ), capped(queue, cap) AS (
@@ -66,7 +66,7 @@ WITH RECURSIVE present(queue) AS (
 )
 SELECT capped.queue, (
     SELECT count(*) FROM (
-        SELECT 1 FROM jobs
+        SELECT 1 FROM jobqueue.jobs
         WHERE status = 'pending' AND jobs.queue = capped.queue
         LIMIT capped.cap
     ) AS p
@@ -75,9 +75,9 @@ FROM capped;
 
 -- name: job_find_keys
 -- parameters: $1 keys
-SELECT jobs.idempotency_key 
-FROM jobs 
-WHERE jobs.idempotency_key = ANY ($1::TEXT[]);
+SELECT jobqueue.jobs.idempotency_key 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 
 -- name: job_notify
 -- parameters: $1 param_1='jobqueue_jobs', $2 param_2=''
@@ -96,7 +96,7 @@ CROSS JOIN LATERAL (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -104,7 +104,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -113,15 +113,15 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobs
+        SELECT id FROM jobqueue.jobs
         WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
           AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT w.n
 ) AS j)
- UPDATE jobs SET status='processing', attempts=(jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, updated_at=now() WHERE jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobs.id, jobs.type, jobs.payload, jobs.attempts, jobs.max_attempts, jobs.lease_token, jobs.queue, jobs.timeout, jobs.traceparent, jobs.priority, jobs.run_at;
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at;
 
 -- name: job_claim_unlimited
 -- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 queues, $6 slots, $7 floor_queues, $8 floor_priorities, $9 floors, $10 limited
@@ -136,7 +136,7 @@ CROSS JOIN LATERAL (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -144,7 +144,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -153,20 +153,20 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobs
+        SELECT id FROM jobqueue.jobs
         WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
           AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($10 AS text[]))
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT w.n
 ) AS j)
- UPDATE jobs SET status='processing', attempts=(jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, updated_at=now() WHERE jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobs.id, jobs.type, jobs.payload, jobs.attempts, jobs.max_attempts, jobs.lease_token, jobs.queue, jobs.timeout, jobs.traceparent, jobs.priority, jobs.run_at;
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at;
 
 -- name: job_complete_and_claim
 -- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 queues, $9 slots, $10 floor_queues, $11 floor_priorities, $12 floors
 WITH done AS 
-(UPDATE jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke), 
+(UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
 SELECT j.id FROM unnest(CAST($8 AS text[]), CAST($9 AS integer[])) AS w(queue, n)
@@ -178,7 +178,7 @@ CROSS JOIN LATERAL (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -186,7 +186,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -195,7 +195,7 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobs
+        SELECT id FROM jobqueue.jobs
         WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
           AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
@@ -203,8 +203,8 @@ CROSS JOIN LATERAL (
     LIMIT w.n
 ) AS j), 
 claimed AS 
-(UPDATE jobs SET status='processing', attempts=(jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, updated_at=now() WHERE jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobs.id, jobs.type, jobs.payload, jobs.attempts, jobs.max_attempts, jobs.lease_token, jobs.queue, jobs.timeout, jobs.traceparent, jobs.priority, jobs.run_at)
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at)
  SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at 
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at 
 FROM claimed;
@@ -212,7 +212,7 @@ FROM claimed;
 -- name: job_complete_and_claim_unlimited
 -- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 queues, $9 slots, $10 floor_queues, $11 floor_priorities, $12 floors, $13 limited
 WITH done AS 
-(UPDATE jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke), 
+(UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
 SELECT j.id FROM unnest(CAST($8 AS text[]), CAST($9 AS integer[])) AS w(queue, n)
@@ -224,7 +224,7 @@ CROSS JOIN LATERAL (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -232,7 +232,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -241,7 +241,7 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobs
+        SELECT id FROM jobqueue.jobs
         WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
           AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($13 AS text[]))
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
@@ -249,8 +249,8 @@ CROSS JOIN LATERAL (
     LIMIT w.n
 ) AS j), 
 claimed AS 
-(UPDATE jobs SET status='processing', attempts=(jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, updated_at=now() WHERE jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobs.id, jobs.type, jobs.payload, jobs.attempts, jobs.max_attempts, jobs.lease_token, jobs.queue, jobs.timeout, jobs.traceparent, jobs.priority, jobs.run_at)
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at)
  SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at 
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at 
 FROM claimed;
@@ -270,9 +270,9 @@ FROM (
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
            l.concurrency - l.overrun
-           - (SELECT count(*) FROM jobs
+           - (SELECT count(*) FROM jobqueue.jobs
               WHERE status = 'processing' AND type = l.type) AS concurrency_left,
-           l.rate - coalesce((SELECT used FROM job_rate_windows AS u
+           l.rate - coalesce((SELECT used FROM jobqueue.job_rate_windows AS u
                               WHERE u.type = l.type AND u.window_start = r.window_start),
                              0) AS rate_left
     FROM unnest(CAST($1 AS text[]), CAST($2 AS integer[]),
@@ -289,18 +289,18 @@ WITH room AS MATERIALIZED (
     FROM room CROSS JOIN unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
         WITH RECURSIVE priorities(p) AS (
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND type = room.type AND queue = w.queue
              ORDER BY priority DESC LIMIT 1)
             UNION ALL
-            SELECT (SELECT priority FROM jobs
+            SELECT (SELECT priority FROM jobqueue.jobs
                     WHERE status = 'pending' AND type = room.type AND queue = w.queue
                       AND priority < priorities.p
                     ORDER BY priority DESC LIMIT 1)
             FROM priorities WHERE priorities.p IS NOT NULL
         )
         SELECT j.id, j.priority, j.run_at FROM priorities CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM jobs
+            SELECT id, priority, run_at FROM jobqueue.jobs
             WHERE status = 'pending' AND type = room.type AND queue = w.queue
               AND priority = priorities.p AND run_at <= now()
             ORDER BY run_at, id
@@ -325,7 +325,7 @@ WITH room AS MATERIALIZED (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -333,7 +333,7 @@ WITH room AS MATERIALIZED (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -342,7 +342,7 @@ WITH room AS MATERIALIZED (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
         SELECT d.id, d.priority, d.run_at FROM priorities CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM jobs
+            SELECT id, priority, run_at FROM jobqueue.jobs
             WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
               AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
               AND type <> ALL(CAST($1 AS text[]))
@@ -363,7 +363,7 @@ WITH room AS MATERIALIZED (
           UNION ALL
           SELECT id, priority, run_at, queue, slots, false FROM others) AS candidates
 ), claimed AS (
-    UPDATE jobs SET status = 'processing', attempts = attempts + 1,
+    UPDATE jobqueue.jobs SET status = 'processing', attempts = attempts + 1,
         lease_token = lease_token + 1,
         locked_until = now() + CAST($11 AS float8) * interval '1 second',
         claim_id = CAST($12 AS uuid), updated_at = now()
@@ -372,7 +372,7 @@ WITH room AS MATERIALIZED (
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
-    INSERT INTO job_rate_windows AS u (type, window_start, used)
+    INSERT INTO jobqueue.job_rate_windows AS u (type, window_start, used)
     SELECT room.type, room.window_start, started.n
     FROM room JOIN started ON started.type = room.type
     WHERE room.rate IS NOT NULL
@@ -404,7 +404,7 @@ CROSS JOIN LATERAL (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -412,7 +412,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -420,7 +420,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT (SELECT run_at FROM jobs
+    SELECT (SELECT run_at FROM jobqueue.jobs
             WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
               AND run_at > now()
             ORDER BY run_at LIMIT 1) AS run_at
@@ -439,7 +439,7 @@ CROSS JOIN LATERAL (
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                )
@@ -447,7 +447,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known ))
         UNION ALL
         SELECT coalesce(
-            (SELECT priority FROM jobs
+            (SELECT priority FROM jobqueue.jobs
              WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
                AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
                                WHERE known.p < priorities.p)
@@ -455,7 +455,7 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT priorities.p, (SELECT run_at FROM jobs
+    SELECT priorities.p, (SELECT run_at FROM jobqueue.jobs
                           WHERE status = 'pending' AND queue = w.queue
                             AND priority = priorities.p AND run_at <= now()
                           ORDER BY run_at, id LIMIT 1) AS run_at
@@ -465,114 +465,114 @@ WHERE h.run_at IS NOT NULL;
 
 -- name: job_set_outcome_complete
 -- parameters: $1 ids, $2 tokens, $3 results
-UPDATE jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_fail
 -- parameters: $1 ids, $2 tokens, $3 errors, $4 tracebacks
-UPDATE jobs SET status='failed', locked_until=NULL, last_error=o.error, finished_at=now(), errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[]) AS o(id, token, error, traceback) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status='failed', locked_until=NULL, last_error=o.error, finished_at=now(), errors=jsonb_path_query_array(coalesce(jobqueue.jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobqueue.jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[]) AS o(id, token, error, traceback) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_dead_letter
 -- parameters: $1 ids, $2 tokens, $3 errors, $4 tracebacks
-UPDATE jobs SET status='dead_letter', locked_until=NULL, last_error=o.error, finished_at=now(), errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[]) AS o(id, token, error, traceback) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status='dead_letter', locked_until=NULL, last_error=o.error, finished_at=now(), errors=jsonb_path_query_array(coalesce(jobqueue.jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobqueue.jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[]) AS o(id, token, error, traceback) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_cancel_attempt
 -- parameters: $1 ids, $2 tokens
-UPDATE jobs SET status='cancelled', locked_until=NULL, finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[]) AS o(id, token) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status='cancelled', locked_until=NULL, finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[]) AS o(id, token) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_retry_later
 -- parameters: $1 ids, $2 tokens, $3 errors, $4 tracebacks, $5 delays
-UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, run_at=(now() + o.delay * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::FLOAT[]) AS o(id, token, error, traceback, delay) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, run_at=(now() + o.delay * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN now() END, errors=jsonb_path_query_array(coalesce(jobqueue.jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobqueue.jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::FLOAT[]) AS o(id, token, error, traceback, delay) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_snooze
 -- parameters: $1 attempts_1=1, $2 ids, $3 tokens, $4 delays
-UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), run_at=(now() + o.delay * interval '1 second'), locked_until=NULL, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[], $4::FLOAT[]) AS o(id, token, delay) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobqueue.jobs.attempts - $1::INTEGER), run_at=(now() + o.delay * interval '1 second'), locked_until=NULL, finished_at=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[], $4::FLOAT[]) AS o(id, token, delay) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_release
 -- parameters: $1 attempts_1=1, $2 ids, $3 tokens
-UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), locked_until=NULL, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobqueue.jobs.attempts - $1::INTEGER), locked_until=NULL, finished_at=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_set_outcome_unhandled
 -- parameters: $1 attempts_1=1, $2 ids, $3 tokens, $4 errors, $5 tracebacks
-UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), run_at=(now() + least(1.0 * power(2, least(jsonb_array_length(jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb), '$[*] ? (@.attempt == $n)'::jsonpath, jsonb_build_object('n', jobs.attempts))), 16)), 60.0) * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS o(id, token, error, traceback) WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token RETURNING jobs.id, jobs.lease_token, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobqueue.jobs.attempts - $1::INTEGER), run_at=(now() + least(1.0 * power(2, least(jsonb_array_length(jsonb_path_query_array(coalesce(jobqueue.jobs.errors, '[]'::jsonb), '$[*] ? (@.attempt == $n)'::jsonpath, jsonb_build_object('n', jobqueue.jobs.attempts))), 16)), 60.0) * interval '1 second'), locked_until=NULL, last_error=o.error, finished_at=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN now() END, errors=jsonb_path_query_array(coalesce(jobqueue.jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobqueue.jobs.attempts, 'at', now(), 'error', o.error, 'traceback', o.traceback)), '$[last - 19 to last]'::jsonpath), updated_at=now() FROM unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS o(id, token, error, traceback) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_renew_many
 -- parameters: $1 lease_seconds, $2 ids, $3 tokens
 WITH unlocked AS 
-(SELECT jobs.id AS id, jobs.lease_token AS lease_token 
-FROM jobs, unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) 
-WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token FOR NO KEY UPDATE OF jobs SKIP LOCKED), 
+(SELECT jobqueue.jobs.id AS id, jobqueue.jobs.lease_token AS lease_token 
+FROM jobqueue.jobs, unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) 
+WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token FOR NO KEY UPDATE OF jobs SKIP LOCKED), 
 renewed AS 
-(UPDATE jobs SET locked_until=(now() + $1::FLOAT * interval '1 second') FROM unlocked WHERE jobs.id = unlocked.id AND jobs.status = 'processing' AND jobs.lease_token = unlocked.lease_token RETURNING jobs.id, jobs.lease_token, jobs.cancel_requested_at IS NOT NULL AS cancel)
+(UPDATE jobqueue.jobs SET locked_until=(now() + $1::FLOAT * interval '1 second') FROM unlocked WHERE jobqueue.jobs.id = unlocked.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = unlocked.lease_token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, jobqueue.jobs.cancel_requested_at IS NOT NULL AS cancel)
  SELECT renewed.id, renewed.lease_token, renewed.cancel, true AS renewed 
-FROM renewed UNION ALL SELECT jobs.id, jobs.lease_token, jobs.cancel_requested_at IS NOT NULL AS cancel, false AS anon_1 
-FROM jobs, unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) 
-WHERE jobs.id = o.id AND jobs.status = 'processing' AND jobs.lease_token = o.token AND (o.id NOT IN (SELECT renewed.id 
+FROM renewed UNION ALL SELECT jobqueue.jobs.id, jobqueue.jobs.lease_token, jobqueue.jobs.cancel_requested_at IS NOT NULL AS cancel, false AS anon_1 
+FROM jobqueue.jobs, unnest($2::UUID[], $3::BIGINT[]) AS o(id, token) 
+WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token AND (o.id NOT IN (SELECT renewed.id 
 FROM renewed));
 
 -- name: job_release_claim
 -- parameters: $1 attempts_1=1, $2 claim_ids
-UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobs.attempts - $1::INTEGER), locked_until=NULL, finished_at=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() WHERE jobs.status = 'processing' AND jobs.claim_id = ANY ($2::UUID[]) RETURNING jobs.id, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' ELSE 'pending' END, attempts=(jobqueue.jobs.attempts - $1::INTEGER), locked_until=NULL, finished_at=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN now() END, updated_at=now() WHERE jobqueue.jobs.status = 'processing' AND jobqueue.jobs.claim_id = ANY ($2::UUID[]) RETURNING jobqueue.jobs.id, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_recover_expired
 -- parameters: $1 concat_1='lease expired during attempt ', $2 window, $3 param_1=1000
 WITH expired AS MATERIALIZED 
-(SELECT jobs.id AS id 
-FROM jobs 
-WHERE jobs.status = 'processing' AND jobs.locked_until < now() AND jobs.locked_until >= coalesce(now() - $2::FLOAT * interval '1 second', CAST('-infinity' AS timestamptz)) ORDER BY jobs.locked_until 
+(SELECT jobqueue.jobs.id AS id 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.status = 'processing' AND jobqueue.jobs.locked_until < now() AND jobqueue.jobs.locked_until >= coalesce(now() - $2::FLOAT * interval '1 second', CAST('-infinity' AS timestamptz)) ORDER BY jobqueue.jobs.locked_until 
  LIMIT $3::INTEGER FOR UPDATE SKIP LOCKED)
- UPDATE jobs SET status=CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END, locked_until=NULL, last_error=concat($1::VARCHAR, jobs.attempts), finished_at=CASE WHEN (CASE WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN now() END, errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'at', now(), 'error', concat($1::VARCHAR, jobs.attempts), 'traceback', NULL)), '$[last - 19 to last]'::jsonpath), updated_at=now() WHERE jobs.id = ANY (array((SELECT expired.id 
-FROM expired))) RETURNING jobs.id, jobs.status, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+ UPDATE jobqueue.jobs SET status=CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobqueue.jobs.attempts >= jobqueue.jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END, locked_until=NULL, last_error=concat($1::VARCHAR, jobqueue.jobs.attempts), finished_at=CASE WHEN (CASE WHEN (jobqueue.jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled' WHEN (jobqueue.jobs.attempts >= jobqueue.jobs.max_attempts) THEN 'dead_letter' ELSE 'pending' END IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN now() END, errors=jsonb_path_query_array(coalesce(jobqueue.jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobqueue.jobs.attempts, 'at', now(), 'error', concat($1::VARCHAR, jobqueue.jobs.attempts), 'traceback', NULL)), '$[last - 19 to last]'::jsonpath), updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT expired.id 
+FROM expired))) RETURNING jobqueue.jobs.id, jobqueue.jobs.status, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_type_record
 -- parameters: $1 recorded_by, $2 types, $3 options, $4 schedules
-INSERT INTO job_types (type, options, schedules, recorded_by, recorded_at) SELECT g.type, CAST(g.options AS JSONB) AS options, CAST(g.schedules AS JSONB) AS schedules, $1::VARCHAR AS anon_1, now() AS now_1 
+INSERT INTO jobqueue.job_types (type, options, schedules, recorded_by, recorded_at) SELECT g.type, CAST(g.options AS JSONB) AS options, CAST(g.schedules AS JSONB) AS schedules, $1::VARCHAR AS anon_1, now() AS now_1 
 FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[]) AS g(type, options, schedules) ORDER BY g.type ON CONFLICT (type) DO UPDATE SET options = excluded.options, schedules = excluded.schedules, recorded_by = excluded.recorded_by, recorded_at = excluded.recorded_at;
 
 -- name: job_type_list
 -- parameters: $1 max_age
-SELECT job_types.type, job_types.options, job_types.schedules, job_types.recorded_by, job_types.recorded_at 
-FROM job_types 
-WHERE job_types.recorded_at > now() - $1::FLOAT * interval '1 second' ORDER BY job_types.type;
+SELECT jobqueue.job_types.type, jobqueue.job_types.options, jobqueue.job_types.schedules, jobqueue.job_types.recorded_by, jobqueue.job_types.recorded_at 
+FROM jobqueue.job_types 
+WHERE jobqueue.job_types.recorded_at > now() - $1::FLOAT * interval '1 second' ORDER BY jobqueue.job_types.type;
 
 -- name: job_type_find
 -- parameters: $1 types, $2 max_age
-SELECT job_types.type, job_types.options, job_types.schedules, job_types.recorded_by, job_types.recorded_at 
-FROM job_types 
-WHERE job_types.type = ANY ($1::TEXT[]) AND job_types.recorded_at > now() - $2::FLOAT * interval '1 second' ORDER BY job_types.type;
+SELECT jobqueue.job_types.type, jobqueue.job_types.options, jobqueue.job_types.schedules, jobqueue.job_types.recorded_by, jobqueue.job_types.recorded_at 
+FROM jobqueue.job_types 
+WHERE jobqueue.job_types.type = ANY ($1::TEXT[]) AND jobqueue.job_types.recorded_at > now() - $2::FLOAT * interval '1 second' ORDER BY jobqueue.job_types.type;
 
 -- name: job_retry
 -- parameters: $1 attempts=0, $2 job_id
-UPDATE jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobs.id = $2::UUID AND jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at;
+UPDATE jobqueue.jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobqueue.jobs.id = $2::UUID AND jobqueue.jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at;
 
 -- name: job_cancel
 -- parameters: $1 job_id
-UPDATE jobs SET status='cancelled', finished_at=now(), updated_at=now() WHERE jobs.id = $1::UUID AND jobs.status IN ('dead_letter', 'pending') RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, CASE WHEN (jobs.awaited AND jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status='cancelled', finished_at=now(), updated_at=now() WHERE jobqueue.jobs.id = $1::UUID AND jobqueue.jobs.status IN ('dead_letter', 'pending') RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_request_cancel
 -- parameters: $1 job_id
-UPDATE jobs SET cancel_requested_at=coalesce(jobs.cancel_requested_at, now()), updated_at=now() WHERE jobs.id = $1::UUID AND jobs.status = 'processing' RETURNING jobs.id, jobs.type, jobs.payload, jobs.status, jobs.attempts, jobs.max_attempts, jobs.run_at, jobs.locked_until, jobs.lease_token, jobs.last_error, jobs.idempotency_key, jobs.created_at, jobs.updated_at, jobs.queue, jobs.priority, jobs.timeout, jobs.result, jobs.cancel_requested_at, jobs.finished_at, pg_notify('jobqueue_cancel', CAST(jobs.id AS TEXT)) AS announced;
+UPDATE jobqueue.jobs SET cancel_requested_at=coalesce(jobqueue.jobs.cancel_requested_at, now()), updated_at=now() WHERE jobqueue.jobs.id = $1::UUID AND jobqueue.jobs.status = 'processing' RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, pg_notify('jobqueue_cancel', CAST(jobqueue.jobs.id AS TEXT)) AS announced;
 
 -- name: job_watch
 -- parameters: $1 job_id
-UPDATE jobs SET awaited=true WHERE jobs.id = $1::UUID AND (jobs.status NOT IN ('cancelled', 'completed', 'dead_letter', 'failed')) RETURNING jobs.id;
+UPDATE jobqueue.jobs SET awaited=true WHERE jobqueue.jobs.id = $1::UUID AND (jobqueue.jobs.status NOT IN ('cancelled', 'completed', 'dead_letter', 'failed')) RETURNING jobqueue.jobs.id;
 
 -- name: queue_get_depths
 -- parameters: (none)
 WITH RECURSIVE known(queue) AS (
-    (SELECT queue FROM jobs WHERE status <> 'processing' ORDER BY queue LIMIT 1)
+    (SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT queue FROM jobs WHERE status <> 'processing' AND queue > known.queue
+    SELECT (SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND queue > known.queue
             ORDER BY queue LIMIT 1)
     FROM known WHERE known.queue IS NOT NULL
 ), running AS (
-    SELECT queue, count(*) AS n FROM jobs WHERE status = 'processing' GROUP BY queue
+    SELECT queue, count(*) AS n FROM jobqueue.jobs WHERE status = 'processing' GROUP BY queue
 ), queues AS (
     SELECT queue FROM known WHERE queue IS NOT NULL
     UNION
     SELECT queue FROM running
 )
 SELECT q.queue, p.pending, p.scheduled, coalesce(r.n, 0) AS processing,
-       (SELECT count(*) FROM jobs
+       (SELECT count(*) FROM jobqueue.jobs
         WHERE status = 'dead_letter' AND queue = q.queue) AS dead_letter,
        coalesce(extract(epoch FROM now() - p.oldest_due), 0)::float8
            AS oldest_pending_age_seconds
@@ -582,7 +582,7 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
            count(*) FILTER (WHERE run_at > now()) AS scheduled,
            min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-    FROM jobs WHERE status = 'pending' AND queue = q.queue
+    FROM jobqueue.jobs WHERE status = 'pending' AND queue = q.queue
 ) AS p
 ORDER BY q.queue;
 
@@ -590,7 +590,7 @@ ORDER BY q.queue;
 -- parameters: (none)
 WITH finished AS (
     SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
-    FROM jobs
+    FROM jobqueue.jobs
     WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
     GROUP BY 1, 2
 )
@@ -602,17 +602,17 @@ ORDER BY m.minute, f.status;
 
 -- name: lead_take
 -- parameters: $1 task, $2 holder, $3 lease_seconds
-INSERT INTO maintenance_leases (task, holder, expires_at) VALUES ($1::VARCHAR, $2::UUID, (now() + $3::FLOAT * interval '1 second')) ON CONFLICT (task) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at WHERE maintenance_leases.holder = excluded.holder OR maintenance_leases.expires_at < now() RETURNING maintenance_leases.holder;
+INSERT INTO jobqueue.maintenance_leases (task, holder, expires_at) VALUES ($1::VARCHAR, $2::UUID, (now() + $3::FLOAT * interval '1 second')) ON CONFLICT (task) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at WHERE jobqueue.maintenance_leases.holder = excluded.holder OR jobqueue.maintenance_leases.expires_at < now() RETURNING jobqueue.maintenance_leases.holder;
 
 -- name: lead_resign
 -- parameters: $1 task, $2 holder
-DELETE FROM maintenance_leases WHERE maintenance_leases.task = $1::VARCHAR AND maintenance_leases.holder = $2::UUID;
+DELETE FROM jobqueue.maintenance_leases WHERE jobqueue.maintenance_leases.task = $1::VARCHAR AND jobqueue.maintenance_leases.holder = $2::UUID;
 
 -- name: job_prune_cancelled
 -- parameters: $1 age
 WITH gone AS (
-    DELETE FROM jobs WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
         WHERE status BETWEEN 'cancelled' AND 'cancelled' AND id < CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
@@ -629,8 +629,8 @@ SELECT count(*) AS pruned FROM gone;
 -- name: job_prune_completed
 -- parameters: $1 age
 WITH gone AS (
-    DELETE FROM jobs WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
         WHERE status BETWEEN 'completed' AND 'completed' AND id < CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
@@ -647,8 +647,8 @@ SELECT count(*) AS pruned FROM gone;
 -- name: job_prune_dead_letter
 -- parameters: $1 age
 WITH gone AS (
-    DELETE FROM jobs WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
         WHERE status BETWEEN 'dead_letter' AND 'dead_letter' AND id < CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
@@ -665,8 +665,8 @@ SELECT count(*) AS pruned FROM gone;
 -- name: job_prune_failed
 -- parameters: $1 age
 WITH gone AS (
-    DELETE FROM jobs WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
         WHERE status BETWEEN 'failed' AND 'failed' AND id < CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',

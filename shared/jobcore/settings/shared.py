@@ -22,6 +22,8 @@ from jobcore.db import check_url
 from jobcore.durations import format_duration, parse_duration
 from jobcore.environ import read as environ_read
 from jobcore.errors import ConfigError, JobqueueError
+from jobcore.naming import DEFAULT_SCHEMA
+from jobcore.naming import check as check_schema_name
 from jobcore.settings.parsing import parse_list
 from jobcore.validation import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS, MIN_ATTEMPTS
 
@@ -86,6 +88,8 @@ class SharedSettings(BaseModel):
 
     # repr=False: the URL may hold a password.
     database_url: str = Field(default="postgresql://localhost:5432/jobqueue", repr=False)
+    # The PostgreSQL schema holding every object of jobqueue's (jobcore.naming).
+    database_schema: Annotated[str, AfterValidator(check_schema_name)] = DEFAULT_SCHEMA
     log_level: Annotated[Literal["debug", "info", "warning", "error"], Lowered] = "info"
     # Modules imported at startup; importing them registers their handlers.
     job_handlers: Names = Field(default_factory=list)

@@ -25,7 +25,8 @@ async def _fill(engine: AsyncEngine, old: int, recent: int) -> None:
         await conn.execute(
             sa.text(
                 """
-                INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, finished_at)
+                INSERT INTO jobqueue.jobs
+                    (id, type, payload, status, attempts, max_attempts, finished_at)
                 SELECT gen_random_uuid(), 'sleep', '{}'::jsonb,
                        CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'completed' END, 1, 3,
                        now() - interval '61 minutes' - (i * interval '2 seconds')
@@ -42,7 +43,7 @@ async def _fill(engine: AsyncEngine, old: int, recent: int) -> None:
             ),
             {"old": old, "recent": recent},
         )
-        await conn.execute(sa.text("ANALYZE jobs"))
+        await conn.execute(sa.text("ANALYZE jobqueue.jobs"))
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])

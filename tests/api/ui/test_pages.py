@@ -279,7 +279,8 @@ async def test_a_chart_over_its_time_budget_is_skipped_and_the_queues_still_show
     async with engine.connect() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobs (id, type, payload, status, attempts, max_attempts, finished_at)"
+                "INSERT INTO jobqueue.jobs"
+                " (id, type, payload, status, attempts, max_attempts, finished_at)"
                 " SELECT gen_random_uuid(), 'sleep', '{}'::jsonb, 'completed', 1, 3, now()"
                 " FROM generate_series(1, 30000)"
             )

@@ -46,7 +46,7 @@ class Stack:
             return int(row[0]) if row else 0
 
     def jobs_in(self, queue: str) -> int:
-        return self.count("SELECT count(*) FROM jobs WHERE queue = %s", queue)
+        return self.count("SELECT count(*) FROM jobqueue.jobs WHERE queue = %s", queue)
 
 
 @pytest.fixture(scope="session")

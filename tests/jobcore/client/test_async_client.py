@@ -91,7 +91,7 @@ async def test_a_cut_connection_is_retried_and_creates_exactly_one_job(stack: St
             job = await asyncio.wait_for(submitted, 30)
         assert proxy.accepted >= 2
     assert stack.jobs_in(queue) == 1
-    assert stack.count("SELECT count(*) FROM jobs WHERE id = %s", job.id) == 1
+    assert stack.count("SELECT count(*) FROM jobqueue.jobs WHERE id = %s", job.id) == 1
 
 
 async def test_503_is_retried_after_retry_after_and_unreachable_is_unavailable(

@@ -90,7 +90,9 @@ def test_every_submit_carries_a_key_so_identical_submissions_stay_distinct_jobs(
     first = client.submit("sleep", {"duration": "1s"}, queue=queue)
     second = client.submit("sleep", {"duration": "1s"}, queue=queue)
     assert first.id != second.id
-    keys = stack.count("SELECT count(DISTINCT idempotency_key) FROM jobs WHERE queue = %s", queue)
+    keys = stack.count(
+        "SELECT count(DISTINCT idempotency_key) FROM jobqueue.jobs WHERE queue = %s", queue
+    )
     assert keys == 2
 
 
@@ -255,7 +257,7 @@ def test_a_connection_cut_after_the_request_reached_the_api_creates_exactly_one_
                 job = future.result(30)
         assert proxy.accepted >= 2  # the client connected again and retried
     assert stack.jobs_in(queue) == 1
-    assert stack.count("SELECT count(*) FROM jobs WHERE id = %s", job.id) == 1
+    assert stack.count("SELECT count(*) FROM jobqueue.jobs WHERE id = %s", job.id) == 1
 
 
 def test_a_batch_retried_after_a_cut_connection_creates_each_job_once(stack: Stack, queue: str):
@@ -285,7 +287,9 @@ def _cut_once_applied(stack: Stack, call: Any, job_id: Any, target: str) -> Any:
                 future = pool.submit(getattr(slow, call), job_id)
                 wait_for(
                     lambda: stack.count(
-                        "SELECT count(*) FROM jobs WHERE id = %s AND status = %s", job_id, target
+                        "SELECT count(*) FROM jobqueue.jobs WHERE id = %s AND status = %s",
+                        job_id,
+                        target,
                     ),
                     10,
                     f"the job to be {target}",

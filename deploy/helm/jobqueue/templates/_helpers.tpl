@@ -147,12 +147,13 @@ env:
 KEDA's query: the due pending jobs of the queues the workers serve (config.QUEUES, default
 "default"; "name:slots" items give their name). It counts entries of the claim index
 jobs_claim_queue_idx (queue, priority DESC, run_at, id) WHERE status = 'pending', queue by
-queue, without reading a finished row. Queue names are checked by values.schema.json.
+queue, without reading a finished row. Queue names are checked by values.schema.json. The
+table is named with its schema (config.DATABASE_SCHEMA, default "jobqueue").
 */}}
 {{- define "jobqueue.pendingDueQuery" -}}
 {{- $queues := list -}}
 {{- range splitList "," (toString (default "default" .Values.config.QUEUES)) -}}
 {{- $queues = append $queues (printf "'%s'" (trim (first (splitList ":" .)))) -}}
 {{- end -}}
-SELECT count(*) FROM jobs WHERE status = 'pending' AND queue IN ({{ join ", " $queues }}) AND run_at <= now()
+SELECT count(*) FROM {{ default "jobqueue" .Values.config.DATABASE_SCHEMA }}.jobs WHERE status = 'pending' AND queue IN ({{ join ", " $queues }}) AND run_at <= now()
 {{- end -}}
