@@ -28,7 +28,7 @@ def upgrade() -> None:
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS errors jsonb")
     op.execute(
         """
-        CREATE TABLE IF NOT EXISTS job_types (
+        CREATE TABLE job_types (
             type text PRIMARY KEY,
             options jsonb NOT NULL DEFAULT '{}'::jsonb,
             schedules jsonb NOT NULL DEFAULT '[]'::jsonb,

@@ -36,6 +36,8 @@ depends_on: str | Sequence[str] | None = None
 
 TABLES = ("jobs", "job_rate_windows", "maintenance_leases", "job_types")
 PREVIOUS = "0007"  # the revision the previous release's services check for
+# The schema's comment once 0008 moved a deployment's tables out of public.
+ADOPTED = "jobqueue: moved from public by 0008"
 
 
 def _schema() -> str:
@@ -70,7 +72,11 @@ BEGIN
             moved := true;
         END IF;
     END LOOP;
-    -- The tables were in public: a version row of jobqueue's left there is ours.
+    -- The tables were in public: a version row of jobqueue's left there is ours, and a
+    -- downgrade puts them back there (and only then).
+    IF moved THEN
+        EXECUTE 'COMMENT ON SCHEMA {schema} IS ' || quote_literal('{ADOPTED}');
+    END IF;
     IF moved AND to_regclass('public.alembic_version') IS NOT NULL THEN
         DELETE FROM public.alembic_version WHERE version_num = '{PREVIOUS}';
         IF NOT EXISTS (SELECT 1 FROM public.alembic_version) THEN
@@ -84,8 +90,10 @@ END $$"""
 
 
 def downgrade() -> None:
-    """Back to the previous release's layout: the tables in `public` and its revision in
-    `public.alembic_version` (where its services read it)."""
+    """Back to the layout before: a deployment 0008 moved out of `public` (the schema's
+    comment says so) gets its tables back there, and its revision in
+    `public.alembic_version` (where the previous release's services read it); a database
+    that was created in the schema keeps its tables there and leaves `public` alone."""
     schema = _schema()
     op.execute("SET LOCAL lock_timeout = '5s'")
     op.execute(
@@ -93,13 +101,15 @@ def downgrade() -> None:
 DO $$
 DECLARE
     t text;
+    adopted boolean := coalesce(
+        obj_description(to_regnamespace('{schema}'), 'pg_namespace') = '{ADOPTED}', false);
 BEGIN
     FOREACH t IN ARRAY {_tables()} LOOP
         IF (SELECT relkind FROM pg_class
             WHERE oid = to_regclass('public.' || quote_ident(t))) = 'v' THEN
             EXECUTE 'DROP VIEW public.' || quote_ident(t);
         END IF;
-        IF to_regclass('{schema}.' || quote_ident(t)) IS NOT NULL THEN
+        IF adopted AND to_regclass('{schema}.' || quote_ident(t)) IS NOT NULL THEN
             IF to_regclass('public.' || quote_ident(t)) IS NOT NULL THEN
                 RAISE EXCEPTION USING MESSAGE =
                     'cannot move {schema}.' || t || ' back: public.' || t || ' exists';
@@ -107,13 +117,17 @@ BEGIN
             EXECUTE 'ALTER TABLE {schema}.' || quote_ident(t) || ' SET SCHEMA public';
         END IF;
     END LOOP;
-    CREATE TABLE IF NOT EXISTS public.alembic_version (
-        version_num varchar(32) NOT NULL,
-        CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
-    );
-    INSERT INTO public.alembic_version VALUES ('{PREVIOUS}') ON CONFLICT DO NOTHING;
+    IF adopted THEN
+        CREATE TABLE IF NOT EXISTS public.alembic_version (
+            version_num varchar(32) NOT NULL,
+            CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
+        );
+        INSERT INTO public.alembic_version VALUES ('{PREVIOUS}') ON CONFLICT DO NOTHING;
+        EXECUTE 'COMMENT ON SCHEMA {schema} IS NULL';
+        -- The revisions below this one name their tables unqualified: they find them in
+        -- public now (the session's setting, not the transaction's: a revision may go on
+        -- in autocommit).
+        PERFORM set_config('search_path', 'public', false);
+    END IF;
 END $$"""
     )
-    # The revisions below this one name their tables unqualified: they find them in public
-    # now (the session's setting, not the transaction's: a revision may go on in autocommit).
-    op.execute("SET search_path TO public")

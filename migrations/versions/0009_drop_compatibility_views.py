@@ -36,6 +36,9 @@ def _tables() -> str:
 
 def upgrade() -> None:
     schema = _schema()
+    # A DROP VIEW waits for the transactions using the view: give up rather than queue every
+    # later query on it behind one of them (run it again then).
+    op.execute("SET LOCAL lock_timeout = '5s'")
     op.execute(
         f"""
 DO $$

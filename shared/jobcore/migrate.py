@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import importlib.resources
 import io
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from jobcore import naming
+from jobcore import environ, naming
 from jobcore.errors import ConfigError, JobqueueError
 from jobcore.schema import SCHEMA_REVISION
 
@@ -123,11 +122,11 @@ def config(database_url: str, schema: str, *, stdout: Any = None) -> Any:
 def _settings(database_url: str | None, schema: str | None) -> tuple[str, str]:
     from jobcore.db import check_url
 
-    url = database_url or os.environ.get("DATABASE_URL") or DEFAULT_URL
+    url = database_url or environ.getenv("DATABASE_URL") or DEFAULT_URL
     try:
         check_url(url)
     except ValueError as exc:
-        raise ConfigError("DATABASE_URL", str(exc)) from None
+        raise ConfigError(environ.variable("DATABASE_URL"), str(exc)) from None
     if schema is None:
         return url, naming.from_environment()
     try:
@@ -208,12 +207,37 @@ def revision(conn: Connection, schema: str) -> str | None:
     return _public_revision(conn)
 
 
+# The columns of jobqueue's jobs table since its first revision.
+_FIRST_COLUMNS = (
+    "id",
+    "type",
+    "payload",
+    "status",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "locked_until",
+    "lease_token",
+)
+
+
 def _public_revision(conn: Connection) -> str | None:
     """jobqueue's row in `public.alembic_version`, when jobqueue's tables are in `public`
     (the sign that a row there is ours and not an application's of the same name)."""
     if conn.scalar(sa.text("SELECT to_regclass('public.alembic_version')")) is None:
         return None
     if conn.scalar(sa.text("SELECT to_regclass('public.jobs')")) is None:
+        return None
+    # An application may have a `jobs` table and numbered revisions of its own: only a
+    # table with jobqueue's columns (those of 0001) makes a row there ours.
+    shaped = conn.scalar(
+        sa.text(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.jobs'::regclass"
+            " AND NOT attisdropped AND attname = ANY(:names)"
+        ),
+        {"names": list(_FIRST_COLUMNS)},
+    )
+    if shaped != len(_FIRST_COLUMNS):
         return None
     rows = [str(r) for r in conn.scalars(sa.text("SELECT version_num FROM public.alembic_version"))]
     ours = [r for r in rows if r.isdigit() and len(r) == 4 and r <= VIEWS_REVISION]

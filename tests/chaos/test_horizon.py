@@ -123,7 +123,7 @@ class Server:
             self.next_xid += 1
             backend[1] = self.next_xid
         elif sql.startswith("SELECT count(*) FROM"):
-            assert sql == 'SELECT count(*) FROM "jobs"'
+            assert sql == 'SELECT count(*) FROM "jobqueue"."jobs"'
             if backend[2] is None:
                 backend[2] = self.next_xid
         elif "pg_stat_activity" in sql:
@@ -143,7 +143,7 @@ class Server:
                 for p, b in self.backends.items() if p in params[0]
             ]  # fmt: skip
         elif "n_dead_tup" in sql:
-            assert params == ('"jobs"',)
+            assert params == ('"jobqueue"."jobs"',)
             return [(self.dead,)]
         return []
 

@@ -91,3 +91,17 @@ async def test_a_database_url_with_libpq_parameters_runs_jobs(database_url, engi
             assert set(names) == {"wk"}
     finally:
         assert worker.stop(60) == 0
+
+
+async def test_a_handler_queue_the_worker_does_not_serve_is_warned_of_once(database_url, tmp_path):
+    handlers = "tests.worker.handlers,tests.worker.handlers_options"
+    worker = start_worker(database_url, tmp_path, JOB_HANDLERS=handlers)
+    served = start_worker(database_url, tmp_path, JOB_HANDLERS=handlers, QUEUES="default,mail")
+    try:
+        await until(lambda: worker.child_pids() and served.child_pids(), 60, "both started")
+        (line,) = [line for line in worker.logs() if "does not serve" in line.get("msg", "")]
+        assert line["level"] == "warning"
+        assert (line["type"], line["queue"]) == ("test.options.receipt", "mail")
+        assert not [line for line in served.logs() if "does not serve" in line.get("msg", "")]
+    finally:
+        assert worker.stop(60) == 0 and served.stop(60) == 0

@@ -132,6 +132,7 @@ def test_an_application_installs_migrates_and_runs_its_own_handler(
             **ours,
             "PYTHONPATH": str(app),
             "JOB_HANDLERS": "myapp.jobs",
+            "QUEUES": "default,mail",  # the handler's queue
             "WORKER_PROCESSES": "1",
             "METRICS_ADDR": f"127.0.0.1:{free_port()}",
             "PROMETHEUS_MULTIPROC_DIR": "",

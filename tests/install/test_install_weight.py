@@ -107,9 +107,13 @@ def test_the_client_enqueue_and_the_command_line_work_from_the_base_install(inst
         (("jobqueue-worker",), "jobqueue-worker"),
         (("python", "-m", "jobqueue_api"), "jobqueue-api"),
         (("python", "-m", "jobqueue_worker"), "jobqueue-worker"),
+        (("jobqueue", "migrate"), "jobqueue migrate"),
+        (("jobqueue", "migrate", "--check"), "jobqueue migrate"),
     ],
 )
-def test_the_services_without_the_server_extra_exit_2_naming_it(installed, command, name):
+def test_the_services_and_migrations_without_the_server_extra_exit_2_naming_it(
+    installed, command, name
+):
     bin, _ = installed
     done = _run(bin / command[0], *command[1:], env=_clean_env(), check=False)
     assert done.returncode == 2, done.stdout + done.stderr

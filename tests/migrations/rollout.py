@@ -82,17 +82,25 @@ async def connect(url: str, search_path: str = "jobqueue") -> asyncpg.Connection
 
 def previous_layout(url: str) -> None:
     """An empty database at 0007 as the release at 0007 migrated it: its tables in
-    `public`, its revision in `public.alembic_version`, no schema of jobqueue's. 0008's
-    downgrade restores exactly that; what is left in the schema is the version table."""
+    `public`, its revision in `public.alembic_version`, no schema of jobqueue's (0001-0007
+    run in the schema, then everything moved to where that release kept it)."""
     import psycopg
     from alembic import command
 
     from tests import pg
 
-    config = pg.alembic_config(url)
-    command.upgrade(config, "0008")
-    command.downgrade(config, "0007")
+    command.upgrade(pg.alembic_config(url), "0007")
     with psycopg.connect(url, autocommit=True) as conn:
+        for (table,) in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'jobqueue'"
+            " AND tablename <> 'alembic_version'"
+        ).fetchall():
+            conn.execute(f"ALTER TABLE jobqueue.{table} SET SCHEMA public")
+        conn.execute(
+            "CREATE TABLE public.alembic_version (version_num varchar(32) NOT NULL,"
+            " CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
+        )
+        conn.execute("INSERT INTO public.alembic_version VALUES ('0007')")
         conn.execute("DROP SCHEMA jobqueue CASCADE")
 
 

@@ -325,3 +325,35 @@ def test_downgrading_0009_and_0008_restores_the_previous_release_layout(previous
     assert migrate.upgrade(url).after == SCHEMA_REVISION
     assert _in_public_of_ours(url) == set()
     assert _counts(url, "jobqueue.jobs") == before
+
+
+def test_a_database_created_in_the_schema_downgrades_in_it_and_leaves_public_alone(
+    empty_database_url: str,
+):
+    url = empty_database_url
+    migrate.upgrade(url)
+    migrate.downgrade("0007", url)
+    assert _in_public_of_ours(url) == set()
+    assert _relations(url, "public") == set()
+    assert set(OURS) <= _relations(url, "jobqueue")
+    assert migrate.upgrade(url).after == SCHEMA_REVISION
+    assert _relations(url, "public") == set()
+
+
+def test_an_applications_own_jobs_table_and_numbered_revision_are_not_taken_for_ours(
+    empty_database_url: str,
+):
+    url = empty_database_url
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.jobs (id serial PRIMARY KEY, title text)")
+        conn.execute("CREATE TABLE public.alembic_version (version_num varchar(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO public.alembic_version VALUES ('0003')")
+    assert migrate.upgrade(url).after == SCHEMA_REVISION
+    assert _sql(url, "SELECT version_num FROM public.alembic_version") == [("0003",)]
+    columns = _sql(
+        url,
+        "SELECT column_name FROM information_schema.columns"
+        " WHERE table_schema = 'public' AND table_name = 'jobs' ORDER BY 1",
+    )
+    assert columns == [("id",), ("title",)]
+    assert set(OURS) <= _relations(url, "jobqueue")

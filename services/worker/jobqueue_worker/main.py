@@ -61,6 +61,7 @@ def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
         naming.use(settings.database_schema)
         logs.configure(settings.log_level)
         load_handlers(settings.job_handlers)
+        _warn_of_unserved_queues(settings)
         # Each worker process starts its own tracer: its OTEL_* variables are checked here,
         # once, rather than failing every worker process as it starts.
         tracing.check()
@@ -69,6 +70,21 @@ def _configured_run(metrics_dir: str, cleanup: Callable[[], None]) -> int:
         log.error(f"invalid configuration: {exc}", extra={"variable": exc.variable})
         return 2
     return run(settings, metrics_dir, cleanup)
+
+
+def _warn_of_unserved_queues(settings: WorkerSettings) -> None:
+    """A handler whose `queue` option this worker does not serve: its jobs wait for a worker
+    that does (QUEUES), which is easy to miss, so say it once at start."""
+    from jobcore.registry import registered_options
+
+    for job_type, options in sorted(registered_options().items()):
+        queue = options.get("queue")
+        if queue is not None and queue not in settings.queues:
+            log.warning(
+                f"handler {job_type!r} sends its jobs to queue {queue!r}, which this worker"
+                f" does not serve (QUEUES: {', '.join(settings.queues)})",
+                extra={"type": job_type, "queue": queue},
+            )
 
 
 def run(settings: WorkerSettings, metrics_dir: str, cleanup: Callable[[], None]) -> int:

@@ -284,6 +284,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     """`jobqueue migrate`: one line on stdout saying where the database is."""
+    from jobcore.extras import require
+
+    require("server", "jobqueue migrate")  # Alembic and the driver: exit 2 naming the extra
     from jobcore import migrate
     from jobcore.errors import ConfigError
 
