@@ -28,7 +28,7 @@ async def test_a_handler_return_value_is_stored_as_the_job_result(database_url, 
         assert found[text].result == "x" * 98
         assert found[too_big].last_error == "result is 101 bytes, over MAX_RESULT_BYTES=100"
         assert found[not_json].last_error == (
-            "result is not JSON-serialisable: Object of type set is not JSON serializable"
+            "result is not JSON-serialisable: Object of type complex is not JSON serializable"
         )
         for job_id in (too_big, not_json):
             assert found[job_id].attempts == 1 and found[job_id].result is None

@@ -174,11 +174,11 @@ def race_sync(payload: Any, ctx: JobContext) -> dict[str, Any] | None:
 
 @handler("test.returns")
 def returns(payload: Any, ctx: JobContext) -> Any:
-    """Returns payload["value"]; a set if payload["unserialisable"]; a string of
+    """Returns payload["value"]; a complex number if payload["unserialisable"]; a string of
     payload["chars"] characters if given."""
     note("run", ctx)
     if payload.get("unserialisable"):
-        return {1, 2, 3}
+        return 1j
     if "chars" in payload:
         return "x" * int(payload["chars"])
     return payload.get("value")
