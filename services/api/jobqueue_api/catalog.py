@@ -39,6 +39,7 @@ class TypeCatalog:
         self._records: list[JobTypeRecord] = []
         self._read_at: float | None = None  # loop time of the last read that succeeded
         self._reading: asyncio.Task[None] | None = None
+        self._read_started = 0.0  # loop time the latest read began
         self._merged: tuple[int, Known] | None = None
 
     def current(self) -> Known:
@@ -59,13 +60,22 @@ class TypeCatalog:
         now = asyncio.get_running_loop().time()
         if missing:
             await self._read()
-            return self.current()
+            found = self.current()
+            if self._read_started < now and any(
+                isinstance(t, str) and t not in found.types for t in types
+            ):
+                # The read joined began before this request: its snapshot may predate a
+                # worker's record the request relies on. One read of its own decides.
+                await self._read()
+                found = self.current()
+            return found
         if self._read_at is None or now - self._read_at > self._refresh:
             self._start_read()
         return found
 
     def _start_read(self) -> asyncio.Task[None]:
         if self._reading is None or self._reading.done():
+            self._read_started = asyncio.get_running_loop().time()
             self._reading = asyncio.create_task(self._load(), name="job types read")
             self._reading.add_done_callback(_retrieved)
         return self._reading
