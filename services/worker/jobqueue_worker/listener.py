@@ -89,11 +89,17 @@ class Listener(Loop):
             )
         )
         self._conn.add_termination_listener(self._terminated)
-        await self._conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
         channels = [NOTIFY_CHANNEL]
-        if self._cancel is not None:
-            await self._conn.add_listener(CANCEL_CHANNEL, self._cancel_requested)
-            channels.append(CANCEL_CHANNEL)
+        try:
+            await self._conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
+            if self._cancel is not None:
+                await self._conn.add_listener(CANCEL_CHANNEL, self._cancel_requested)
+                channels.append(CANCEL_CHANNEL)
+        except asyncpg.InternalClientError as exc:
+            # A backend killed between the connect and the first LISTEN: asyncpg is still
+            # taking in the server's last error when the LISTEN starts, and says so as a busy
+            # connection. It is a lost connection (dropped like any other), never used again.
+            raise ConnectionError("the connection was closed while it was set up") from exc
         log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL, "channels": channels})
         # Notifications sent while nobody listened are lost: look for due jobs, and for
         # cancel requests of running jobs, now.
