@@ -57,6 +57,7 @@ from bench.http import Connection
 from bench.stats import latency_ms, median
 from bench.webhooks import cpu_seconds
 from jobcore import queries, store
+from jobcore.db import session_name
 from jobcore.ids import new_id
 from jobcore.rows import NewJob
 from jobqueue_api.database import POOL_SIZE
@@ -68,10 +69,12 @@ OPENING = 100  # connections opened at once: more would overflow the API's liste
 SAMPLE_EVERY = 0.02  # seconds between two reads of the API's database connections
 VARIANTS = ("waited", "unwaited")
 
+# The API's sessions, by the names this release gives them.
+_API, _LISTEN = session_name("jobqueue-api"), session_name("jobqueue-api-listen")
 _BACKENDS = (
     "SELECT application_name, count(*) FROM pg_stat_activity"
     " WHERE datname = current_database()"
-    " AND application_name IN ('jobqueue-api', 'jobqueue-api-listen')"
+    f" AND application_name IN ('{_API}', '{_LISTEN}')"
     " GROUP BY application_name"
 )
 
@@ -223,9 +226,9 @@ async def thousand(ours: Ours, waiters: int, limit: float = 120) -> dict[str, An
         "from_finish": latency_ms(delays) if delays else {},
         "pool_size": POOL_SIZE,
         # At most, over every sample from the first waiter to the last answer.
-        "api_connections": most.get("jobqueue-api", 0),
-        "listen_connections": most.get("jobqueue-api-listen", 0),
-        "api_connections_while_waiting": during_wait.get("jobqueue-api", 0),
+        "api_connections": most.get(_API, 0),
+        "listen_connections": most.get(_LISTEN, 0),
+        "api_connections_while_waiting": during_wait.get(_API, 0),
     }
 
 

@@ -63,7 +63,8 @@ def test_pressure_bench_reports_every_phase_of_every_scenario(
         vacuumed = scenario["first_vacuum_after_release_s"]
         assert vacuumed is None or vacuumed >= 0
         verdict = "not within the phase" if after is None else "s after the release"
-        assert f"{name}: jobs dead tuples under 10,000: " in run.stdout and verdict in run.stdout
+        jobs = document["jobs_table"]
+        assert f"{name}: {jobs} dead tuples under 10,000: " in run.stdout and verdict in run.stdout
     assert document["scenarios"]["idle-xid"]["holder"]["xid"] > 0
     assert document["scenarios"]["repeatable-read"]["holder"]["counts"] > 0
     assert document["scenarios"]["rate-1.5x"]["phases"]["pressure"]["target_rate"] == 300
