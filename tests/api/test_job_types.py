@@ -1,4 +1,4 @@
-"""Which types the API accepts (SPEC §19): its own handlers, JOB_TYPES, and the types the
+"""Which types the API accepts (docs/api.md#job-types): its own handlers, JOB_TYPES, and the types the
 workers recorded in `job_types` (within 7 days), each with its handler's options as the
 defaults of the fields a request omits; anything else is 400 saying how to declare it."""
 

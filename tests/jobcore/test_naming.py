@@ -1,4 +1,4 @@
-"""Every statement names jobqueue's schema (jobcore.naming, SPEC §18): the hot paths work
+"""Every statement names jobqueue's schema (jobcore.naming, docs/operations.md#migrations): the hot paths work
 whatever the connection's `search_path` says, even when it finds another `jobs` first, and
 in a schema other than the default when DATABASE_SCHEMA names one."""
 

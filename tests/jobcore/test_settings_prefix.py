@@ -1,5 +1,5 @@
 """Every setting is also read as `JOBQUEUE_<NAME>`; the prefixed name wins when both are set,
-and an error names the variable actually read (SPEC §18, docs/configuration.md)."""
+and an error names the variable actually read (docs/configuration.md)."""
 
 from __future__ import annotations
 

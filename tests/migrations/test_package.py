@@ -1,4 +1,4 @@
-"""The migrations ship inside the distribution (SPEC §18) as the package
+"""The migrations ship inside the distribution (docs/operations.md#migrations) as the package
 `jobqueue_migrations`, listed with the others. That the installed wheel migrates a database
 with `jobqueue migrate` is tests/e2e/test_your_application.py's first step."""
 
