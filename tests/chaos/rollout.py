@@ -120,14 +120,13 @@ def checkout(commit: str, into: Path) -> Release:
     return Release(commit, into)
 
 
-def migrate_head(url: str) -> tuple[int, str, float]:
-    """The head's `jobqueue migrate`, in a process of its own: exit status, output, seconds."""
+def _migration(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, float]:
+    """`argv` in a process of its own: exit status, the end of its output, seconds."""
     started = time.monotonic()
-    code = "import sys; from jobcore.client.cli import main; sys.exit(main(['migrate']))"
     result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url},
+        argv,
+        cwd=cwd,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=MIGRATION_LIMIT,
@@ -135,23 +134,19 @@ def migrate_head(url: str) -> tuple[int, str, float]:
     )
     output = (result.stdout + result.stderr).strip()
     return result.returncode, output[-2000:], time.monotonic() - started
+
+
+def migrate_head(url: str) -> tuple[int, str, float]:
+    """The head's `jobqueue migrate`, in a process of its own: exit status, output, seconds."""
+    code = "import sys; from jobcore.client.cli import main; sys.exit(main(['migrate']))"
+    return _migration([sys.executable, "-c", code], ROOT, {"DATABASE_URL": url})
 
 
 def upgrade(root: Path, url: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """`alembic upgrade head` of the tree at `root`, in a process of its own: exit status,
     output, seconds."""
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(root / "alembic.ini"), "upgrade", "head"],
-        cwd=root,
-        env={**os.environ, **(env or {}), "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=MIGRATION_LIMIT,
-        check=False,
-    )
-    output = (result.stdout + result.stderr).strip()
-    return result.returncode, output[-2000:], time.monotonic() - started
+    argv = [sys.executable, "-m", "alembic", "-c", str(root / "alembic.ini"), "upgrade", "head"]
+    return _migration(argv, root, {**(env or {}), "DATABASE_URL": url})
 
 
 def head_revision(url: str) -> str | None:
