@@ -1,6 +1,7 @@
-"""Which types the API accepts (docs/api.md#job-types): its own handlers, JOB_TYPES, and the types the
-workers recorded in `job_types` (within 7 days), each with its handler's options as the
-defaults of the fields a request omits; anything else is 400 saying how to declare it."""
+"""Which types the API accepts (docs/api.md#job-types): its own handlers, JOB_TYPES, and
+the types the workers recorded in `job_types` (within 7 days), each with its handler's
+options as the defaults of the fields a request omits; anything else is 400 saying how to
+declare it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Every statement names jobqueue's schema (jobcore.naming, docs/operations.md#migrations): the hot paths work
-whatever the connection's `search_path` says, even when it finds another `jobs` first, and
-in a schema other than the default when DATABASE_SCHEMA names one."""
+"""Every statement names jobqueue's schema (jobcore.naming, docs/operations.md#migrations):
+the hot paths work whatever the connection's `search_path` says, even when it finds another
+`jobs` first, and in a schema other than the default when DATABASE_SCHEMA names one."""
 
 from __future__ import annotations
 
