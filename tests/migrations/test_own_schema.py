@@ -1,8 +1,9 @@
 """Living in the application's database (docs/operations.md#migrations,
-docs/upgrading.md): every object of jobqueue's in its own schema, an application's Alembic project beside it in either order,
-a deployment of the previous release (everything in `public`) adopted by one command while
-that release keeps running through 0008's views, the deferral of 0009 while it runs, and
-0009 and 0008 undone back to the previous release's layout."""
+docs/upgrading.md): every object of jobqueue's in its own schema, an application's Alembic
+project beside it in either order, a deployment of the previous release (everything in
+`public`) adopted by one command while that release keeps running through 0008's views,
+the deferral of 0009 while it runs, and 0009 and 0008 undone back to the previous
+release's layout."""
 
 from __future__ import annotations
 
