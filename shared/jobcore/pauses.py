@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.errors import InvalidRequest
 from jobcore.schema import QUEUE_PATTERN, queue_pauses
+from jobcore.search import QueueDepth, queue_depths
 from jobcore.validation import QUEUE
 
 p = queue_pauses.c
@@ -105,3 +106,13 @@ async def is_paused(conn: AsyncConnection, queue: str) -> bool:
     if not isinstance(queue, str) or QUEUE.fullmatch(queue) is None:
         return False
     return bool((await conn.execute(QUEUE_GET_PAUSED, {"queue": queue})).scalar())
+
+
+async def queues_with_pauses(conn: AsyncConnection) -> list[tuple[QueueDepth, bool]]:
+    """Every queue that holds jobs or is paused, by name, with its depths (all zero for a
+    paused queue without jobs) and whether it is paused (`GET /queues`, the dashboard)."""
+    depths = {depth.queue: depth for depth in await queue_depths(conn)}
+    paused = {row.queue for row in await paused_queues(conn)}
+    for queue in paused - depths.keys():
+        depths[queue] = QueueDepth(queue, 0, 0, 0, 0, 0.0)
+    return [(depths[queue], queue in paused) for queue in sorted(depths)]
