@@ -154,11 +154,11 @@ def _ids(value: Any) -> tuple[UUID, ...]:
 
 
 def _limit(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    # An integer as JSON Schema counts them: 100.0 is one.
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not integral or not 1 <= value <= MAX_BULK_LIMIT:
         raise InvalidRequest(f"field 'limit' must be an integer from 1 to {MAX_BULK_LIMIT}")
-    if not 1 <= value <= MAX_BULK_LIMIT:
-        raise InvalidRequest(f"field 'limit' must be an integer from 1 to {MAX_BULK_LIMIT}")
-    return value
+    return int(value)
 
 
 async def cancel_matching(conn: AsyncConnection, selection: Selection) -> BulkCancelled:

@@ -84,6 +84,7 @@ async def test_a_name_no_queue_can_have_is_refused_and_nothing_is_written(auto, 
         {"queue": "q", "limit": 10_001},
         {"queue": "q", "limit": True},
         {"queue": "q", "limit": 1.5},
+        {"queue": "q", "limit": "5"},
     ],
 )
 def test_malformed_filters_are_refused(body):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobcore import record
+from jobcore.bulk import DEFAULT_BULK_LIMIT, MAX_BULK_LIMIT, MAX_IDS
 from jobcore.durations import format_duration
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT
@@ -215,9 +216,74 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
                                 "description": "How long the longest-due pending job has "
                                 "been due; 0 when none is.",
                             },
+                            "paused": {
+                                "type": "boolean",
+                                "description": "No worker claims from the queue. A paused "
+                                "queue is listed even while it holds no jobs.",
+                            },
                         }
                     ),
                 }
+            }
+        ),
+        "QueuePaused": _object(
+            {
+                "queue": _QUEUE,
+                "paused": {"type": "boolean", "description": "Whether it is paused now."},
+            }
+        ),
+        "BulkFilter": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Which jobs: those matching every field given (at least one of "
+            "status, type, queue or ids), at most `limit` of them.",
+            "anyOf": [{"required": [name]} for name in ("status", "type", "queue", "ids")],
+            "properties": {
+                "status": {
+                    "description": "A list of statuses, or a comma-separated string.",
+                    "oneOf": [
+                        {"type": "array", "minItems": 1, "items": {"enum": _STATUSES}},
+                        {
+                            "type": "string",
+                            "pattern": f"^({'|'.join(_STATUSES)})(,({'|'.join(_STATUSES)}))*$",
+                        },
+                    ],
+                },
+                "type": {"type": "string", "minLength": 1, **_NO_NUL},
+                "queue": _QUEUE,
+                "ids": {
+                    "type": "array",
+                    "maxItems": MAX_IDS,
+                    "items": {"type": "string", "format": "uuid"},
+                    "description": "Job ids; unknown ones are ignored.",
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_BULK_LIMIT,
+                    "default": DEFAULT_BULK_LIMIT,
+                },
+            },
+        },
+        "BulkCancelled": _object(
+            {
+                "cancelled": _count("Pending and dead_letter jobs cancelled."),
+                "cancel_requested": _count(
+                    "Processing jobs whose workers were asked to stop them."
+                ),
+                "more": {
+                    "type": "boolean",
+                    "description": "Matching jobs that allow it were left (the limit).",
+                },
+            }
+        ),
+        "BulkRetried": _object(
+            {
+                "retried": _count("Jobs requeued with a fresh attempt budget."),
+                "more": {
+                    "type": "boolean",
+                    "description": "Matching jobs that allow it were left (the limit).",
+                },
             }
         ),
         "Payload": _PAYLOAD,
@@ -482,6 +548,22 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
                 },
             }
         },
+        "/jobs/cancel": _bulk(
+            "cancelJobs",
+            "Cancel the jobs a filter matches (running ones: their workers are asked)",
+            "BulkCancelled",
+            locked,
+            unauthorized,
+        ),
+        "/jobs/retry": _bulk(
+            "retryJobs",
+            f"Requeue the {_either(Operation.MANUAL_RETRY.sources)} jobs a filter matches",
+            "BulkRetried",
+            locked,
+            unauthorized,
+        ),
+        "/queues/{queue}/pause": _pause("pauseQueue", "Pause a queue", locked, unauthorized),
+        "/queues/{queue}/resume": _pause("resumeQueue", "Resume a queue", locked, unauthorized),
         "/queues": {
             "get": {
                 "operationId": "queueDepths",
@@ -538,6 +620,56 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
                 },
             }
         },
+    }
+
+
+def _bulk(
+    operation: str, summary: str, answer: str, locked: dict[str, Any], unauthorized: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": operation,
+            "summary": summary,
+            **locked,
+            "requestBody": {
+                "required": True,
+                "description": "Read as JSON whatever the Content-Type.",
+                "content": {"application/json": {"schema": {"$ref": _REF + "BulkFilter"}}},
+            },
+            "responses": {
+                "200": _response("What was done, in batches, each job once.", answer),
+                "400": _error("An invalid filter; nothing was changed."),
+                **unauthorized,
+                "503": _UNAVAILABLE,
+            },
+        }
+    }
+
+
+def _pause(
+    operation: str, summary: str, locked: dict[str, Any], unauthorized: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": operation,
+            "summary": f"{summary} (idempotent; any valid queue name, also one without jobs)",
+            **locked,
+            "parameters": [
+                {
+                    "name": "queue",
+                    "in": "path",
+                    "required": True,
+                    "schema": _QUEUE,
+                    "description": "A queue name; another is 400.",
+                }
+            ],
+            "responses": {
+                "200": _response("The queue and whether it is paused now.", "QueuePaused"),
+                "400": _error("Not a queue name."),
+                **unauthorized,
+                "503": _UNAVAILABLE,
+            },
+        }
     }
 
 
