@@ -271,7 +271,11 @@ async def test_the_previous_release_works_on_the_head_schema(pg_server, database
     public, goes through 0008's views (reading through an index), its hot path does what it
     did, and this release reads and retires what it wrote."""
     found = _release(PREVIOUS)
-    conn = await rollout.connect(await _rolled_out(pg_server, databases), "public")
+    if PREVIOUS >= "0008":  # its tables are in the schema already: no views to go through
+        url = await _migrated(pg_server, databases, releases.rolled_out_to(PREVIOUS))
+        conn = await rollout.connect(url)
+    else:
+        conn = await rollout.connect(await _rolled_out(pg_server, databases), "public")
     try:
         bad = await rollout.problems(conn, found)
         assert not bad, _shown(bad)
