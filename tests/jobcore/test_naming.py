@@ -144,6 +144,7 @@ async def test_the_hot_paths_run_in_the_schema_database_schema_names(other_schem
         "queueing.job_rate_windows",
         "queueing.maintenance_leases",
         "queueing.job_types",
+        "queueing.queue_pauses",
     }
 
 
