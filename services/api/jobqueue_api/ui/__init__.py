@@ -1,6 +1,6 @@
 """The dashboard at `/ui/` (docs/api.md, "Dashboard"): server-rendered pages of the queues,
-the jobs and the dead letters, with the retry and cancel actions, readable without
-JavaScript. `routes()` is what the app mounts."""
+the jobs, the dead letters and the periodic schedules, with the retry and cancel actions,
+readable without JavaScript. `routes()` is what the app mounts."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def routes() -> list[BaseRoute]:
             Route("/jobs/{id}/cancel", actions.cancel, methods=["POST"]),
             Route("/dead-letters", pages.dead_letters, methods=["GET"]),
             Route("/dead-letters/retry", actions.retry_dead_letters, methods=["POST"]),
+            Route("/schedules", pages.schedules_page, methods=["GET"]),
             Route("/sign-in", _sign_in, methods=["GET", "POST"]),
             Route("/sign-out", actions.sign_out, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static")),
