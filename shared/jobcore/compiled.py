@@ -282,6 +282,23 @@ async def queue_depths(conn: Driver) -> list[QueueDepth]:
     ]
 
 
+# A schema at 0008 or 0009 (`schema.ACCEPTED_REVISIONS`) has no `queue_pauses`: nothing
+# can be paused there.
+_UNDEFINED_TABLE = "42P01"
+
+
+async def paused_queues(conn: Driver) -> frozenset[str]:
+    """The paused queues (`jobcore.pauses`)."""
+    statement = STATEMENTS["queue_list_paused"]
+    try:
+        rows = await conn.fetch(statement.sql)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) != _UNDEFINED_TABLE:
+            raise
+        return frozenset()
+    return frozenset(row["queue"] for row in rows)
+
+
 async def take_lead(conn: Driver, task: str, holder: UUID, lease_seconds: float) -> bool:
     """Lead `task` for `lease_seconds` from now if nobody else does (or keep leading it);
     whether `holder` leads it now."""

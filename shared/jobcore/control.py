@@ -1,9 +1,10 @@
 """An operator's actions on one job, and waiting for a job to finish: retry, cancel, watch.
 
-One statement per operation, guarded by its declaration in `jobcore.states`, run by
-the API on a SQLAlchemy connection (docs/api.md). A cancel of a running job only
-records the request and announces it on `CANCEL_CHANNEL`; the worker holding the
-job stops the attempt and writes `cancel_attempt` through the fence (`jobcore.queries.job_outcome`).
+One statement per operation (and its form for many jobs, which `jobcore.bulk` runs),
+guarded by its declaration in `jobcore.states`, run by the API on a SQLAlchemy connection
+(docs/api.md). A cancel of a running job only records the request and announces it on
+`CANCEL_CHANNEL`; the worker holding the job stops the attempt and writes `cancel_attempt`
+through the fence (`jobcore.queries.job_outcome`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.queries.common import JOB_COLUMNS, WOKE, guard, status_in, status_literal
@@ -26,48 +28,67 @@ c = jobs.c
 # Workers LISTEN on this channel: the id of a running job whose cancel was requested.
 CANCEL_CHANNEL = "jobqueue_cancel"
 
-JOB_RETRY = (
-    sa.update(jobs)
-    .where(c.id == sa.bindparam("job_id"), guard(Operation.MANUAL_RETRY))
-    .values(
-        status=status_literal(Status.PENDING),
-        attempts=0,
-        run_at=sa.func.now(),
-        result=sa.null(),
-        cancel_requested_at=sa.null(),
-        finished_at=sa.null(),
-        awaited=sa.false(),
-        updated_at=sa.func.now(),
-    )
-    .returning(*JOB_COLUMNS)
-)
+# Each operation's statement is built for one job (`job_id`) and for many (`job_ids`, the
+# bulk actions of `jobcore.bulk`): the same guard and the same values, row by row.
+_ONE = c.id == sa.bindparam("job_id")
+_MANY = c.id == sa.any_(sa.bindparam("job_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True))))
 
-JOB_CANCEL = (
-    sa.update(jobs)
-    .where(c.id == sa.bindparam("job_id"), guard(Operation.CANCEL))
-    .values(
-        status=status_literal(Status.CANCELLED),
-        finished_at=sa.func.now(),
-        updated_at=sa.func.now(),
-    )
-    .returning(*JOB_COLUMNS, WOKE)
-)
 
-# The first request's time stands; every request announces it again (a holder that missed
-# the first announcement hears the next).
-JOB_REQUEST_CANCEL = (
-    sa.update(jobs)
-    .where(c.id == sa.bindparam("job_id"), guard(Operation.REQUEST_CANCEL))
-    .values(
-        cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, sa.func.now()),
-        updated_at=sa.func.now(),
+def _retry(which: Any) -> Any:
+    return (
+        sa.update(jobs)
+        .where(which, guard(Operation.MANUAL_RETRY))
+        .values(
+            status=status_literal(Status.PENDING),
+            attempts=0,
+            run_at=sa.func.now(),
+            result=sa.null(),
+            cancel_requested_at=sa.null(),
+            finished_at=sa.null(),
+            awaited=sa.false(),
+            updated_at=sa.func.now(),
+        )
     )
-    .returning(
-        *JOB_COLUMNS,
-        sa.func.pg_notify(sa.literal_column(f"'{CANCEL_CHANNEL}'"), sa.cast(c.id, sa.Text)).label(
-            "announced"
-        ),
+
+
+def _cancel(which: Any) -> Any:
+    return (
+        sa.update(jobs)
+        .where(which, guard(Operation.CANCEL))
+        .values(
+            status=status_literal(Status.CANCELLED),
+            finished_at=sa.func.now(),
+            updated_at=sa.func.now(),
+        )
     )
+
+
+_ANNOUNCED = sa.func.pg_notify(
+    sa.literal_column(f"'{CANCEL_CHANNEL}'"), sa.cast(c.id, sa.Text)
+).label("announced")
+
+
+def _request_cancel(which: Any) -> Any:
+    return (
+        sa.update(jobs)
+        .where(which, guard(Operation.REQUEST_CANCEL))
+        .values(
+            cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, sa.func.now()),
+            updated_at=sa.func.now(),
+        )
+    )
+
+
+JOB_RETRY = _retry(_ONE).returning(*JOB_COLUMNS)
+JOB_RETRY_MANY = _retry(_MANY).returning(c.id)
+JOB_CANCEL = _cancel(_ONE).returning(*JOB_COLUMNS, WOKE)
+JOB_CANCEL_MANY = _cancel(_MANY).returning(c.id, WOKE)
+# The first request's time stands; every request of one job announces it again (a holder
+# that missed the first announcement hears the next). A bulk request leaves out the jobs
+# already asked: they are not asked, nor counted, twice.
+JOB_REQUEST_CANCEL = _request_cancel(_ONE).returning(*JOB_COLUMNS, _ANNOUNCED)
+JOB_REQUEST_CANCEL_MANY = (
+    _request_cancel(_MANY).where(c.cancel_requested_at.is_(None)).returning(c.id, _ANNOUNCED)
 )
 
 # A waiter marks the job it waits for, unless it has finished already: the write that
@@ -93,8 +114,11 @@ class Cancelled(StrEnum):
 # By their SQL name, for `jobcore.queries.named()`.
 NAMED = {
     "job_retry": JOB_RETRY,
+    "job_retry_many": JOB_RETRY_MANY,
     "job_cancel": JOB_CANCEL,
+    "job_cancel_many": JOB_CANCEL_MANY,
     "job_request_cancel": JOB_REQUEST_CANCEL,
+    "job_request_cancel_many": JOB_REQUEST_CANCEL_MANY,
     "job_watch": JOB_WATCH,
 }
 

@@ -14,12 +14,12 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0009"
+SCHEMA_REVISION = "0010"
 # The revisions this code works on; services refuse to start on any other. 0008 moved the
 # tables into the schema and left compatibility views in `public` for the previous
 # release; 0009 drops the views (`jobqueue migrate` defers it while that release runs),
-# which this code never reads.
-ACCEPTED_REVISIONS = frozenset({"0008", "0009"})
+# which this code never reads; 0010 adds `queue_pauses` (on 0008 or 0009 nothing is paused).
+ACCEPTED_REVISIONS = frozenset({"0008", "0009", "0010"})
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -183,4 +183,16 @@ job_types = sa.Table(
     sa.Column(
         "recorded_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     ),
+)
+
+# The queues an operator paused (`jobcore.pauses`): one row per paused queue, deleted when it
+# is resumed. Workers claim nothing from a queue listed here.
+queue_pauses = sa.Table(
+    "queue_pauses",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column(
+        "paused_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
+    sa.CheckConstraint(f"queue ~ '{QUEUE_PATTERN}'", name="queue_pauses_queue_check"),
 )

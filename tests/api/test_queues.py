@@ -46,8 +46,14 @@ async def test_depths_count_each_status_per_queue_and_never_finished_jobs(
     by_name = {q.pop("queue"): q for q in queues}
     mail_age = by_name["mail"].pop("oldest_pending_age_seconds")
     assert 90 <= mail_age < 120
-    assert by_name["mail"] == {"pending": 2, "scheduled": 1, "processing": 1, "dead_letter": 1}
-    zero = {"pending": 0, "scheduled": 0, "processing": 0, "dead_letter": 0}
+    assert by_name["mail"] == {
+        "pending": 2,
+        "scheduled": 1,
+        "processing": 1,
+        "dead_letter": 1,
+        "paused": False,
+    }
+    zero = {"pending": 0, "scheduled": 0, "processing": 0, "dead_letter": 0, "paused": False}
     assert by_name["bulk"] == {**zero, "scheduled": 1, "oldest_pending_age_seconds": 0}
     assert by_name["running"] == {**zero, "processing": 1, "oldest_pending_age_seconds": 0}
     # A queue that holds only finished jobs is still known, with nothing waiting in it.

@@ -78,6 +78,7 @@ class FakeStore:
         self.jobs: dict[UUID, FakeJob] = {}
         self.leads: dict[str, tuple[UUID, float]] = {}  # task -> (holder, until)
         self.vacuumed: list[str] = []
+        self.paused: set[str] = set()  # the paused queues (`paused_queues`)
         self._windows: dict[str, tuple[float, int]] = {}  # type -> (window start, started)
         self.claims: list[int] = []  # n asked for by each claim
         self.writes: list[tuple[str, int]] = []  # (operation, batch size) of each outcome write
@@ -240,6 +241,11 @@ class FakeStore:
         self._check()
         if self.leads.get(task, (None, 0.0))[0] == holder:
             del self.leads[task]
+
+    async def paused_queues(self) -> frozenset[str]:
+        await asyncio.sleep(0)
+        self._check()
+        return frozenset(self.paused)
 
     async def queue_depths(self) -> list[QueueDepth]:
         await asyncio.sleep(0)

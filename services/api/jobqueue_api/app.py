@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from jobcore.registry import registered_types
 from jobcore.settings import ApiSettings
-from jobqueue_api import jobs, listing, metrics, openapi, ui
+from jobqueue_api import flow, jobs, listing, metrics, openapi, ui
 from jobqueue_api.admission import Admission
 from jobqueue_api.catalog import TypeCatalog
 from jobqueue_api.errors import error_response, http_error
@@ -81,11 +81,15 @@ def create_app(
     routes = [
         collection,
         Route("/jobs/batch", jobs.create_many, methods=["POST"]),
+        Route("/jobs/cancel", flow.cancel_jobs, methods=["POST"]),
+        Route("/jobs/retry", flow.retry_jobs, methods=["POST"]),
         Route("/jobs/{id}", jobs.get_job, methods=["GET"]),
         Route("/jobs/{id}/status", jobs.get_status, methods=["GET"]),
         Route("/jobs/{id}/retry", jobs.retry_job, methods=["POST"]),
         Route("/jobs/{id}/cancel", jobs.cancel_job, methods=["POST"]),
         Route("/queues", listing.queues, methods=["GET"]),
+        Route("/queues/{queue}/pause", flow.pause_queue, methods=["POST"]),
+        Route("/queues/{queue}/resume", flow.resume_queue, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),

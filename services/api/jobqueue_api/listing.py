@@ -1,5 +1,5 @@
 """`GET /jobs` (list and search, newest first, by keyset pages) and `GET /queues` (each
-queue's depths): thin HTTP over `jobcore.search`."""
+queue's depths, and whether it is paused): thin HTTP over `jobcore.search`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from jobcore import search
+from jobcore import pauses, search
 from jobqueue_api import validation
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.errors import error_response
@@ -36,5 +36,5 @@ async def queues(request: Request) -> Response:
         return error_response(400, str(exc))
     engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
-        depths = await search.queue_depths(conn)
-    return JSONResponse({"queues": [depth_json(depth) for depth in depths]})
+        rows = await pauses.queues_with_pauses(conn)
+    return JSONResponse({"queues": [depth_json(depth, paused) for depth, paused in rows]})

@@ -52,7 +52,7 @@ record_json = _writer("record_json", record.JOB_RECORD)
 status_json = _writer("status_json", record.JOB_STATUS)
 
 
-def depth_json(depth: QueueDepth) -> dict[str, Any]:
+def depth_json(depth: QueueDepth, paused: bool = False) -> dict[str, Any]:
     return {
         "queue": depth.queue,
         "pending": depth.pending,
@@ -60,4 +60,5 @@ def depth_json(depth: QueueDepth) -> dict[str, Any]:
         "processing": depth.processing,
         "dead_letter": depth.dead_letter,
         "oldest_pending_age_seconds": depth.oldest_pending_age_seconds,
+        "paused": paused,
     }

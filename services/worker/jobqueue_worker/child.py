@@ -44,6 +44,7 @@ from jobqueue_worker.launch import RECYCLE_EXIT
 from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
 from jobqueue_worker.maintenance import QueueGauges, Retention, TakingTurns, retention_ages
+from jobqueue_worker.pauses import PausedQueues
 from jobqueue_worker.periodic import Scheduler
 from jobqueue_worker.recovery import Recovery
 from jobqueue_worker.served import TypeRecord
@@ -130,12 +131,14 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         max_result_bytes=settings.max_result_bytes,
         tracer=tracer,
     )
+    paused = PausedQueues(store, settings.queues, lambda: dispatcher.wake())
     dispatcher = Dispatcher(
         store,
         executor,
         poll_interval=settings.poll_interval,
         lease_seconds=settings.lease_duration,
         limits=limits,
+        paused=lambda: paused.paused,
     )
     completer = Completer(
         store, batch_size=sum(settings.queues.values()), linger=_LINGER, claimer=dispatcher
@@ -148,6 +151,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         dispatcher.wake,
         cancel=executor.cancel,
         reconnected=heartbeat.nudge,
+        pauses=paused.nudge,
     )
     # Led by one worker process of the database at a time; here, one connection for both.
     turns = TakingTurns(store)
@@ -191,12 +195,19 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
             ),
         },
     )
+    # Before the first claim: a paused queue is not claimed from at start either (if the
+    # database cannot say, the loop reads it again soon).
+    try:
+        await paused.run_once()
+    except Exception:
+        log.debug("paused queues not read", exc_info=True)
     dispatching = asyncio.create_task(dispatcher.run(), name="dispatcher")
     loops = {
         dispatching,
         asyncio.create_task(completer.run(), name="completer"),
         asyncio.create_task(recovery.run(maintenance_stop), name=recovery.name),
         asyncio.create_task(floor_check.run(maintenance_stop), name=floor_check.name),
+        asyncio.create_task(paused.run(maintenance_stop), name=paused.name),
         asyncio.create_task(heartbeat.run(heartbeat_stop), name=heartbeat.name),
         asyncio.create_task(listener.run(heartbeat_stop), name=listener.name),
         asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),

@@ -59,7 +59,8 @@ CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
 # Connections per child: one each for the dispatcher, the completer, recovery, the heartbeat and
 # the check of the claim floors, plus one for the periodic scheduler (at its ticks only), plus
 # one the maintenance loops (queue gauges, retention, vacuum) take turns on, plus one a VACUUM
-# runs on (while it runs).
+# runs on (while it runs). The read of the paused queues (a moment a second) takes whichever
+# is idle: the scheduler's, the VACUUM's, most of the time any.
 POOL_SIZE = 8
 # Tries of a call on fresh connections when asyncpg refused to start it on a broken one.
 _NEVER_SENT_TRIES = 3
@@ -407,6 +408,9 @@ class PgJobStore:
 
     async def queue_depths(self) -> list[QueueDepth]:
         return await self._run("queue_depths", compiled.queue_depths)
+
+    async def paused_queues(self) -> frozenset[str]:
+        return await self._run("paused_queues", compiled.paused_queues)
 
     async def record_types(self, records: Sequence[tuple[str, str, str]], by: str) -> None:
         await self._run("record_types", compiled.record_types, records, by)

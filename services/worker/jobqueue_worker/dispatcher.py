@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol
 from uuid import UUID
 
@@ -76,8 +76,11 @@ class Dispatcher:
         lease_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         limits: TypeLimits | None = None,
+        paused: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         self._store = store
+        # The queues claimed from by nobody now (`jobqueue_worker.pauses`).
+        self._paused = paused
         # Per-type limits: None when there are none (nothing below costs anything then).
         self._limits = limits if limits is not None and limits.types else None
         # Jobs of limited types this process runs, and whether one of them has ended since
@@ -126,7 +129,8 @@ class Dispatcher:
         """How many jobs of each queue an outcome write that frees `freeing` slots may claim."""
         if self._stopping or (self._limits is not None and self._limited_wanted()):
             return {}
-        return dict(freeing)
+        paused = self._paused()
+        return {queue: n for queue, n in freeing.items() if queue not in paused}
 
     def hand_out(self, jobs: list[Claimed], asked: Mapping[str, int], claimed_at: float) -> None:
         """Start jobs that an outcome write claimed (`asked` for, per queue), in the slots it
@@ -156,9 +160,11 @@ class Dispatcher:
         retry = Retry(0.25, 5.0)
         while not self._stopping:
             self._wake.clear()
-            free = {queue: n for queue, n in self._slots.free.items() if n > 0}
+            paused = self._paused()
+            free = {q: n for q, n in self._slots.free.items() if n > 0 and q not in paused}
             if not free:
-                # Every slot is busy, so the last claims filled them: slot_freed() wakes us.
+                # Every slot is busy, so the last claims filled them: slot_freed() wakes us
+                # (or every queue with a free slot is paused: its resume wakes us).
                 await self._wake.wait()
                 continue
             # The lease starts at the database's now() during the claim, so measuring from

@@ -1,10 +1,13 @@
-"""LISTEN/NOTIFY: one listening connection per worker process, for wake-ups and cancels.
+"""LISTEN/NOTIFY: one listening connection per worker process, for wake-ups, cancels and
+pauses.
 
 Submissions notify `jobcore.queries.NOTIFY_CHANNEL`; each notification wakes the
 dispatcher at once instead of after POLL_INTERVAL. A cancel request for a
 running job notifies `jobcore.control.CANCEL_CHANNEL` with the job's id; the
 process that runs the job stops its attempt, the others ignore it (a lost one
-is caught by the next heartbeat, `jobqueue_worker.heartbeat`). A notification is only a
+is caught by the next heartbeat, `jobqueue_worker.heartbeat`). A queue paused or resumed
+notifies `jobcore.pauses.PAUSE_CHANNEL`: the process re-reads its paused queues
+(`jobqueue_worker.pauses`; a lost one is caught by that loop's poll). A notification is only a
 hint (polling stays the fallback), but a listener that silently stopped
 hearing would turn every pickup into a poll and delay every cancel to a heartbeat.
 So a connection the server closed (terminated, restarted) is noticed at once, by
@@ -30,6 +33,7 @@ from jobcore.backoff import Retry
 from jobcore.control import CANCEL_CHANNEL
 from jobcore.db import connect_args, session_name
 from jobcore.errors import describe
+from jobcore.pauses import PAUSE_CHANNEL
 from jobcore.queries import NOTIFY_CHANNEL
 from jobqueue_worker.loops import Loop
 
@@ -54,12 +58,14 @@ class Listener(Loop):
         check_interval: float = CHECK_INTERVAL,
         cancel: Callable[[UUID], object] | None = None,
         reconnected: Callable[[], None] = lambda: None,
+        pauses: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(check_interval, Retry(0.25, 5.0))
         self._database_url = database_url
         self._wake = wake
         self._cancel = cancel
         self._reconnected = reconnected
+        self._pauses = pauses
         self._conn: asyncpg.Connection | None = None
         self._connected_once = False
 
@@ -95,6 +101,10 @@ class Listener(Loop):
             if self._cancel is not None:
                 await self._conn.add_listener(CANCEL_CHANNEL, self._cancel_requested)
                 channels.append(CANCEL_CHANNEL)
+            if self._pauses is not None:
+                pauses = self._pauses
+                await self._conn.add_listener(PAUSE_CHANNEL, lambda *_: pauses())
+                channels.append(PAUSE_CHANNEL)
         except asyncpg.InternalClientError as exc:
             # A backend killed between the connect and the first LISTEN: asyncpg is still
             # taking in the server's last error when the LISTEN starts, and says so as a busy
@@ -102,8 +112,10 @@ class Listener(Loop):
             raise ConnectionError("the connection was closed while it was set up") from exc
         log.info("listening for wake-ups", extra={"channel": NOTIFY_CHANNEL, "channels": channels})
         # Notifications sent while nobody listened are lost: look for due jobs, and for
-        # cancel requests of running jobs, now.
+        # cancel requests of running jobs, and for paused queues, now.
         self._wake()
+        if self._pauses is not None:
+            self._pauses()
         if self._connected_once:
             self._reconnected()
         self._connected_once = True

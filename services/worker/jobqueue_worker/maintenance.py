@@ -72,6 +72,8 @@ class MaintenanceStore(Protocol):
 
     async def queue_depths(self) -> list[QueueDepth]: ...
 
+    async def paused_queues(self) -> frozenset[str]: ...
+
     async def prune(self, status: Status, age_seconds: float) -> int: ...
 
     async def table_stats(self) -> list[TableStats]: ...
@@ -98,6 +100,10 @@ class TakingTurns:
     async def queue_depths(self) -> list[QueueDepth]:
         async with self._turn:
             return await self._store.queue_depths()
+
+    async def paused_queues(self) -> frozenset[str]:
+        async with self._turn:
+            return await self._store.paused_queues()
 
     async def prune(self, status: Status, age_seconds: float) -> int:
         async with self._turn:
@@ -232,9 +238,13 @@ class QueueGauges(LedLoop):
         try:
             if await self.lead.take():
                 depths = await self.store.queue_depths()
+                paused = await self.store.paused_queues()
+                # A paused queue without jobs is shown too, with nothing in it.
+                empty = paused - {depth.queue for depth in depths}
+                depths += [QueueDepth(queue, 0, 0, 0, 0, 0.0) for queue in sorted(empty)]
                 # Still ours after the read: a slow read must not show under a lost lead.
                 if self.lead.held:
-                    metrics.show_queue_depths(depths)
+                    metrics.show_queue_depths(depths, paused)
                     return depths
         except BaseException:
             if not self.lead.held:

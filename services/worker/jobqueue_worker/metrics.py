@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -88,6 +88,13 @@ class _Series:
             "Jobs of a queue by status (pending: due; scheduled: pending, not due yet), exported by"
             " the one worker process that leads the queue gauges.",
             ["queue", "status"],
+            multiprocess_mode="livemostrecent",
+        )
+        self.JOBS_QUEUE_PAUSED = Gauge(
+            "jobs_queue_paused",
+            "1 while the queue is paused (no worker claims from it), else 0; exported by the one"
+            " worker process that leads the queue gauges.",
+            ["queue"],
             multiprocess_mode="livemostrecent",
         )
         self.JOBS_OLDEST_PENDING_AGE = Gauge(
@@ -220,11 +227,13 @@ def retention_ran() -> None:
 _shown_queues: set[str] = set()
 
 
-def show_queue_depths(depths: Sequence[QueueDepth]) -> None:
-    """Export `depths` as the queue gauges; a queue shown before and absent now is hidden."""
+def show_queue_depths(depths: Sequence[QueueDepth], paused: Collection[str] = ()) -> None:
+    """Export `depths` as the queue gauges, and whether each queue is `paused`; a queue
+    shown before and absent now is hidden."""
     queues = set()
     for depth in depths:
         queues.add(depth.queue)
+        _series().JOBS_QUEUE_PAUSED.labels(queue=depth.queue).set(1 if depth.queue in paused else 0)
         for status in DEPTH_STATUSES:
             _series().JOBS_QUEUED.labels(queue=depth.queue, status=status).set(
                 getattr(depth, status)
@@ -249,6 +258,7 @@ def _hide_queue(queue: str) -> None:
     for status in DEPTH_STATUSES:
         _hide(_series().JOBS_QUEUED, queue, status)
     _hide(_series().JOBS_OLDEST_PENDING_AGE, queue)
+    _hide(_series().JOBS_QUEUE_PAUSED, queue)
 
 
 def _hide(gauge: Gauge, *labels: str) -> None:

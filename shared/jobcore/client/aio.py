@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
 import httpx
 
 from jobcore.client.calls import Calls, list_filters
+from jobcore.client.calls import selection as _selection
 from jobcore.client.records import Job, QueueDepth, Submitted
 from jobcore.client.retries import Flow, Retries, Sleep
 from jobcore.client.sync import http_args, settings
@@ -116,6 +117,39 @@ class AsyncClient:
                 yield job
             if cursor is None:
                 return
+
+    async def pause(self, queue: str) -> bool:
+        """Pause `queue`: no worker claims from it within a second; submissions still land."""
+        return await self._run(self._calls.set_paused(queue, True))
+
+    async def resume(self, queue: str) -> bool:
+        """Resume `queue`; returns False (not paused)."""
+        return await self._run(self._calls.set_paused(queue, False))
+
+    async def cancel_matching(
+        self,
+        status: str | Sequence[str] | None = None,
+        type: str | None = None,
+        queue: str | None = None,
+        ids: Sequence[str | UUID] | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Cancel the jobs matching the filter (docs/api.md#bulk-actions): the API's
+        {"cancelled", "cancel_requested", "more"}."""
+        selection = _selection(status, type, queue, ids, limit)
+        return await self._run(self._calls.act_on_matching("cancel", selection))
+
+    async def retry_matching(
+        self,
+        status: str | Sequence[str] | None = None,
+        type: str | None = None,
+        queue: str | None = None,
+        ids: Sequence[str | UUID] | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Retry the jobs matching the filter: the API's {"retried", "more"}."""
+        selection = _selection(status, type, queue, ids, limit)
+        return await self._run(self._calls.act_on_matching("retry", selection))
 
     async def queues(self) -> builtins.list[QueueDepth]:
         return await self._run(self._calls.queues())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -146,9 +146,43 @@ class Calls:
         page = _document(answer)
         return [Job.from_json(job) for job in page["jobs"]], page["next_cursor"]
 
+    def set_paused(self, queue: str, paused: bool) -> Flow[bool]:
+        action = "pause" if paused else "resume"
+        path = f"/queues/{quote(queue, safe='')}/{action}"
+        answer = yield from self._send(Request("POST", path))
+        return bool(_document(answer)["paused"])
+
+    def act_on_matching(self, action: str, selection: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+        """`POST /jobs/cancel` or `/jobs/retry` with the filter `selection` (None values
+        left out); the API's counts. A bulk retry is not sent again once it may have been
+        applied (see `retry`); a bulk cancel may be (a job is never cancelled twice)."""
+        body = _encode({name: value for name, value in selection.items() if value is not None})
+        request = Request("POST", f"/jobs/{action}", body=body)
+        answer = yield from send(
+            request, self.retries, self.base_url, repeatable=action == "cancel"
+        )
+        return _document(answer)
+
     def queues(self) -> Flow[list[QueueDepth]]:
         answer = yield from self._send(Request("GET", "/queues"))
         return [QueueDepth.from_json(depth) for depth in _document(answer)["queues"]]
+
+
+def selection(
+    status: str | Sequence[str] | None,
+    type: str | None,
+    queue: str | None,
+    ids: Sequence[str | UUID] | None,
+    limit: int | None,
+) -> dict[str, Any]:
+    """A bulk action's filter as the API takes it."""
+    return {
+        "status": status if status is None or isinstance(status, str) else list(status),
+        "type": type,
+        "queue": queue,
+        "ids": None if ids is None else [str(job_id) for job_id in ids],
+        "limit": limit,
+    }
 
 
 def _timed_out(job: Job, timeout: float | None) -> WaitTimeout:

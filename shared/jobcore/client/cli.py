@@ -1,5 +1,6 @@
-"""The `jobqueue` command line: submit, get, wait, list, retry, cancel and queues against
-JOBQUEUE_URL (default http://localhost:8080) with JOBQUEUE_TOKEN, through `Client`; and
+"""The `jobqueue` command line: submit, get, wait, list, retry, cancel (one job or by filter),
+queues, pause and resume against JOBQUEUE_URL (default http://localhost:8080) with
+JOBQUEUE_TOKEN, through `Client`; and
 `migrate`, which upgrades the database at DATABASE_URL (`jobcore.migrate`, imported only
 for it, so the client stays light).
 
@@ -127,13 +128,23 @@ def parser() -> argparse.ArgumentParser:
         "--limit", type=_positive, default=50, help="at most this many jobs (default: 50)"
     )
 
-    command("retry", "requeue a dead_letter, failed or cancelled job").add_argument(
-        "id", metavar="ID"
-    )
-    command("cancel", "cancel a job (a running one is stopped by its worker)").add_argument(
-        "id", metavar="ID"
-    )
+    for name, help in (
+        ("retry", "requeue a dead_letter, failed or cancelled job, or those a filter matches"),
+        ("cancel", "cancel a job, or those a filter matches (running ones: by their worker)"),
+    ):
+        act = command(name, help)
+        act.add_argument("id", metavar="ID", nargs="?", help="one job (or give a filter)")
+        act.add_argument("--status", help="a status or several: failed,dead_letter")
+        act.add_argument("--type", help="a job type")
+        act.add_argument("--queue", help="a queue")
+        act.add_argument(
+            "--limit", type=_positive, help="at most this many jobs (1..10000, default 1000)"
+        )
     command("queues", "each queue's pending, scheduled, processing and dead-letter jobs")
+    command("pause", "pause a queue: no worker claims from it").add_argument(
+        "queue", metavar="QUEUE"
+    )
+    command("resume", "resume a paused queue").add_argument("queue", metavar="QUEUE")
 
     migrate = commands.add_parser(
         "migrate",
@@ -269,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
             found = client.list(args.status, args.type, args.queue, page_size=page)
             jobs = list(islice(found, args.limit + 1))
             out.jobs(jobs[: args.limit], more=len(jobs) > args.limit)
+        elif args.command in ("retry", "cancel") and _filtered(args):
+            return _act_on_matching(client, args, out)
         elif args.command == "retry":
             out.job(client.retry(args.id))
         elif args.command == "cancel":
@@ -279,6 +292,44 @@ def run(args: argparse.Namespace) -> int:
             out.job(job, note)
         elif args.command == "queues":
             out.queues(client.queues())
+        elif args.command in ("pause", "resume"):
+            paused = (
+                client.pause(args.queue) if args.command == "pause" else client.resume(args.queue)
+            )
+            if out.as_json:
+                _print_json({"queue": args.queue, "paused": paused})
+            else:
+                sys.stdout.write(f"{args.queue}: {'paused' if paused else 'resumed'}\n")
+    return OK
+
+
+def _filtered(args: argparse.Namespace) -> bool:
+    """Whether `retry`/`cancel` acts on a filter (else on the job ID); a usage error for
+    both or neither."""
+    given = [args.status, args.type, args.queue]
+    if args.id is not None:
+        if any(value is not None for value in given) or args.limit is not None:
+            raise Usage("give a job ID or a filter (--status, --type, --queue), not both")
+        return False
+    if all(value is None for value in given):
+        raise Usage("give a job ID or a filter (--status, --type, --queue)")
+    return True
+
+
+def _act_on_matching(client: Client, args: argparse.Namespace, out: Output) -> int:
+    """`cancel`/`retry` by filter: print the counts."""
+    fields = {"status": args.status, "type": args.type, "queue": args.queue, "limit": args.limit}
+    if args.command == "cancel":
+        done = client.cancel_matching(**fields)
+        line = f"cancelled {done['cancelled']}, cancel requested {done['cancel_requested']}"
+    else:
+        done = client.retry_matching(**fields)
+        line = f"retried {done['retried']}"
+    if out.as_json:
+        _print_json(done)
+    else:
+        more = "; more match: run it again" if done["more"] else ""
+        sys.stdout.write(line + more + "\n")
     return OK
 
 

@@ -65,6 +65,7 @@ class QueueDepth:
     processing: int
     dead_letter: int
     oldest_pending_age_seconds: float
+    paused: bool  # no worker claims from it (docs/api.md#pausing-a-queue)
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -76,6 +77,7 @@ class QueueDepth:
             processing=data["processing"],
             dead_letter=data["dead_letter"],
             oldest_pending_age_seconds=data["oldest_pending_age_seconds"],
+            paused=bool(data.get("paused", False)),  # an API before pausing has none
             raw=data,
         )
 

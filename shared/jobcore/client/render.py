@@ -160,6 +160,7 @@ def queues(depths: list[QueueDepth]) -> None:
     table.add_column("queue", no_wrap=True)
     for name in ("pending", "scheduled", "processing", "dead_letter", "oldest pending"):
         table.add_column(name, justify="right")
+    table.add_column("paused")
     for depth in depths:
         table.add_row(
             depth.queue,
@@ -168,6 +169,7 @@ def queues(depths: list[QueueDepth]) -> None:
             str(depth.processing),
             Text(str(depth.dead_letter), style="red" if depth.dead_letter else ""),
             _age(depth.oldest_pending_age_seconds) if depth.pending else "-",
+            Text("paused", style="yellow") if depth.paused else "",
         )
     out.print(table)
 

@@ -544,13 +544,25 @@ WHERE jobqueue.job_types.type = ANY ($1::TEXT[]) AND jobqueue.job_types.recorded
 -- parameters: $1 attempts=0, $2 job_id
 UPDATE jobqueue.jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobqueue.jobs.id = $2::UUID AND jobqueue.jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at;
 
+-- name: job_retry_many
+-- parameters: $1 attempts=0, $2 job_ids
+UPDATE jobqueue.jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobqueue.jobs.id = ANY ($2::UUID[]) AND jobqueue.jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobqueue.jobs.id;
+
 -- name: job_cancel
 -- parameters: $1 job_id
 UPDATE jobqueue.jobs SET status='cancelled', finished_at=now(), updated_at=now() WHERE jobqueue.jobs.id = $1::UUID AND jobqueue.jobs.status IN ('dead_letter', 'pending') RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
+-- name: job_cancel_many
+-- parameters: $1 job_ids
+UPDATE jobqueue.jobs SET status='cancelled', finished_at=now(), updated_at=now() WHERE jobqueue.jobs.id = ANY ($1::UUID[]) AND jobqueue.jobs.status IN ('dead_letter', 'pending') RETURNING jobqueue.jobs.id, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
+
 -- name: job_request_cancel
 -- parameters: $1 job_id
 UPDATE jobqueue.jobs SET cancel_requested_at=coalesce(jobqueue.jobs.cancel_requested_at, now()), updated_at=now() WHERE jobqueue.jobs.id = $1::UUID AND jobqueue.jobs.status = 'processing' RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, pg_notify('jobqueue_cancel', CAST(jobqueue.jobs.id AS TEXT)) AS announced;
+
+-- name: job_request_cancel_many
+-- parameters: $1 job_ids
+UPDATE jobqueue.jobs SET cancel_requested_at=coalesce(jobqueue.jobs.cancel_requested_at, now()), updated_at=now() WHERE jobqueue.jobs.id = ANY ($1::UUID[]) AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.cancel_requested_at IS NULL RETURNING jobqueue.jobs.id, pg_notify('jobqueue_cancel', CAST(jobqueue.jobs.id AS TEXT)) AS announced;
 
 -- name: job_watch
 -- parameters: $1 job_id
@@ -735,3 +747,28 @@ FROM unnest(CAST($1 AS text[])) AS t(name)
 JOIN pg_class AS c ON c.oid = CAST(t.name AS regclass)
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 ORDER BY 1;
+
+-- name: queue_pause
+-- parameters: $1 queue
+INSERT INTO jobqueue.queue_pauses (queue) VALUES ($1::VARCHAR) ON CONFLICT (queue) DO UPDATE SET queue = excluded.queue RETURNING jobqueue.queue_pauses.queue, jobqueue.queue_pauses.paused_at, pg_notify('jobqueue_pauses', jobqueue.queue_pauses.queue) AS announced;
+
+-- name: queue_resume
+-- parameters: $1 queue
+DELETE FROM jobqueue.queue_pauses WHERE jobqueue.queue_pauses.queue = $1::VARCHAR RETURNING jobqueue.queue_pauses.queue, pg_notify('jobqueue_pauses', jobqueue.queue_pauses.queue) AS announced;
+
+-- name: queue_list_paused
+-- parameters: (none)
+SELECT jobqueue.queue_pauses.queue, jobqueue.queue_pauses.paused_at 
+FROM jobqueue.queue_pauses ORDER BY jobqueue.queue_pauses.queue;
+
+-- name: queue_get_paused
+-- parameters: $1 queue
+SELECT EXISTS (SELECT * 
+FROM jobqueue.queue_pauses 
+WHERE jobqueue.queue_pauses.queue = $1::VARCHAR) AS paused;
+
+-- name: job_get_many
+-- parameters: $1 job_ids
+SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.id = ANY ($1::UUID[]) ORDER BY jobqueue.jobs.id DESC;

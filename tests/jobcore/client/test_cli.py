@@ -57,7 +57,17 @@ def jobqueue(stack: Stack) -> Any:
 
 def test_help_is_there_for_every_command(jobqueue: Any):
     assert jobqueue("--help").code == 0
-    for command in ("submit", "get", "wait", "list", "retry", "cancel", "queues"):
+    for command in (
+        "submit",
+        "get",
+        "wait",
+        "list",
+        "retry",
+        "cancel",
+        "queues",
+        "pause",
+        "resume",
+    ):
         shown = jobqueue(command, "--help")
         assert shown.code == 0 and f"usage: jobqueue {command}" in shown.out
 
@@ -152,6 +162,32 @@ def test_cancel_retry_and_their_conflicts(jobqueue: Any, queue: str):
     assert jobqueue("retry", job["id"]).code == 1
     missing = jobqueue("get", "01a22aae-32d0-7c31-b68d-fb41a7ea06d6")
     assert missing.code == 1 and "not found (HTTP 404)" in missing.err and missing.out == ""
+
+
+def test_cancel_and_retry_by_filter_print_the_counts(jobqueue: Any, queue: str):
+    for _ in range(3):
+        jobqueue("submit", "sleep", "--queue", queue)
+    done = jobqueue("cancel", "--queue", queue, "--limit", "2")
+    assert done.code == 0, done.err
+    assert done.out.strip() == "cancelled 2, cancel requested 0; more match: run it again"
+    rest = jobqueue("cancel", "--queue", queue, "--status", "pending", "--json").json()
+    assert rest == {"cancelled": 1, "cancel_requested": 0, "more": False}
+    retried = jobqueue("retry", "--queue", queue, "--status", "cancelled")
+    assert (retried.code, retried.out.strip()) == (0, "retried 3")
+    # Neither a job nor a filter, or both: usage errors; a filter the API refuses too.
+    assert jobqueue("cancel").code == 2
+    assert jobqueue("retry", "01a22aae-32d0-7c31-b68d-fb41a7ea06d6", "--queue", queue).code == 2
+    assert jobqueue("cancel", "--status", "bogus").code == 2
+    assert jobqueue("cancel", "--queue", queue, "--limit", "10001").code == 2
+
+
+def test_pause_and_resume_a_queue(jobqueue: Any, queue: str):
+    paused = jobqueue("pause", queue)
+    assert (paused.code, paused.out.strip()) == (0, f"{queue}: paused")
+    depths = {depth["queue"]: depth for depth in jobqueue("queues", "--json").json()}
+    assert depths[queue]["paused"] is True
+    assert jobqueue("resume", queue, "--json").json() == {"queue": queue, "paused": False}
+    assert jobqueue("pause", "Not A Queue").code == 2
 
 
 def test_queues_shows_each_queue(jobqueue: Any, queue: str):
