@@ -573,3 +573,52 @@ def test_the_new_pages_fit_a_desktop_and_a_phone_and_the_phone_list_shows_id_sta
     for part in ("th a.id", ".status", "td.type"):
         box = first.locator(part).bounding_box()
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, part
+
+
+def test_selected_jobs_are_retried_and_cancelled_in_bulk_checked_over_http(ui, db, server):
+    dead = add_jobs_sync(db, 2, status="dead_letter", queue="bulk-select")
+    [done] = add_jobs_sync(db, status="completed", queue="bulk-select")
+    pending = add_jobs_sync(db, 2, queue="bulk-select")
+    ui.open("/ui/jobs?queue=bulk-select")
+    for job_id in [*dead, done]:
+        ui.page.get_by_label(f"Select job {job_id}").check()
+    ui.page.get_by_role("button", name="Retry selected").click()
+    ui.page.get_by_role("status").wait_for()
+    notice = ui.page.get_by_role("status").inner_text()
+    assert "Retried 2 of 3" in notice and "1 left as they were" in notice
+    assert [api_get(server, f"/jobs/{i}")["status"] for i in dead] == ["pending", "pending"]
+    assert api_get(server, f"/jobs/{done}")["status"] == "completed"
+    for job_id in [*pending, done]:
+        ui.page.get_by_label(f"Select job {job_id}").check()
+    ui.page.get_by_role("button", name="Cancel selected").click()
+    ui.page.get_by_role("status").wait_for()
+    notice = ui.page.get_by_role("status").inner_text()
+    assert "Cancelled 2 of 3" in notice and "1 left as they were" in notice
+    assert [api_get(server, f"/jobs/{i}")["status"] for i in pending] == ["cancelled"] * 2
+    assert api_get(server, f"/jobs/{done}")["status"] == "completed"
+    ui.shot("jobs-bulk")
+
+
+def test_a_queue_is_paused_and_resumed_from_its_row_checked_over_http(ui, db, server):
+    add_jobs_sync(db, queue="pause-ui")
+
+    def paused() -> bool:
+        rows = [q for q in api_get(server, "/queues")["queues"] if q["queue"] == "pause-ui"]
+        return bool(rows[0]["paused"])
+
+    ui.open("/ui/")
+    row = ui.page.locator("table.queues tbody tr", has_text="pause-ui")
+    row.get_by_role("button", name="Pause", exact=True).click()
+    ui.page.wait_for_load_state()
+    ui.page.locator("table.queues tbody tr", has_text="pause-ui").get_by_role(
+        "button", name="Resume", exact=True
+    ).wait_for()
+    assert paused()
+    ui.shot("queues-paused")
+    ui.page.locator("table.queues tbody tr", has_text="pause-ui").get_by_role(
+        "button", name="Resume", exact=True
+    ).click()
+    ui.page.locator("table.queues tbody tr", has_text="pause-ui").get_by_role(
+        "button", name="Pause", exact=True
+    ).wait_for()
+    assert not paused()

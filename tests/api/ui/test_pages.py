@@ -40,6 +40,7 @@ async def test_the_queues_page_has_one_row_per_queue_with_the_depths_get_queues_
         "Processing",
         "Dead letters",
         "Oldest pending",
+        "Claims",
     ]
     shown = {row[0]: row[1:5] for row in rows[1:]}
     expected = {

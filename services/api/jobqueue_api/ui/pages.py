@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobcore import search, store
+from jobcore import pauses, search, store
 from jobcore.catalog import MAX_AGE
 from jobcore.ids import parse_id
 from jobcore.queries import JOB_TYPE_LIST
@@ -55,9 +55,9 @@ UNFINISHED = frozenset({Status.PENDING, Status.PROCESSING})
 async def queues(request: Request) -> Response:
     engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
-        depths = await search.queue_depths(conn)
+        depths = await pauses.queues_with_pauses(conn)
         finished = await _within_budget(conn, search.JOB_COUNT_FINISHED_PER_MINUTE)
-        hours = await _within_budget(conn, search.QUEUE_GET_HOUR)
+        hours = None if conn.invalidated else await _within_budget(conn, search.QUEUE_GET_HOUR)
     context = {
         "current": "queues",
         "queues": depths,
@@ -84,6 +84,9 @@ async def _within_budget(conn: AsyncConnection, statement: Any) -> list[Any] | N
             "dashboard chart skipped: over its time budget",
             extra={"budget_ms": CHART_BUDGET_MS},
         )
+        # The cancelled statement aborted the transaction the page's reads opened.
+        if conn.in_transaction():
+            await conn.rollback()
         return None
     finally:
         # Back to the connection's own limit (the engine's STATEMENT_TIMEOUT). The RESET runs
@@ -135,6 +138,13 @@ async def jobs_page(request: Request) -> Response:
     searched = dict(given).get("q")
     if searched is not None:
         return await _open_by_id(request, searched.strip())
+    return await jobs_view(request, given)
+
+
+async def jobs_view(
+    request: Request, given: list[tuple[str, str]], *, notice: str | None = None
+) -> Response:
+    """The jobs page for these list parameters (and the answer of a bulk action)."""
     shown = dict(given)
     context: dict[str, Any] = {
         "current": "jobs",
@@ -145,6 +155,7 @@ async def jobs_page(request: Request) -> Response:
         "next_cursor": None,
         "known_types": await known_types(request),
         "searched": "",
+        "notice": notice,
     }
     try:
         params = validation.query(given, validation.LIST_PARAMETERS)
