@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.queries.common import JOB_COLUMNS, status_literal
@@ -220,9 +221,76 @@ ORDER BY m.minute, f.status"""
 )
 
 
-# By their SQL name, for `jobcore.queries.named()`: the depths, the chart (the lists are
-# built per filter, `list_statement`).
+# --- each queue's last hour ----------------------------------------------------------------
+#
+# The dashboard's per-queue charts: for each queue and each minute of the last hour (every one
+# present), the jobs finished in it and the age, at the minute's end (now, for the current
+# minute), of the queue's oldest job that was due and not finished then (waiting, or running:
+# when an attempt started is not stored). A job finished in a minute after `m` was unfinished
+# at `m`'s end, so each minute's oldest is the least `run_at` of the jobs finished in a later
+# minute and of the jobs unfinished now, if it is not after the minute's end. The reads: the
+# hour's range of `jobs_finished_idx` (as the chart above), and the pending and running jobs
+# (as `QUEUE_GET_DEPTHS`).
+QUEUE_GET_HOUR = sa.text(
+    f"""
+WITH finished AS (
+    SELECT queue, date_trunc('minute', finished_at) AS minute, count(*) AS n,
+           min(run_at) AS oldest
+    FROM jobqueue.jobs
+    WHERE finished_at >= {_FIRST_MINUTE}
+    GROUP BY 1, 2
+), unfinished AS (
+    SELECT queue, min(oldest) AS oldest FROM (
+        SELECT queue, min(run_at) AS oldest FROM jobqueue.jobs
+        WHERE status = {_PENDING} GROUP BY queue
+        UNION ALL
+        SELECT queue, min(run_at) FROM jobqueue.jobs
+        WHERE status = {_PROCESSING} GROUP BY queue
+    ) AS both_ GROUP BY queue
+), queues AS (
+    SELECT queue FROM finished UNION SELECT queue FROM unfinished
+), grid AS (
+    SELECT q.queue, m.minute, least(m.minute + interval '1 minute', now()) AS at_end,
+           coalesce(f.n, 0) AS finished,
+           least(
+               min(f.oldest) OVER (
+                   PARTITION BY q.queue ORDER BY m.minute DESC
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+               ),
+               u.oldest
+           ) AS oldest
+    FROM queues AS q
+    CROSS JOIN generate_series({_FIRST_MINUTE}, date_trunc('minute', now()), interval '1 minute')
+        AS m(minute)
+    LEFT JOIN finished AS f ON f.queue = q.queue AND f.minute = m.minute
+    LEFT JOIN unfinished AS u ON u.queue = q.queue
+)
+SELECT queue, minute, finished,
+       CASE WHEN oldest <= at_end THEN extract(epoch FROM at_end - oldest) ELSE 0 END::float8
+           AS oldest_pending_age_seconds
+FROM grid
+ORDER BY queue, minute"""
+).columns(
+    sa.column("queue", sa.Text),
+    sa.column("minute", sa.DateTime(timezone=True)),
+    sa.column("finished", sa.BigInteger),
+    sa.column("oldest_pending_age_seconds", sa.Float),
+)
+
+# The jobs of the given idempotency keys (`jobs_idempotency_key_idx`): the schedules page
+# finds each periodic schedule's latest job by the keys of its last ticks.
+JOB_FIND_BY_KEYS = (
+    sa.select(c.id, c.idempotency_key, c.status, c.created_at)
+    .where(c.idempotency_key == sa.any_(sa.bindparam("keys", type_=pg.ARRAY(sa.Text))))
+    .order_by(c.idempotency_key)
+)
+
+
+# By their SQL name, for `jobcore.queries.named()`: the depths, the charts, the jobs by key
+# (the lists are built per filter, `list_statement`).
 NAMED = {
     "queue_get_depths": QUEUE_GET_DEPTHS,
     "job_count_finished_per_minute": JOB_COUNT_FINISHED_PER_MINUTE,
+    "queue_get_hour": QUEUE_GET_HOUR,
+    "job_find_by_keys": JOB_FIND_BY_KEYS,
 }

@@ -612,6 +612,52 @@ FROM generate_series(date_trunc('minute', now()) - interval '59 minutes', date_t
 LEFT JOIN finished AS f ON f.minute = m.minute
 ORDER BY m.minute, f.status;
 
+-- name: queue_get_hour
+-- parameters: (none)
+WITH finished AS (
+    SELECT queue, date_trunc('minute', finished_at) AS minute, count(*) AS n,
+           min(run_at) AS oldest
+    FROM jobqueue.jobs
+    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1, 2
+), unfinished AS (
+    SELECT queue, min(oldest) AS oldest FROM (
+        SELECT queue, min(run_at) AS oldest FROM jobqueue.jobs
+        WHERE status = 'pending' GROUP BY queue
+        UNION ALL
+        SELECT queue, min(run_at) FROM jobqueue.jobs
+        WHERE status = 'processing' GROUP BY queue
+    ) AS both_ GROUP BY queue
+), queues AS (
+    SELECT queue FROM finished UNION SELECT queue FROM unfinished
+), grid AS (
+    SELECT q.queue, m.minute, least(m.minute + interval '1 minute', now()) AS at_end,
+           coalesce(f.n, 0) AS finished,
+           least(
+               min(f.oldest) OVER (
+                   PARTITION BY q.queue ORDER BY m.minute DESC
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+               ),
+               u.oldest
+           ) AS oldest
+    FROM queues AS q
+    CROSS JOIN generate_series(date_trunc('minute', now()) - interval '59 minutes', date_trunc('minute', now()), interval '1 minute')
+        AS m(minute)
+    LEFT JOIN finished AS f ON f.queue = q.queue AND f.minute = m.minute
+    LEFT JOIN unfinished AS u ON u.queue = q.queue
+)
+SELECT queue, minute, finished,
+       CASE WHEN oldest <= at_end THEN extract(epoch FROM at_end - oldest) ELSE 0 END::float8
+           AS oldest_pending_age_seconds
+FROM grid
+ORDER BY queue, minute;
+
+-- name: job_find_by_keys
+-- parameters: $1 keys
+SELECT jobqueue.jobs.id, jobqueue.jobs.idempotency_key, jobqueue.jobs.status, jobqueue.jobs.created_at 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]) ORDER BY jobqueue.jobs.idempotency_key;
+
 -- name: lead_take
 -- parameters: $1 task, $2 holder, $3 lease_seconds
 INSERT INTO jobqueue.maintenance_leases (task, holder, expires_at) VALUES ($1::VARCHAR, $2::UUID, (now() + $3::FLOAT * interval '1 second')) ON CONFLICT (task) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at WHERE jobqueue.maintenance_leases.holder = excluded.holder OR jobqueue.maintenance_leases.expires_at < now() RETURNING jobqueue.maintenance_leases.holder;

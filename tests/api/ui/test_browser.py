@@ -455,3 +455,170 @@ def test_another_page_cannot_frame_the_dashboard(browser, server):
         assert dashboard.get_by_label("Token").count() == 0
     finally:
         context.close()
+
+
+# --- debugging -------------------------------------------------------------------------------
+
+
+def test_a_job_is_opened_by_its_id_and_an_unknown_id_says_there_is_no_such_job(ui, db, server):
+    [job_id] = add_jobs_sync(db, queue="search-ui")
+    ui.open("/ui/jobs")
+    ui.page.get_by_label("Open a job by its id").fill(str(job_id))
+    ui.page.get_by_role("button", name="Open", exact=True).click()
+    ui.page.wait_for_url(f"**/ui/jobs/{job_id}")
+    assert str(job_id) in ui.page.get_by_role("heading", level=1).inner_text()
+    ui.expect_refusal(404)
+    for unknown in ("01a22fbe-9723-7ee7-be02-c4f63a9eacea", "not an id"):
+        ui.open("/ui/jobs")
+        ui.page.get_by_label("Open a job by its id").fill(unknown)
+        ui.page.get_by_role("button", name="Open", exact=True).click()
+        ui.page.get_by_role("alert").wait_for()
+        assert "There is no job" in ui.page.get_by_role("alert").inner_text()
+    ui.shot("jobs-no-such-job")
+
+
+def test_the_attempts_show_their_tracebacks_collapsed_and_a_script_in_one_is_inert(ui, db):
+    traceback = (
+        'Traceback (most recent call last):\n  File "h.py", line 3\n'
+        "ValueError: <script>alert(3)</script>"
+    )
+    errors = [
+        {
+            "attempt": 1,
+            "at": "2026-12-02T10:00:00+00:00",
+            "error": "ValueError: bad",
+            "traceback": traceback,
+        },
+        {
+            "attempt": 2,
+            "at": "2026-12-02T10:01:00+00:00",
+            "error": "lease expired",
+            "traceback": None,
+        },
+    ]
+    [job_id] = add_jobs_sync(
+        db, status="dead_letter", queue="attempts-ui", errors=errors, last_error="lease expired"
+    )
+    ui.open(f"/ui/jobs/{job_id}")
+    shown = ui.page.locator("pre.traceback")
+    assert shown.count() == 1 and not shown.is_visible()  # collapsed
+    ui.page.get_by_text("Traceback of attempt 1").click()
+    assert shown.is_visible()
+    assert "ValueError: <script>alert(3)</script>" in shown.inner_text()
+    assert ui.page.locator("main script").count() == 0
+    assert ui.page.get_by_text("No traceback: nothing raised.").is_visible()
+    ui.shot("job-attempts")
+    # The `ui` fixture then checks that no dialog opened.
+
+
+def test_a_job_page_refreshes_itself_until_the_job_is_completed(ui, db):
+    [job_id] = add_jobs_sync(db, status="processing", attempts=1, queue="refresh-ui")
+    loads: list[str] = []
+    ui.page.on("load", lambda: loads.append("load"))
+    ui.open(f"/ui/jobs/{job_id}")
+    assert ui.page.locator("dl.fields .status").inner_text() == "processing"
+    assert ui.page.get_by_text("refreshes every").is_visible()
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobqueue.jobs SET status = 'completed', locked_until = NULL,"
+                " finished_at = now(), result = '{\"ok\": true}' WHERE id = :id"
+            ),
+            {"id": job_id},
+        )
+    # At most 5 s later the page shows it.
+    ui.page.clock.run_for(5_000)
+    ui.page.locator("dl.fields .status", has_text="completed").wait_for()
+    count = len(loads)
+    ui.page.clock.run_for(60_000)
+    assert len(loads) == count  # finished: no more reloads
+    assert ui.page.get_by_text("refreshes every").count() == 0
+
+
+def test_the_schedules_page_lists_a_recorded_schedule(ui, db):
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobqueue.job_types (type, recorded_by, schedules)"
+                " VALUES ('browser.report', 'host:77', :s)"
+                " ON CONFLICT (type) DO UPDATE SET schedules = excluded.schedules"
+            ),
+            {"s": '[{"name": "browser-5m", "cron": "*/5 * * * *", "payload": {}}]'},
+        )
+    ui.open("/ui/")
+    ui.page.get_by_role("link", name="Schedules", exact=True).click()
+    ui.page.wait_for_url("**/ui/schedules")
+    row = ui.page.locator("table.schedules tbody tr", has_text="browser-5m")
+    assert "*/5 * * * *" in row.inner_text() and "browser.report" in row.inner_text()
+    title = row.locator("td.next-tick time").get_attribute("title")
+    assert title is not None and title.endswith("Z")
+    ui.shot("schedules")
+
+
+def test_the_new_pages_fit_a_desktop_and_a_phone_and_the_phone_list_shows_id_status_type(
+    ui, phone, landscape
+):
+    dead = landscape["emails"][0]
+    for watched, size in ((ui, "desktop"), (phone, "phone")):
+        for name, path in (("schedules", "/ui/schedules"), ("jobs-list", "/ui/jobs")):
+            assert watched.open(path).status == 200
+            _accessible(watched)
+            _no_overflow(watched)
+            watched.shot(f"{name}-{size}")
+        watched.open(f"/ui/jobs/{dead}")
+        _no_overflow(watched)
+    phone.open("/ui/jobs")
+    first = phone.page.locator("table.jobs tbody tr").first
+    width = phone.page.evaluate("() => window.innerWidth")
+    for part in ("th a.id", ".status", "td.type"):
+        box = first.locator(part).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, part
+
+
+def test_selected_jobs_are_retried_and_cancelled_in_bulk_checked_over_http(ui, db, server):
+    dead = add_jobs_sync(db, 2, status="dead_letter", queue="bulk-select")
+    [done] = add_jobs_sync(db, status="completed", queue="bulk-select")
+    pending = add_jobs_sync(db, 2, queue="bulk-select")
+    ui.open("/ui/jobs?queue=bulk-select")
+    for job_id in [*dead, done]:
+        ui.page.get_by_label(f"Select job {job_id}").check()
+    ui.page.get_by_role("button", name="Retry selected").click()
+    ui.page.get_by_role("status").wait_for()
+    notice = ui.page.get_by_role("status").inner_text()
+    assert "Retried 2 of 3" in notice and "1 left as they were" in notice
+    assert [api_get(server, f"/jobs/{i}")["status"] for i in dead] == ["pending", "pending"]
+    assert api_get(server, f"/jobs/{done}")["status"] == "completed"
+    for job_id in [*pending, done]:
+        ui.page.get_by_label(f"Select job {job_id}").check()
+    ui.page.get_by_role("button", name="Cancel selected").click()
+    ui.page.get_by_role("status").wait_for()
+    notice = ui.page.get_by_role("status").inner_text()
+    assert "Cancelled 2 of 3" in notice and "1 left as they were" in notice
+    assert [api_get(server, f"/jobs/{i}")["status"] for i in pending] == ["cancelled"] * 2
+    assert api_get(server, f"/jobs/{done}")["status"] == "completed"
+    ui.shot("jobs-bulk")
+
+
+def test_a_queue_is_paused_and_resumed_from_its_row_checked_over_http(ui, db, server):
+    add_jobs_sync(db, queue="pause-ui")
+
+    def paused() -> bool:
+        rows = [q for q in api_get(server, "/queues")["queues"] if q["queue"] == "pause-ui"]
+        return bool(rows[0]["paused"])
+
+    ui.open("/ui/")
+    row = ui.page.locator("table.queues tbody tr", has_text="pause-ui")
+    row.get_by_role("button", name="Pause", exact=True).click()
+    ui.page.wait_for_load_state()
+    ui.page.locator("table.queues tbody tr", has_text="pause-ui").get_by_role(
+        "button", name="Resume", exact=True
+    ).wait_for()
+    assert paused()
+    ui.shot("queues-paused")
+    ui.page.locator("table.queues tbody tr", has_text="pause-ui").get_by_role(
+        "button", name="Resume", exact=True
+    ).click()
+    ui.page.locator("table.queues tbody tr", has_text="pause-ui").get_by_role(
+        "button", name="Pause", exact=True
+    ).wait_for()
+    assert not paused()

@@ -93,3 +93,36 @@ def test_the_chart_draws_one_bar_per_status_and_minute_scaled_to_the_busiest_min
     # Stacked: the minute's bars fill the plot's full height together.
     assert sum(b.height for b in stacked) == pytest.approx(drawn.plot_height)
     assert len(drawn.bars) == 3
+
+
+# --- each queue's hour and the schedules' jobs ------------------------------------------------
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_each_queue_s_hour_reads_the_finished_range_and_the_unfinished_jobs_only(
+    engine, generic
+):
+    await _fill(engine, OLD, RECENT)
+    plan = await _plan(engine, search.QUEUE_GET_HOUR, {}, generic)
+    reads = [n for n in _nodes(plan) if n.get("Relation Name") == "jobs" or "Index Name" in n]
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], plan
+    used = {n["Index Name"] for n in reads if "Index Name" in n}
+    assert "jobs_finished_idx" in used, plan
+    assert used <= {"jobs_finished_idx", "jobs_claim_queue_idx", "jobs_lease_idx"}, plan
+
+
+async def test_each_queue_s_hour_reads_no_job_finished_before_the_hour(engine):
+    await _fill(engine, OLD, RECENT)
+    root = await _analyze(engine, search.QUEUE_GET_HOUR, {})
+    # The hour's finished jobs and the 100 pending ones; none of the OLD.
+    assert _jobs_rows_read(root) <= RECENT + 100, json.dumps(root)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_the_schedules_jobs_are_found_through_the_idempotency_key_index(engine, generic):
+    await _fill(engine, OLD, 0)
+    keys = {"keys": ["periodic:a:2026-01-01T00:00:00Z", "periodic:a:2026-01-01T00:01:00Z"]}
+    plan = await _plan(engine, search.JOB_FIND_BY_KEYS, keys, generic)
+    reads = [n for n in _nodes(plan) if n.get("Relation Name") == "jobs" or "Index Name" in n]
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], plan
+    assert {n["Index Name"] for n in reads if "Index Name" in n} == {"jobs_idempotency_key_idx"}

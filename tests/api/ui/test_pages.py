@@ -40,6 +40,7 @@ async def test_the_queues_page_has_one_row_per_queue_with_the_depths_get_queues_
         "Processing",
         "Dead letters",
         "Oldest pending",
+        "Claims",
     ]
     shown = {row[0]: row[1:5] for row in rows[1:]}
     expected = {
@@ -254,9 +255,15 @@ async def test_the_detail_page_shows_each_failed_attempt_with_its_traceback(api)
     ]
     text = (await api.get(f"/ui/jobs/{failed}")).text
     section = text[text.index("<h2>Failed attempts</h2>") :]
-    entries = re.findall(r"<details( open)?>\s*<summary>Attempt (\d) at", section)
-    assert entries == [("", "1"), (" open", "2")]  # oldest first, the latest open
-    assert "2026-11-30T04:19:41.500000Z" in section
+    # Oldest first, each with its error in the text; a traceback collapsed in <details>
+    # (readable without a script: the browser opens it).
+    attempts = re.findall(r'<p class="attempt">Attempt (\d), ', section)
+    assert attempts == ["1", "2"]
+    assert re.findall(r"<details( open)?>\s*<summary>Traceback of attempt (\d)", section) == [
+        ("", "1")
+    ]
+    # Times relative in the text, RFC 3339 in the title.
+    assert 'title="2026-11-30T04:19:41.500000Z">' in section
     assert "File &#34;h.py&#34;, line 3, in run" in section  # escaped, as every value is
     assert "KeyError: &#39;x&#39;" in section
     assert "No traceback: nothing raised." in section

@@ -1,6 +1,6 @@
 """The dashboard at `/ui/` (docs/api.md, "Dashboard"): server-rendered pages of the queues,
-the jobs and the dead letters, with the retry and cancel actions, readable without
-JavaScript. `routes()` is what the app mounts."""
+the jobs, the dead letters and the periodic schedules, with the retry and cancel actions,
+readable without JavaScript. `routes()` is what the app mounts."""
 
 from __future__ import annotations
 
@@ -34,11 +34,15 @@ def routes() -> list[BaseRoute]:
         routes=[
             Route("/", pages.queues, methods=["GET"]),
             Route("/jobs", pages.jobs_page, methods=["GET"]),
+            Route("/jobs/bulk", actions.bulk_action, methods=["POST"]),
             Route("/jobs/{id}", pages.job_page, methods=["GET"]),
             Route("/jobs/{id}/retry", actions.retry, methods=["POST"]),
             Route("/jobs/{id}/cancel", actions.cancel, methods=["POST"]),
             Route("/dead-letters", pages.dead_letters, methods=["GET"]),
             Route("/dead-letters/retry", actions.retry_dead_letters, methods=["POST"]),
+            Route("/schedules", pages.schedules_page, methods=["GET"]),
+            Route("/queues/{queue}/pause", actions.pause, methods=["POST"]),
+            Route("/queues/{queue}/resume", actions.resume, methods=["POST"]),
             Route("/sign-in", _sign_in, methods=["GET", "POST"]),
             Route("/sign-out", actions.sign_out, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static")),

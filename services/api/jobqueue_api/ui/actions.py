@@ -1,6 +1,7 @@
 """The dashboard's actions (POST, each refused with 403 before anything is done unless its
 form carries the CSRF token): retry and cancel one job, retry a bounded batch of dead
-letters, sign in and out.
+letters, retry or cancel the jobs selected on the jobs page, pause and resume a queue, sign
+in and out.
 
 Retry and cancel are the API's own (`jobs.retry`, `jobs.cancel`: the same statements,
 guards, notifications, logs and metrics as `POST /jobs/{id}/retry` and `/cancel`).
@@ -15,7 +16,8 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobcore import control
+from jobcore import bulk, control, pauses
+from jobcore.errors import InvalidRequest
 from jobcore.ids import parse_id
 from jobcore.states import Status
 from jobqueue_api import jobs, validation
@@ -23,13 +25,16 @@ from jobqueue_api.state import state_of
 from jobqueue_api.ui import access, pages, render
 from jobqueue_api.ui.session import new_session, signed_in
 
-# A form the dashboard sends is a few short fields.
+# A form the dashboard sends is a few short fields; the bulk form, one per selected job.
 MAX_FIELDS = 10
+MAX_BULK_FIELDS = 600
+# The list parameters the bulk form carries back to the jobs page.
+RETURNED = ("status", "type", "queue", "limit", "cursor")
 
 
-async def _form(request: Request) -> FormData | None:
+async def _form(request: Request, max_fields: int = MAX_FIELDS) -> FormData | None:
     """The posted form, or None when its CSRF token is missing or wrong."""
-    form = await request.form(max_files=0, max_fields=MAX_FIELDS)
+    form = await request.form(max_files=0, max_fields=max_fields)
     return form if access.csrf_ok(request, form) else None
 
 
@@ -128,6 +133,66 @@ async def retry_dead_letters(request: Request) -> Response:
     else:
         notice += " None remain."
     return await pages.dead_letters_view(request, given, notice=notice)
+
+
+async def bulk_action(request: Request) -> Response:
+    """ "Retry selected" / "Cancel selected": the checked jobs, through the API's bulk
+    functions; those whose status does not allow it are left as they are, and counted."""
+    form = await _form(request, MAX_BULK_FIELDS)
+    if form is None:
+        return _refused(request)
+    back = [(name, _text(form, name)) for name in RETURNED if _text(form, name)]
+    wanted = [v for v in form.getlist("id") if isinstance(v, str)]
+    ids = [parse_id(v) for v in wanted]
+    action = _text(form, "action")
+    if action not in ("retry", "cancel") or None in ids or len(ids) > bulk.MAX_IDS:
+        return render.error(request, 400, "Select up to 1,000 listed jobs, then Retry or Cancel.")
+    if not ids:
+        return await pages.jobs_view(request, back, notice="No job was selected: nothing done.")
+    selection = bulk.Selection(
+        statuses=None, type=None, queue=None, ids=tuple(i for i in ids if i), limit=len(ids)
+    )
+    state = state_of(request.app)
+    async with state.engine.connect() as conn:
+        if action == "retry":
+            retried = await bulk.retry_matching(conn, selection)
+            changed = retried.retried
+            notice = f"Retried {changed} of {len(ids)} selected jobs"
+        else:
+            cancelled = await bulk.cancel_matching(conn, selection)
+            changed = cancelled.cancelled + cancelled.cancel_requested
+            notice = f"Cancelled {cancelled.cancelled} of {len(ids)} selected jobs"
+            if cancelled.cancel_requested:
+                notice += f" and asked the workers running {cancelled.cancel_requested} to stop"
+    if action == "retry" and changed:
+        state.notifier.jobs_due()
+    left = len(ids) - changed
+    notice += f"; {left} left as they were (their status does not allow it)." if left else "."
+    return await pages.jobs_view(request, back, notice=notice)
+
+
+async def pause(request: Request) -> Response:
+    return await _set_paused(request, True)
+
+
+async def resume(request: Request) -> Response:
+    return await _set_paused(request, False)
+
+
+async def _set_paused(request: Request, paused: bool) -> Response:
+    form = await _form(request)
+    if form is None:
+        return _refused(request)
+    queue = request.path_params["queue"]
+    try:
+        async with state_of(request.app).engine.connect() as conn:
+            if paused:
+                await pauses.pause(conn, queue)
+            else:
+                await pauses.resume(conn, queue)
+    except InvalidRequest as exc:
+        return render.error(request, 400, str(exc))
+    return RedirectResponse(f"{access.root(request)}/", status_code=303)
 
 
 async def sign_in(request: Request) -> Response:

@@ -108,3 +108,67 @@ def _y_ticks(peak: int) -> list[Tick]:
         Tick(str(value), LEFT - 6, round(bottom - PLOT_HEIGHT * value / (peak or 1) + 4, 2), "end")
         for value in values
     ]
+
+
+# --- each queue's last hour: two small charts per queue row -------------------------------
+
+SPARK_WIDTH, SPARK_HEIGHT = 180.0, 36.0
+
+
+@dataclass(frozen=True)
+class Spark:
+    """One queue's minutes as bars (`bars`: x, y, width, height) or a line (`points`, SVG
+    polyline), scaled to `peak`; `last` is the current minute's value."""
+
+    peak: float
+    last: float
+    total: float
+    bars: list[tuple[float, float, float, float]] = field(default_factory=list)
+    points: str = ""
+    width: float = SPARK_WIDTH
+    height: float = SPARK_HEIGHT
+
+
+@dataclass(frozen=True)
+class QueueHour:
+    queue: str
+    finished: Spark  # jobs finished per minute
+    oldest: Spark  # oldest due, unfinished job's age in seconds at each minute's end
+
+
+def queue_hours(rows: Iterable[tuple[str, datetime, int, float]]) -> list[QueueHour]:
+    """Lay out `search.QUEUE_GET_HOUR`'s (queue, minute, finished, oldest age) rows."""
+    by_queue: dict[str, list[tuple[datetime, int, float]]] = {}
+    for queue, minute, finished, oldest in rows:
+        by_queue.setdefault(queue, []).append((minute, int(finished), float(oldest)))
+    hours = []
+    for queue, minutes in sorted(by_queue.items()):
+        minutes.sort()
+        hours.append(
+            QueueHour(queue, _bars([m[1] for m in minutes]), _line([m[2] for m in minutes]))
+        )
+    return hours
+
+
+def _bars(values: list[int]) -> Spark:
+    peak = max(values, default=0)
+    slot = SPARK_WIDTH / max(len(values), 1)
+    bars = []
+    for index, value in enumerate(values):
+        if value:
+            height = max(SPARK_HEIGHT * value / peak, 1.0)
+            x = round(index * slot + slot * 0.1, 2)
+            bars.append(
+                (x, round(SPARK_HEIGHT - height, 2), round(slot * 0.8, 2), round(height, 2))
+            )
+    return Spark(peak, values[-1] if values else 0, sum(values), bars)
+
+
+def _line(values: list[float]) -> Spark:
+    peak = max(values, default=0.0)
+    step = SPARK_WIDTH / max(len(values) - 1, 1)
+    points = " ".join(
+        f"{index * step:.2f},{SPARK_HEIGHT - 1 - (SPARK_HEIGHT - 2) * v / (peak or 1):.2f}"
+        for index, v in enumerate(values)
+    )
+    return Spark(peak, values[-1] if values else 0.0, sum(values), points=points)

@@ -1,13 +1,14 @@
-"""The dashboard's pages (GET): queues and the chart, the job list, one job, the dead
-letters, the sign-in form. Each reads through what the API's endpoints use
-(`jobcore.search`, `jobcore.store`, the API's validation of list parameters), on the API's
-engine and under its deadline."""
+"""The dashboard's pages (GET): queues and the charts, the job list (and opening a job by its
+id), one job, the dead letters, the periodic schedules, the sign-in form. Each reads through
+what the API's endpoints use (`jobcore.search`, `jobcore.store`, the API's validation of list
+parameters), on the API's engine and under its deadline."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -17,16 +18,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobcore import search, store
+from jobcore import pauses, search, store
+from jobcore.catalog import MAX_AGE
 from jobcore.ids import parse_id
+from jobcore.queries import JOB_TYPE_LIST
+from jobcore.queries.job_types import record_from_row
 from jobcore.record import FailedAttempt
-from jobcore.rows import Job
+from jobcore.rows import Job, JobTypeRecord
 from jobcore.states import Status
 from jobqueue_api import jobs, validation
 from jobqueue_api.database import REQUEST_DEADLINE, in_turn
 from jobqueue_api.state import state_of
 from jobqueue_api.ui import access, render
-from jobqueue_api.ui.chart import STACK, chart
+from jobqueue_api.ui import schedules as periodic_view
+from jobqueue_api.ui.chart import STACK, chart, queue_hours
 
 log = logging.getLogger("jobqueue.api")
 
@@ -42,31 +47,36 @@ PAGE_SIZES = (20, 50, 100, 500)
 DEAD_LETTER_PARAMETERS = ("type", "queue", "limit", "cursor")
 # How many dead letters one click of the bulk retry retries at most.
 BULK_RETRY_LIMIT = 100
+# A job page refreshes itself this often while the job is pending or processing.
+JOB_REFRESH_SECONDS = 3
+UNFINISHED = frozenset({Status.PENDING, Status.PROCESSING})
 
 
 async def queues(request: Request) -> Response:
     engine = state_of(request.app).engine
     async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
-        depths = await search.queue_depths(conn)
-        finished = await _finished_per_minute(conn)
+        depths = await pauses.queues_with_pauses(conn)
+        finished = await _within_budget(conn, search.JOB_COUNT_FINISHED_PER_MINUTE)
+        hours = None if conn.invalidated else await _within_budget(conn, search.QUEUE_GET_HOUR)
     context = {
         "current": "queues",
         "queues": depths,
         "chart": None
         if finished is None
         else chart((row.minute, row.status, row.finished) for row in finished),
+        "hours": None if hours is None else queue_hours(tuple(row) for row in hours),
         "chart_budget_ms": CHART_BUDGET_MS,
         "stack": [s.value for s in STACK],
     }
     return render.page(request, "queues.html", context)
 
 
-async def _finished_per_minute(conn: AsyncConnection) -> list[Any] | None:
-    """The chart's rows, or None when counting them takes over CHART_BUDGET_MS: its range
+async def _within_budget(conn: AsyncConnection, statement: Any) -> list[Any] | None:
+    """A chart's rows, or None when counting them takes over CHART_BUDGET_MS: their range
     read grows with the hour's throughput, and the queue depths must still be shown."""
     await conn.execute(sa.text(f"SET statement_timeout = {CHART_BUDGET_MS}"))
     try:
-        return list((await conn.execute(search.JOB_COUNT_FINISHED_PER_MINUTE)).all())
+        return list((await conn.execute(statement)).all())
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) != QUERY_CANCELED:
             raise
@@ -74,6 +84,9 @@ async def _finished_per_minute(conn: AsyncConnection) -> list[Any] | None:
             "dashboard chart skipped: over its time budget",
             extra={"budget_ms": CHART_BUDGET_MS},
         )
+        # The cancelled statement aborted the transaction the page's reads opened.
+        if conn.in_transaction():
+            await conn.rollback()
         return None
     finally:
         # Back to the connection's own limit (the engine's STATEMENT_TIMEOUT). The RESET runs
@@ -104,8 +117,34 @@ async def _list(request: Request, params: Mapping[str, str]) -> tuple[list[Job],
     return found, validation.encode_cursor(last) if last is not None else None
 
 
+async def known_types(request: Request) -> list[str]:
+    """The types the type filter offers: this process's, JOB_TYPES and the workers' records
+    (one read of the small `job_types` table)."""
+    return sorted(
+        state_of(request.app).types.current().types | {r.type for r in await recorded(request)}
+    )
+
+
+async def recorded(request: Request) -> list[JobTypeRecord]:
+    """What the workers recorded in `job_types` within `catalog.MAX_AGE`, by type."""
+    engine = state_of(request.app).engine
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        rows = await conn.execute(JOB_TYPE_LIST, {"max_age": MAX_AGE})
+        return [record_from_row(row._mapping) for row in rows]
+
+
 async def jobs_page(request: Request) -> Response:
     given = _given(request)
+    searched = dict(given).get("q")
+    if searched is not None:
+        return await _open_by_id(request, searched.strip())
+    return await jobs_view(request, given)
+
+
+async def jobs_view(
+    request: Request, given: list[tuple[str, str]], *, notice: str | None = None
+) -> Response:
+    """The jobs page for these list parameters (and the answer of a bulk action)."""
     shown = dict(given)
     context: dict[str, Any] = {
         "current": "jobs",
@@ -114,6 +153,9 @@ async def jobs_page(request: Request) -> Response:
         "page_sizes": PAGE_SIZES,
         "jobs": [],
         "next_cursor": None,
+        "known_types": await known_types(request),
+        "searched": "",
+        "notice": notice,
     }
     try:
         params = validation.query(given, validation.LIST_PARAMETERS)
@@ -123,16 +165,60 @@ async def jobs_page(request: Request) -> Response:
     return render.page(request, "jobs.html", context)
 
 
+async def _open_by_id(request: Request, searched: str) -> Response:
+    """The search field `q`: the job's page (by a redirect, so its address is the job's), or
+    a 404 page saying there is no such job, with the field to try again."""
+    job = await _read_job(request, searched)
+    if job is not None:
+        return RedirectResponse(f"{access.root(request)}/jobs/{job.id}", status_code=303)
+    context: dict[str, Any] = {
+        "current": "jobs",
+        "filters": {},
+        "statuses": [s.value for s in Status],
+        "page_sizes": PAGE_SIZES,
+        "jobs": [],
+        "next_cursor": None,
+        "known_types": await known_types(request),
+        "searched": searched,
+        "error": f"There is no job {searched!r}"
+        + ("." if parse_id(searched) is not None else ": a job id is a UUID."),
+    }
+    return render.page(request, "jobs.html", context, 404)
+
+
+async def _read_job(request: Request, given: str) -> Job | None:
+    job_id = parse_id(given)
+    if job_id is None:
+        return None
+    engine = state_of(request.app).engine
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        return await store.get(conn, job_id)
+
+
 async def job_page(request: Request) -> Response:
-    job_id = parse_id(request.path_params["id"])
-    job = None
-    if job_id is not None:
-        engine = state_of(request.app).engine
-        async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
-            job = await store.get(conn, job_id)
+    job = await _read_job(request, request.path_params["id"])
     if job is None:
         return render.error(request, 404, f"There is no job {request.path_params['id']!r}.")
     return job_view(request, job)
+
+
+def durations(job: Job, now: datetime) -> list[tuple[str, float]]:
+    """What the record tells of the job's time: how long it has run and waited while running
+    (its attempt started at its last update: a claim sets it, heartbeats do not), and in
+    all from creation to the end (or to now)."""
+    shown = []
+    if job.status is Status.PROCESSING and job.cancel_requested_at is None:
+        shown.append(("Running for", (now - job.updated_at).total_seconds()))
+        shown.append(
+            ("Waited before this attempt", max((job.updated_at - job.run_at).total_seconds(), 0.0))
+        )
+    elif job.status is Status.PENDING and job.run_at <= now:
+        shown.append(("Waiting for", (now - job.run_at).total_seconds()))
+    end = job.finished_at or now
+    shown.append(
+        ("In all" if job.finished_at else "So far", (end - job.created_at).total_seconds())
+    )
+    return shown
 
 
 def job_view(
@@ -146,6 +232,8 @@ def job_view(
     context = {
         "current": "jobs",
         "job": job,
+        "durations": durations(job, datetime.now(UTC)),
+        "refresh_seconds": JOB_REFRESH_SECONDS if job.status in UNFINISHED else None,
         "can_retry": job.status in jobs.RETRYABLE,
         "can_cancel": job.status in jobs.CANCELLABLE,
         # Oldest first, as the API lists them; None when the job was read without them
@@ -180,6 +268,7 @@ async def dead_letters_view(
         "notice": notice,
         "error": error,
         "bulk_limit": BULK_RETRY_LIMIT,
+        "known_types": await known_types(request),
     }
     try:
         params = validation.query(given, DEAD_LETTER_PARAMETERS)
@@ -188,6 +277,15 @@ async def dead_letters_view(
     except validation.InvalidRequest as exc:
         return render.page(request, "dead_letters.html", {**context, "error": str(exc)}, 400)
     return render.page(request, "dead_letters.html", context, status)
+
+
+async def schedules_page(request: Request) -> Response:
+    records = await recorded(request)
+    engine = state_of(request.app).engine
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        shown = await periodic_view.listed(conn, records, datetime.now(UTC))
+    context = {"current": "schedules", "schedules": shown}
+    return render.page(request, "schedules.html", context)
 
 
 async def sign_in_page(request: Request) -> Response:

@@ -34,7 +34,7 @@ def templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, short=short, age=age, number=number, pretty=pretty)
+    env.filters.update(when=when, ago=ago, age=age, duration=duration, number=number, pretty=pretty)
     return Jinja2Templates(env=env)
 
 
@@ -58,6 +58,7 @@ def page(
         "current": None,
         "notice": None,
         "error": None,
+        "known_types": [],
     }
     response = templates().TemplateResponse(
         request, name, {**shared, **context}, status_code=status, headers=headers
@@ -91,9 +92,34 @@ def when(value: datetime | None) -> str:
     return timestamp(value) or "—"
 
 
-def short(value: datetime | None) -> str:
-    """A time to the second, for tables (`when` gives it in full)."""
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "—"
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    """A time relative to now, as every page shows times: "3 min ago", "in 5 s", "now"
+    (the element's `title` holds `when`'s RFC 3339 value); an em dash for none."""
+    if value is None:
+        return "—"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    text = _span(abs(seconds))
+    return f"{text} ago" if seconds > 0 else f"in {text}"
+
+
+def _span(seconds: float) -> str:
+    """Whole units, rounded down: 45 s, 12 min, 3 h, 2 d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        # 48 h, not 2 d; 90 min, not 1 h: the larger unit once it is coarse enough.
+        if seconds >= size * (2 if unit != "min" else 1):
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
+
+
+def duration(seconds: float | None) -> str:
+    """A duration in the unit `ago` uses, with a decimal under a minute: 0.4 s, 12 s, 5 min."""
+    if seconds is None:
+        return "—"
+    if seconds < 10:
+        return f"{max(seconds, 0.0):.1f} s"
+    return _span(seconds)
 
 
 def age(seconds: float) -> str:

@@ -1,6 +1,22 @@
-// The queues page refreshes itself while its box is ticked (the page works without this).
+// The queues page refreshes itself while its box is ticked; a job's page while the job is
+// pending or processing (the server leaves the marker out once it finished, so the reloads
+// stop there). The pages work without this.
 (function () {
   "use strict";
+  var unfinished = document.getElementById("refresh-while-unfinished");
+  if (unfinished) {
+    var every = Number(unfinished.getAttribute("data-refresh-seconds")) || 3;
+    unfinished.hidden = false;
+    var reload = function () {
+      if (document.visibilityState === "visible") {
+        window.location.reload();
+      } else {
+        setTimeout(reload, every * 1000);
+      }
+    };
+    setTimeout(reload, every * 1000);
+    return;
+  }
   var box = document.getElementById("auto-refresh");
   if (!box) {
     return;
