@@ -21,7 +21,10 @@ from sqlalchemy.engine import make_url
 
 from tests import pg
 from tests.api.ui.seed import add_jobs_sync
+from tests.e2e.periodic_schedules import NAME as PERIODIC_NAME
 from tests.e2e.test_api_process import Api
+from tests.procs import wait_for
+from tests.worker.support import start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("ui_browser")]
 
@@ -622,3 +625,49 @@ def test_a_queue_is_paused_and_resumed_from_its_row_checked_over_http(ui, db, se
         "button", name="Pause", exact=True
     ).wait_for()
     assert not paused()
+
+
+def test_a_real_workers_schedule_is_listed_and_its_running_job_is_followed_to_completed(
+    ui, database, server, tmp_path
+):
+    """A real worker records its schedule (tests/e2e/periodic_schedules.py) and runs a job;
+    the pages show both as the worker leaves them, with the page's clock running for real."""
+    worker = start_worker(
+        database,
+        tmp_path,
+        JOB_HANDLERS="tests.worker.handlers,tests.e2e.periodic_schedules",
+        QUEUES="worker-ui",
+    )
+    try:
+
+        def submitted() -> str | None:
+            answer = httpx.post(
+                server.base + "/jobs",
+                json={"type": "test.sleep_sync", "queue": "worker-ui", "payload": {"seconds": 4}},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=10,
+            )
+            return str(answer.json()["id"]) if answer.status_code == 201 else None
+
+        job_id = wait_for(submitted, 60, "the API to accept the worker's type")
+        wait_for(
+            lambda: api_get(server, f"/jobs/{job_id}")["status"] == "processing" or None,
+            60,
+            "the worker to start the job",
+        )
+        ui.page.clock.resume()
+        ui.open(f"/ui/jobs/{job_id}")
+        assert ui.page.locator("dl.fields .status").inner_text() == "processing"
+        # The page reloads itself until it shows what the worker wrote.
+        ui.page.locator("dl.fields .status", has_text="completed").wait_for(timeout=30_000)
+        assert api_get(server, f"/jobs/{job_id}")["status"] == "completed"
+        assert ui.page.get_by_text("refreshes every").count() == 0
+
+        ui.open("/ui/schedules")
+        row = ui.page.locator("table.schedules tbody tr", has_text=PERIODIC_NAME)
+        row.wait_for()
+        assert "test.record" in row.inner_text()
+        assert row.locator("td.next-tick time").get_attribute("title") is not None
+        ui.shot("schedules-real-worker")
+    finally:
+        assert worker.stop(30) == 0
