@@ -41,8 +41,9 @@ from jobcore.schema import SCHEMA_REVISION
 
 DEFAULT_URL = "postgresql://localhost:5432/jobqueue"
 # The revision that moved the tables into the schema and left the views for the previous
-# release; the head drops them.
+# release, and the one that drops them.
 VIEWS_REVISION = "0008"
+VIEWS_DROPPED_REVISION = "0009"
 # The `application_name`s of the sessions of the release before 0008 (which named its
 # sessions without a revision); this release's are `<name>/<revision>` (`db.session_name`).
 PREVIOUS_RELEASE_SESSIONS = (
@@ -322,7 +323,8 @@ def upgrade(
     found = _read(url, target)
     before, sessions = found.revision, found.sessions
     wanted = "head"
-    if defer and sessions and (before is None or before < SCHEMA_REVISION):
+    # Only while the views are still to be dropped: past that, the deferral has no reason.
+    if defer and sessions and (before is None or before < VIEWS_DROPPED_REVISION):
         wanted = VIEWS_REVISION
     _run_alembic(command.upgrade, url, target, wanted)
     after = _read(url, target).revision

@@ -360,3 +360,14 @@ def test_an_applications_own_jobs_table_and_numbered_revision_are_not_taken_for_
     )
     assert columns == [("id",), ("title",)]
     assert set(OURS) <= _relations(url, "jobqueue")
+
+
+def test_past_the_views_no_session_defers_the_upgrade(empty_database_url):
+    """The deferral keeps 0008's views for the release that works through them; a database
+    already past 0009 has none, so sessions named like that release hold nothing back."""
+    url = empty_database_url
+    migrate.upgrade(url)
+    migrate.downgrade("0009", url)
+    with psycopg.connect(url, application_name="jobqueue-worker-supervisor"):
+        done = migrate.upgrade(url)
+    assert (done.before, done.after, done.deferred) == ("0009", SCHEMA_REVISION, 0)
