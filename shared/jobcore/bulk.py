@@ -5,9 +5,10 @@ A filter names statuses, a type, a queue and/or ids, like `GET /jobs`
 (docs/api.md#bulk-actions). The matching jobs that allow the operation are found a page at
 a time, newest first (`jobcore.search`), and each page is changed by the operation's own
 guarded statement for many jobs (`jobcore.control`), which commits on its own: a job that
-moved meanwhile (claimed, finished) is changed only if its new status allows it, or asked
-to stop if it is now running; it is never changed twice. At most `limit` jobs are changed
-per call; `more` says whether matching jobs that allow it were left.
+moved meanwhile (claimed, finished) is changed only if it still matches the filter and its
+new status allows it (asked to stop if it is now running); it is never changed twice. At
+most `limit` jobs are changed per call; `more` says whether matching jobs that allow it
+were left.
 """
 
 from __future__ import annotations
@@ -173,26 +174,39 @@ async def cancel_matching(conn: AsyncConnection, selection: Selection) -> BulkCa
         )
 
     cancelled = requested = 0
+    # A job must still match the selection when it is changed: one claimed since it was
+    # read as pending gets no cancel request unless `processing` was asked for too.
+    selected = selection.statuses if selection.statuses is not None else CANCELLABLE
+    at_once = bool(selected & {Status.PENDING, Status.DEAD_LETTER})
+    ask = Status.PROCESSING in selected
 
     async def apply(ids: list[UUID]) -> int:
         nonlocal cancelled, requested
+        changed = 0
         left = set(ids)
         for _ in range(_TRIES):
-            done = await _ids_changed(conn, JOB_CANCEL_MANY, left)
-            cancelled += len(done)
-            left -= done
-            if not left:
-                break
-            done = await _ids_changed(conn, JOB_REQUEST_CANCEL_MANY, left)
-            requested += len(done)
-            left -= done
+            if at_once:
+                done = await _ids_changed(conn, JOB_CANCEL_MANY, left)
+                cancelled += len(done)
+                changed += len(done)
+                left -= done
+            if left and ask:
+                done = await _ids_changed(conn, JOB_REQUEST_CANCEL_MANY, left)
+                requested += len(done)
+                changed += len(done)
+                left -= done
             if not left:
                 break
             # Neither: claimed or handed back between the two statements, or finished.
-            left = {job.id for job in await _get_many(conn, left) if wanted(job)}
+            left = {
+                job.id
+                for job in await _get_many(conn, left)
+                if selection.matches(job) and wanted(job)
+            }
             if not left:
                 break
-        return len(ids) - len(left)
+        # What was changed counts against the limit; a job that went away did not.
+        return changed
 
     more = await _apply_in_batches(conn, selection, CANCELLABLE, wanted, apply)
     return BulkCancelled(cancelled, requested, more)

@@ -14,15 +14,27 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from jobcore.errors import InvalidRequest
+from jobcore.errors import InvalidRequest, SchemaNotAtHead
 from jobcore.schema import QUEUE_PATTERN, queue_pauses
 from jobcore.search import QueueDepth, queue_depths
 from jobcore.validation import QUEUE
 
 p = queue_pauses.c
+
+# The revision that adds `queue_pauses`. The services also run on 0008 and 0009 (while
+# `jobqueue migrate` defers 0009, docs/upgrading.md): there nothing is paused, and a pause
+# is refused until the schema is migrated.
+PAUSES_REVISION = "0010"
+_UNDEFINED_TABLE = "42P01"
+
+
+def _missing_table(exc: sa_exc.DBAPIError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) == _UNDEFINED_TABLE
+
 
 # Workers LISTEN on this channel: the name of a queue just paused or resumed.
 PAUSE_CHANNEL = "jobqueue_pauses"
@@ -84,20 +96,37 @@ def check_queue(queue: str) -> str:
 async def pause(conn: AsyncConnection, queue: str) -> Paused:
     """Pause `queue` (idempotent): workers stop claiming from it within a second. Raises
     InvalidRequest for a name no queue can have."""
-    row = (await conn.execute(QUEUE_PAUSE, {"queue": check_queue(queue)})).mappings().one()
+    checked = check_queue(queue)
+    try:
+        row = (await conn.execute(QUEUE_PAUSE, {"queue": checked})).mappings().one()
+    except sa_exc.DBAPIError as exc:
+        if not _missing_table(exc):
+            raise
+        raise SchemaNotAtHead(None, PAUSES_REVISION) from exc
     return Paused(row["queue"], row["paused_at"])
 
 
 async def resume(conn: AsyncConnection, queue: str) -> bool:
     """Resume `queue` (idempotent); True if it was paused. Raises InvalidRequest for a name no
     queue can have."""
-    rows = (await conn.execute(QUEUE_RESUME, {"queue": check_queue(queue)})).all()
+    checked = check_queue(queue)
+    try:
+        rows = (await conn.execute(QUEUE_RESUME, {"queue": checked})).all()
+    except sa_exc.DBAPIError as exc:
+        if not _missing_table(exc):
+            raise
+        return False  # nothing can be paused before 0010
     return bool(rows)
 
 
 async def paused_queues(conn: AsyncConnection) -> list[Paused]:
-    """Every paused queue, by name."""
-    rows = (await conn.execute(QUEUE_LIST_PAUSED)).mappings().all()
+    """Every paused queue, by name (none on a schema before 0010)."""
+    try:
+        rows = (await conn.execute(QUEUE_LIST_PAUSED)).mappings().all()
+    except sa_exc.DBAPIError as exc:
+        if not _missing_table(exc):
+            raise
+        return []
     return [Paused(row["queue"], row["paused_at"]) for row in rows]
 
 
@@ -105,7 +134,12 @@ async def is_paused(conn: AsyncConnection, queue: str) -> bool:
     """Whether `queue` is paused (False for a name no queue can have)."""
     if not isinstance(queue, str) or QUEUE.fullmatch(queue) is None:
         return False
-    return bool((await conn.execute(QUEUE_GET_PAUSED, {"queue": queue})).scalar())
+    try:
+        return bool((await conn.execute(QUEUE_GET_PAUSED, {"queue": queue})).scalar())
+    except sa_exc.DBAPIError as exc:
+        if not _missing_table(exc):
+            raise
+        return False
 
 
 async def queues_with_pauses(conn: AsyncConnection) -> list[tuple[QueueDepth, bool]]:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from jobcore import bulk, pauses
 from jobcore.bulk import Selection, selection_from_json
 from jobcore.db import connect_args, make_engine
-from jobcore.errors import InvalidRequest
+from jobcore.errors import InvalidRequest, SchemaNotAtHead
 from jobcore.schema import jobs
 from jobcore.states import Status
 from tests.jobcore.test_search import _insert
@@ -215,3 +215,66 @@ async def test_bulk_cancel_while_jobs_are_claimed_changes_each_job_exactly_once(
     # was pending when read, then neither statement could change it within the tries.
     assert not {r.id for r in rows if r.status == P.value}, "a pending job was left"
     assert len(cancelled) + len(requested) + len(finished) + len(running) == n
+
+
+async def test_before_0010_nothing_is_paused_and_a_pause_asks_for_the_migration(database_url):
+    """The services also run on 0008 and 0009 (while `jobqueue migrate` defers 0009): the
+    queues read as unpaused, a resume changes nothing, a pause names the migration."""
+    from jobcore import migrate
+
+    await asyncio.to_thread(migrate.downgrade, "0009", database_url)
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            assert await pauses.paused_queues(conn) == []
+            assert await pauses.queues_with_pauses(conn) == []
+            assert await pauses.resume(conn, "mail") is False
+            with pytest.raises(SchemaNotAtHead, match="jobqueue migrate"):
+                await pauses.pause(conn, "mail")
+            # The connection is still usable.
+            assert await pauses.is_paused(conn, "mail") is False
+    finally:
+        await engine.dispose()
+
+
+def _stale_pages(monkeypatch, page):
+    """The jobs as a page read them, before another transaction changed them."""
+
+    async def pages(conn, selection, allowed):
+        yield page
+
+    monkeypatch.setattr(bulk, "_pages", pages)
+
+
+async def test_a_job_that_left_the_filter_after_the_read_is_not_changed(auto, monkeypatch):
+    [job] = await _insert(auto, [(P, "a", "q")])
+    async with auto.connect() as conn:
+        page = await bulk._get_many(conn, [job.id])
+        await conn.execute(
+            sa.update(jobs).values(
+                status=R.value,
+                attempts=1,
+                locked_until=sa.func.now() + sa.text("interval '1 minute'"),
+            )
+        )
+        await conn.commit()
+        _stale_pages(monkeypatch, page)
+        done = await bulk.cancel_matching(conn, Selection(statuses=frozenset({P})))
+        row = (await conn.execute(sa.select(jobs.c.cancel_requested_at))).one()
+    # Claimed since it was read as pending: not asked to stop, `processing` was not selected.
+    assert (done.cancelled, done.cancel_requested, row.cancel_requested_at) == (0, 0, None)
+
+
+async def test_a_job_that_went_away_does_not_count_against_the_limit(auto, monkeypatch):
+    first, second = await _insert(auto, [(P, "a", "q"), (P, "a", "q")])
+    async with auto.connect() as conn:
+        page = await bulk._get_many(conn, [first.id, second.id])
+        page.sort(key=lambda job: job.id != first.id)
+        await conn.execute(sa.update(jobs).where(jobs.c.id == first.id).values(status=X.value))
+        await conn.commit()
+        _stale_pages(monkeypatch, page)
+        done = await bulk.cancel_matching(conn, Selection(queue="q", limit=1))
+        statuses = dict((await conn.execute(sa.select(jobs.c.id, jobs.c.status))).all())
+    assert (done.cancelled, done.more) == (1, False)
+    assert statuses == {first.id: X.value, second.id: X.value}

@@ -211,3 +211,18 @@ async def test_an_action_posted_from_another_site_is_refused_even_with_its_token
     allowed = await api.post(f"/ui/jobs/{job_id}/retry", data={"csrf_token": csrf}, headers=same)
     assert allowed.status_code == 200
     assert (await record(api, job_id))["status"] == "pending"
+
+
+async def test_selected_jobs_are_cancelled_once_each_and_counted_as_the_api_does(api):
+    pending = await add_jobs(engine_of(api), 2, status="pending")
+    [done] = await add_jobs(engine_of(api), status="completed")
+    ids = [str(pending[0]), str(pending[0]), str(pending[1]), str(done)]  # one listed twice
+    before = (await api.get("/metrics")).text
+    page = await api.post(
+        "/ui/jobs/bulk",
+        data={"csrf_token": await token(api), "action": "cancel", "id": ids},
+    )
+    assert page.status_code == 200
+    assert "Cancelled 2 of 3 selected jobs; 1 left as they were" in page.text
+    assert [(await record(api, i))["status"] for i in pending] == ["cancelled"] * 2
+    assert _cancelled_total(before) + 2 == _cancelled_total((await api.get("/metrics")).text)

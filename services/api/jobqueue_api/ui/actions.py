@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from jobcore import bulk, control, pauses
-from jobcore.errors import InvalidRequest
+from jobcore.errors import InvalidRequest, SchemaNotAtHead
 from jobcore.ids import parse_id
 from jobcore.states import Status
-from jobqueue_api import jobs, validation
+from jobqueue_api import jobs, metrics, validation
 from jobqueue_api.state import state_of
 from jobqueue_api.ui import access, pages, render
 from jobqueue_api.ui.session import new_session, signed_in
@@ -143,7 +143,8 @@ async def bulk_action(request: Request) -> Response:
         return _refused(request)
     back = [(name, _text(form, name)) for name in RETURNED if _text(form, name)]
     wanted = [v for v in form.getlist("id") if isinstance(v, str)]
-    ids = [parse_id(v) for v in wanted]
+    # A job listed twice in the form is one job: counted once, changed at most once.
+    ids = list(dict.fromkeys(parse_id(v) for v in wanted))
     action = _text(form, "action")
     if action not in ("retry", "cancel") or None in ids or len(ids) > bulk.MAX_IDS:
         return render.error(request, 400, "Select up to 1,000 listed jobs, then Retry or Cancel.")
@@ -161,6 +162,8 @@ async def bulk_action(request: Request) -> Response:
         else:
             cancelled = await bulk.cancel_matching(conn, selection)
             changed = cancelled.cancelled + cancelled.cancel_requested
+            if cancelled.cancelled:
+                metrics.CANCELLED.inc(cancelled.cancelled)
             notice = f"Cancelled {cancelled.cancelled} of {len(ids)} selected jobs"
             if cancelled.cancel_requested:
                 notice += f" and asked the workers running {cancelled.cancel_requested} to stop"
@@ -192,6 +195,8 @@ async def _set_paused(request: Request, paused: bool) -> Response:
                 await pauses.resume(conn, queue)
     except InvalidRequest as exc:
         return render.error(request, 400, str(exc))
+    except SchemaNotAtHead as exc:
+        return render.error(request, 503, str(exc))
     return RedirectResponse(f"{access.root(request)}/", status_code=303)
 
 
