@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from uuid import UUID, uuid4
 
 from jobcore import maintenance, queries
+from jobcore.catalog import recorder_name
 from jobcore.queries.job_types import record_from_row, record_params
 from jobcore.rows import (
     Claimed,
@@ -78,6 +79,7 @@ async def claim(
         **floors,
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
+        "holder": recorder_name(),
     }
     statement = _CLAIM
     if limited:
@@ -117,6 +119,7 @@ async def claim_limited(
         "periods": [rate[1] if rate else None for rate in rates],
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
+        "holder": recorder_name(),
     }
     async with conn.transaction():
         await conn.fetch(_LOCK_TYPES.sql, *_LOCK_TYPES.args(values))
@@ -218,6 +221,7 @@ async def complete_and_claim(
         **_slots(slots),
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
+        "holder": recorder_name(),
     }
     statement = _COMPLETE_AND_CLAIM
     if limited:

@@ -102,6 +102,9 @@ class Job:
     # The failed attempts (`jobs.errors`, [] for none), read only for the full record
     # (`JOB_GET`); None where the statement did not read them (lists, submits, control).
     errors: list[dict[str, Any]] | None = None
+    # The worker process that holds (or last held) the lease, `<host>:<pid>`; read only for
+    # the full record, as `errors`.
+    leased_by: str | None = None
 
 
 class Submitted(NamedTuple):
@@ -152,7 +155,7 @@ class TableStats(NamedTuple):
 
 
 # The columns every statement returning a job reads; the full record's adds RECORD_FIELDS.
-RECORD_FIELDS = ("errors",)
+RECORD_FIELDS = ("errors", "leased_by")
 JOB_FIELDS = tuple(name for name in Job.__dataclass_fields__ if name not in RECORD_FIELDS)
 CLAIMED_FIELDS = tuple(Claimed.__dataclass_fields__)
 

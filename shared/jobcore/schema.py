@@ -14,12 +14,10 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0010"
-# The revisions this code works on; services refuse to start on any other. 0008 moved the
-# tables into the schema and left compatibility views in `public` for the previous
-# release; 0009 drops the views (`jobqueue migrate` defers it while that release runs),
-# which this code never reads; 0010 adds `queue_pauses` (on 0008 or 0009 nothing is paused).
-ACCEPTED_REVISIONS = frozenset({"0008", "0009", "0010"})
+SCHEMA_REVISION = "0011"
+# The revisions this code works on; services refuse to start on any other. 0011 adds
+# `leased_by`, which every claim writes, so this code needs it (docs/upgrading.md).
+ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -59,6 +57,9 @@ jobs = sa.Table(
     # This job's per-attempt limit in seconds; NULL: the worker's JOB_TIMEOUT.
     sa.Column("timeout", sa.Float, nullable=True),
     sa.Column("idempotency_key", sa.Text, nullable=True),
+    # The worker process that holds the current lease (`<host>:<pid>`), written by every
+    # claim and kept once the attempt ends (who ran it last); NULL until the first claim.
+    sa.Column("leased_by", sa.Text, nullable=True),
     # What the handler returned (JSON; NULL for None), set by `complete`.
     sa.Column("result", pg.JSONB(none_as_null=True), nullable=True),
     # When an operator asked to stop the running attempt; the holder ends it `cancelled`.

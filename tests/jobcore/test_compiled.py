@@ -56,6 +56,7 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
         "slots",
         "lease_seconds",
         "claim",
+        "holder",
         *compiled.NO_FLOORS,
     }
     args = claim.args(
@@ -64,6 +65,7 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
             "slots": [7],
             "lease_seconds": 30.0,
             "claim": "c",
+            "holder": "h",
             "floor_queues": ["fq"],
             "floor_priorities": [3],
             "floors": ["f"],
@@ -71,7 +73,7 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
     )
     # attempts + 1 and lease_token + 1 are the construct's own literals.
     assert sorted(map(str, args)) == sorted(
-        ["1", "1", "['q']", "[7]", "30.0", "c", "['fq']", "[3]", "['f']"]
+        ["1", "1", "['q']", "[7]", "30.0", "c", "h", "['fq']", "[3]", "['f']"]
     )
     for position, value in enumerate(args, start=1):
         assert f"${position}" in claim.sql, value

@@ -173,7 +173,13 @@ async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
     """Claim index entries a claim reads, dead ones included (each one the scan returns,
     whether its row turns out visible or not), counted for its transaction, rolled back."""
     sql = Compiled(queries.JOB_CLAIM)
-    params = {"queues": ["default"], "slots": [10], "lease_seconds": 60.0, "claim": new_id()}
+    params = {
+        "queues": ["default"],
+        "slots": [10],
+        "lease_seconds": 60.0,
+        "claim": new_id(),
+        "holder": "floor-host:1",
+    }
     count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_queue_idx'::regclass)"
     async with engine.connect() as conn:
         raw = await driver(conn)

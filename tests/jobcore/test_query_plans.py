@@ -92,6 +92,7 @@ async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
             "slots": [10, 5],
             "lease_seconds": 60.0,
             "claim": new_id(),
+            "holder": "plan-host:1",
             **floors,
         },
         generic,
@@ -151,7 +152,7 @@ async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine
             sql = Compiled(statement)
             rows = await raw.fetch(
                 f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.sql}",
-                *sql.args({"claim": new_id(), **params}),
+                *sql.args({"claim": new_id(), "holder": "plan-host:1", **params}),
             )
             await conn.rollback()
         plan = rows[0][0]
@@ -216,6 +217,7 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "slots": [10, 5],
         "lease_seconds": 60.0,
         "claim": new_id(),
+        "holder": "plan-host:1",
         "limited": ["webhook"],
         **floors,
     }
@@ -243,6 +245,7 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
             "periods": [None, 1.0],
             "lease_seconds": 60.0,
             "claim": new_id(),
+            "holder": "plan-host:1",
         },
         generic,
     )
@@ -280,6 +283,7 @@ async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(en
         "periods": [None],
         "lease_seconds": 60.0,
         "claim": new_id(),
+        "holder": "plan-host:1",
     }
     async with engine.connect() as conn:
         raw = await driver(conn)

@@ -9,9 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore import compiled, control, queries, store
+from jobcore.catalog import recorder_name
 from jobcore.errors import IdempotencyConflict
 from jobcore.ids import new_id
-from jobcore.rows import NewJob
+from jobcore.rows import NewJob, TypeLimits
 from jobcore.schema import jobs
 from jobcore.states import Operation, Status
 from tests.pg import driver
@@ -314,3 +315,27 @@ async def test_next_due_is_when_the_earliest_job_not_yet_due_of_those_queues_is(
         assert 19 < await compiled.next_due(raw, ["a"]) <= 20
         assert 2 < await compiled.next_due(raw, ["a", "b"]) <= 3
         assert await compiled.next_due(raw, ["empty"]) is None
+
+
+async def test_every_claim_names_the_worker_process_that_holds_the_lease(engine):
+    """JOB_CLAIM, JOB_COMPLETE_AND_CLAIM and JOB_CLAIM_LIMITED write `leased_by`; the full
+    record reads it, and it stays once the attempt ended (who ran it last)."""
+    first, second, third = await _submit_many(engine, 3)
+    async with engine.begin() as conn:
+        await conn.execute(sa.update(jobs).where(jobs.c.id == third).values(type="report"))
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        [claimed] = await compiled.claim(raw, {"default": 1}, 60, limited=["report"])
+        lost, [refilled] = await compiled.complete_and_claim(
+            raw, [claimed.lease], {"default": 1}, 60, limited=["report"]
+        )
+        limits = TypeLimits(concurrency={"report": 1})
+        got = await compiled.claim_limited(raw, limits, {"default": 1}, 60)
+        assert not lost and [job.id for job in got.jobs] == [third]
+        assert {claimed.id, refilled.id} == {first, second}
+        holder = recorder_name()
+        for job_id in (first, second, third):
+            record = await store.get(conn, job_id)
+            assert record is not None and record.leased_by == holder, job_id
+        done = await store.get(conn, claimed.id)
+        assert done is not None and done.status == Status.COMPLETED

@@ -176,6 +176,7 @@ async def values(conn: asyncpg.Connection, name: str) -> dict[str, Any]:
     base: dict[str, Any] = {
         "age": 86400.0,
         "claim": uuid4(),
+        "holder": "rollout-host:1",
         "claim_ids": [uuid4()],
         "lease_seconds": 30.0,
         "n": 10,

@@ -113,6 +113,7 @@ def _claim(due: Any) -> Any:
             # Not named after the column: SQLAlchemy would add `SET claim_id` to every UPDATE of
             # a statement whose parameters hold a column's name.
             claim_id=sa.bindparam("claim", type_=pg.UUID(as_uuid=True)),
+            leased_by=sa.bindparam("holder", type_=sa.Text),
             updated_at=sa.func.now(),
         )
         .returning(*(c[name] for name in Claimed.__dataclass_fields__))
@@ -325,7 +326,7 @@ WITH room AS MATERIALIZED (
     UPDATE jobqueue.jobs SET status = {_PROCESSING}, attempts = attempts + 1,
         lease_token = lease_token + 1,
         locked_until = now() + CAST(:lease_seconds AS float8) * interval '1 second',
-        claim_id = CAST(:claim AS uuid), updated_at = now()
+        claim_id = CAST(:claim AS uuid), leased_by = CAST(:holder AS text), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING {_RETURNED}
 ), started AS (

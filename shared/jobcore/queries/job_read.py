@@ -12,7 +12,9 @@ from jobcore.states import Status
 
 # The full record: the columns every answer has, and the failed attempts ([] for none).
 JOB_GET = sa.select(
-    *JOB_COLUMNS, sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).label("errors")
+    *JOB_COLUMNS,
+    sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).label("errors"),
+    c.leased_by,
 ).where(c.id == sa.bindparam("id"))
 
 

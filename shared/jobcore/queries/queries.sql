@@ -44,7 +44,7 @@ FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::T
 
 -- name: job_get
 -- parameters: $1 id
-SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, coalesce(jobqueue.jobs.errors, '[]'::jsonb) AS errors 
+SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, coalesce(jobqueue.jobs.errors, '[]'::jsonb) AS errors, jobqueue.jobs.leased_by 
 FROM jobqueue.jobs 
 WHERE jobqueue.jobs.id = $1::UUID;
 
@@ -84,15 +84,15 @@ WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 
 -- name: job_claim
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 queues, $6 slots, $7 floor_queues, $8 floor_priorities, $9 floors
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors
 WITH due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($5 AS text[]), CAST($6 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($7 AS text[]),
-                                    CAST($8 AS smallint[]),
-                                    CAST($9 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
+                                    CAST($9 AS smallint[]),
+                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -120,19 +120,19 @@ CROSS JOIN LATERAL (
     ) AS d
     LIMIT w.n
 ) AS j)
- UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at;
 
 -- name: job_claim_unlimited
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 queues, $6 slots, $7 floor_queues, $8 floor_priorities, $9 floors, $10 limited
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors, $11 limited
 WITH due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($5 AS text[]), CAST($6 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($7 AS text[]),
-                                    CAST($8 AS smallint[]),
-                                    CAST($9 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
+                                    CAST($9 AS smallint[]),
+                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -155,26 +155,26 @@ CROSS JOIN LATERAL (
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobqueue.jobs
         WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($10 AS text[]))
+          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($11 AS text[]))
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT w.n
 ) AS j)
- UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at;
 
 -- name: job_complete_and_claim
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 queues, $9 slots, $10 floor_queues, $11 floor_priorities, $12 floors
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 floor_queues, $12 floor_priorities, $13 floors
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($8 AS text[]), CAST($9 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($10 AS text[]),
-                                    CAST($11 AS smallint[]),
-                                    CAST($12 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
+                                    CAST($12 AS smallint[]),
+                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -203,24 +203,24 @@ CROSS JOIN LATERAL (
     LIMIT w.n
 ) AS j), 
 claimed AS 
-(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at)
  SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at 
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at 
 FROM claimed;
 
 -- name: job_complete_and_claim_unlimited
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 queues, $9 slots, $10 floor_queues, $11 floor_priorities, $12 floors, $13 limited
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 floor_queues, $12 floor_priorities, $13 floors, $14 limited
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($8 AS text[]), CAST($9 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($10 AS text[]),
-                                    CAST($11 AS smallint[]),
-                                    CAST($12 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
+                                    CAST($12 AS smallint[]),
+                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -243,13 +243,13 @@ CROSS JOIN LATERAL (
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobqueue.jobs
         WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($13 AS text[]))
+          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($14 AS text[]))
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT w.n
 ) AS j), 
 claimed AS 
-(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at)
  SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at 
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at 
@@ -266,7 +266,7 @@ FROM (
 ) AS keys;
 
 -- name: job_claim_limited
--- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors, $11 lease_seconds, $12 claim
+-- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors, $11 lease_seconds, $12 claim, $13 holder
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
            l.concurrency - l.overrun
@@ -366,7 +366,7 @@ WITH room AS MATERIALIZED (
     UPDATE jobqueue.jobs SET status = 'processing', attempts = attempts + 1,
         lease_token = lease_token + 1,
         locked_until = now() + CAST($11 AS float8) * interval '1 second',
-        claim_id = CAST($12 AS uuid), updated_at = now()
+        claim_id = CAST($12 AS uuid), leased_by = CAST($13 AS text), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at
 ), started AS (

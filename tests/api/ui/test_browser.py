@@ -10,6 +10,7 @@ is checked for console errors (a Content-Security-Policy violation is one) and d
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -658,8 +659,13 @@ def test_a_real_workers_schedule_is_listed_and_its_running_job_is_followed_to_co
         ui.page.clock.resume()
         ui.open(f"/ui/jobs/{job_id}")
         assert ui.page.locator("dl.fields .status").inner_text() == "processing"
+        # The worker process running it holds the lease, named as an operator finds it.
+        holders = {f"{socket.gethostname()}:{pid}" for pid in worker.child_pids()}
+        assert ui.page.locator("dl.fields .lease .leased-by").inner_text() in holders
         # The page reloads itself until it shows what the worker wrote.
         ui.page.locator("dl.fields .status", has_text="completed").wait_for(timeout=30_000)
+        last_run_by = ui.page.locator("dl.fields .lease", has_text="Last run by")
+        assert last_run_by.locator(".leased-by").inner_text() in holders
         assert api_get(server, f"/jobs/{job_id}")["status"] == "completed"
         assert ui.page.get_by_text("refreshes every").count() == 0
 

@@ -156,7 +156,7 @@ async def test_a_job_page_refreshes_itself_only_while_the_job_is_unfinished(api)
         assert not re.search(r"<script(?![^>]*\bsrc=)", page)
 
 
-async def test_a_running_job_shows_its_lease_expiry_and_how_long_it_ran_and_waited(api):
+async def test_a_running_job_shows_its_lease_holder_and_expiry_and_how_long_it_ran_and_waited(api):
     engine = engine_of(api)
     [job_id] = await add_jobs(engine, status="processing", attempts=1, queue="lease")
     async with engine.begin() as conn:
@@ -167,11 +167,13 @@ async def test_a_running_job_shows_its_lease_expiry_and_how_long_it_ran_and_wait
                 created_at=sa.func.now() - sa.text("interval '90 seconds'"),
                 run_at=sa.func.now() - sa.text("interval '90 seconds'"),
                 updated_at=sa.func.now() - sa.text("interval '30 seconds'"),
+                leased_by="worker-7.example:4242",
             )
         )
     page = (await api.get(f"/ui/jobs/{job_id}")).text
     lease = re.search(r'<div class="lease"><dt>Lease</dt><dd>(.*?)</dd>', page)
     assert lease and re.search(r'expires <time [^>]*title="[^"]+">in [45] min</time>', lease[1])
+    assert 'held by <span class="leased-by">worker-7.example:4242</span>' in lease[1]
     fields = dict(re.findall(r'<dt>([^<]+)</dt><dd class="duration">([^<]+)</dd>', page))
     assert fields["Running for"] in ("30 s", "31 s")
     assert fields["Waited before this attempt"] in ("1 min", "59 s")
