@@ -59,7 +59,7 @@ from tests.pg import alembic_config
 # The release deployed before this one: the last commit whose services expect 0010 (its
 # dependencies are this tree's `dev` extra's). `--previous 65ec431` starts from 0009. A
 # release before 0008 upgrades through the release at 0010 (docs/upgrading.md).
-PREVIOUS_RELEASE = "ce1083c"
+PREVIOUS_RELEASE = "402de7f"
 ALONE = 8.0  # seconds the old services serve alone before the head migrates
 AFTER_MIGRATION = 3.0  # seconds they serve the migrated schema alone
 BESIDE = 8.0  # seconds both releases serve together

@@ -241,7 +241,7 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
             )
         )
     sql = compiled.STATEMENTS[f"job_{statement}"].sql
-    claim_args = f"1, 60, 1, NULL, '{{default}}', '{{50}}', {_NO_FLOORS}"
+    claim_args = f"1, 60, 1, NULL, 'test-host:1', '{{default}}', '{{50}}', {_NO_FLOORS}"
     outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
     args = claim_args if statement == "claim" else f"{outcomes}, {claim_args}"
     async with engine.connect() as conn:
@@ -271,7 +271,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
     sql = compiled.STATEMENTS[f"job_{statement}"].sql
 
     def claim_args(n: int) -> str:
-        args = f"1, 60, 1, NULL, '{{default}}', '{{{n}}}', {_NO_FLOORS}"
+        args = f"1, 60, 1, NULL, 'test-host:1', '{{default}}', '{{{n}}}', {_NO_FLOORS}"
         outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
         return args if statement == "claim" else f"{outcomes}, {args}"
 
