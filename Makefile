@@ -43,15 +43,16 @@ run: $(RUN_STAMP)
 tools:
 	bash scripts/install-test-tools.sh
 
-# The benchmark harness's own end-to-end runs take minutes: `make test-bench` (CI runs them).
+# The benchmark and chaos harnesses' own end-to-end runs take minutes: `make test-bench`
+# (CI runs them).
 HARNESS_RUNS := tests/bench/test_bench_smoke.py tests/bench/test_webhook_bench.py \
-	tests/bench/test_pressure_bench.py
+	tests/bench/test_pressure_bench.py tests/chaos/test_chaos.py
 
 test: install tools
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(foreach t,$(HARNESS_RUNS),--ignore=$(t)) $(PYTEST_ARGS)
 
 # `make bench`, `make bench-webhooks` and `make bench-pressure` still run end to end, on tiny
-# sizes (~2.5 min on two pytest workers).
+# sizes, and the chaos harness's short fault run (~3.5 min on two pytest workers).
 test-bench: install
 	$(BIN)/python -m pytest -n 2 $(HARNESS_RUNS) $(PYTEST_ARGS)
 

@@ -15,12 +15,12 @@ from tests.worker.support import all_in, eventually, fetch, read_log, start_work
 pytestmark = pytest.mark.e2e
 
 
-async def test_a_20s_job_under_a_3s_lease_runs_once_and_completes(database_url, engine, tmp_path):
+async def test_a_10s_job_under_a_3s_lease_runs_once_and_completes(database_url, engine, tmp_path):
     worker = start_worker(
         database_url, tmp_path, LEASE_DURATION="3s", JOB_TIMEOUT="60s", RECOVERY_INTERVAL="0.5s"
     )
     try:
-        (job,) = await submit(engine, "test.record", {"seconds": 20}, max_attempts=1)
+        (job,) = await submit(engine, "test.record", {"seconds": 10}, max_attempts=1)
         await eventually(lambda: all_in(engine, [job], "completed"), 60, "the long job")
     finally:
         assert worker.stop(60) == 0

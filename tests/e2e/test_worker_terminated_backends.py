@@ -45,7 +45,7 @@ async def test_killed_backends_never_carry_another_statement(database_url, engin
     stop = asyncio.Event()
     try:
         await until(lambda: worker.child_pids(), 90, "the worker process")
-        ids = await submit(engine, "test.record", {"seconds": 0.01}, count=3000, max_attempts=100)
+        ids = await submit(engine, "test.record", {"seconds": 0.01}, count=1000, max_attempts=100)
         killer = asyncio.create_task(_terminate_worker_backends(engine, stop))
         await eventually(lambda: all_in(engine, ids, "completed"), 180, "every job completed")
         stop.set()
