@@ -8,6 +8,14 @@ works for one works for all. `check_url(url)` is the same parse without the
 result: settings validation calls it so a URL that cannot work stops the
 process at startup instead of failing every connection attempt later.
 
+Every connection must reach the writable primary. With several hosts in the URL, asyncpg
+tries them in turn and, with `target_session_attrs=read-write` (or `primary`), skips a
+standby; a connection that reached a read-only server anyway (no `target_session_attrs`,
+or `any`) is refused its first write with `read_only_sql_transaction`, and
+`on_read_only_server` tells that error apart so the connection is dropped, never reused:
+`make_engine`'s engines treat it as a lost connection, and `check_writable` is what
+readiness asks.
+
 Sessions are named `<role>/<revision>` (`session_name`): `jobqueue migrate` tells this
 release's sessions from the previous release's, whose names had no revision, by
 `pg_stat_activity.application_name` (`jobcore.migrate`).
@@ -27,7 +35,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from jobcore import naming
-from jobcore.errors import SchemaNotAtHead
+from jobcore.errors import ReadOnlyServer, SchemaNotAtHead
 from jobcore.schema import ACCEPTED_REVISIONS, SCHEMA_REVISION
 
 _SCHEME = re.compile(r"postgres(?:ql)?(?:\+asyncpg)?://")
@@ -178,6 +186,34 @@ def asyncpg_dsn(url: str) -> str:
     return _parse(url).dsn
 
 
+# SQLSTATE read_only_sql_transaction: a write, or a LISTEN, on a server that takes none.
+READ_ONLY_SQLSTATE = "25006"
+
+
+def on_read_only_server(exc: BaseException) -> bool:
+    """Whether `exc` (asyncpg's error, or SQLAlchemy's wrapping it) is the server refusing a
+    write because it is read-only: the connection is on the wrong server, not broken."""
+    seen: BaseException | None = exc
+    for _ in range(4):  # SQLAlchemy's error, its DBAPI adapter's, asyncpg's
+        if seen is None:
+            break
+        if getattr(seen, "sqlstate", None) == READ_ONLY_SQLSTATE:
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False
+
+
+# Off on a standby (in recovery) and on a server set default_transaction_read_only.
+_WRITABLE = sa.text("SELECT current_setting('transaction_read_only') = 'off'")
+
+
+async def check_writable(conn: AsyncConnection) -> None:
+    """Raise ReadOnlyServer, `conn` dropped from its pool, unless its server takes writes."""
+    if not await conn.scalar(_WRITABLE):
+        await conn.invalidate()
+        raise ReadOnlyServer()
+
+
 def make_engine(
     url: str,
     *,
@@ -216,6 +252,15 @@ def make_engine(
         connect_args=args,
         **kwargs,
     )
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _read_only(context: Any) -> None:
+        # Handled as a lost connection: this one is invalidated, and the pool's others
+        # (likely on the same server) are replaced at their next checkout; the caller gets
+        # a DBAPIError with connection_invalidated set.
+        if on_read_only_server(context.original_exception):
+            context.is_disconnect = True
+
     target = naming.current() if schema is None else naming.check(schema)
     if target != naming.DEFAULT_SCHEMA:
         # Constructs and text alike, whatever SQLAlchemy executes: the one rewrite.
