@@ -2,19 +2,19 @@
 schema-at-head check.
 
 `connect_args(url)` owns the translation of a libpq-style `DATABASE_URL` into
-asyncpg's connect arguments; every connection (the engines of both services,
-migrations, the worker's LISTEN connection) is made through it, so a URL that
-works for one works for all. `check_url(url)` is the same parse without the
-result: settings validation calls it so a URL that cannot work stops the
-process at startup instead of failing every connection attempt later.
+asyncpg's connect arguments, and `connect(**connect_args(url))` connects with them;
+every connection (the engines of both services, migrations, the LISTEN connections)
+is made through both, so a URL that works for one works for all. `check_url(url)` is
+the same parse without the result: settings validation calls it so a URL that cannot
+work stops the process at startup instead of failing every connection attempt later.
 
-Every connection must reach the writable primary. With several hosts in the URL, asyncpg
-tries them in turn and, with `target_session_attrs=read-write` (or `primary`), skips a
-standby; a connection that reached a read-only server anyway (no `target_session_attrs`,
-or `any`) is refused its first write with `read_only_sql_transaction`, and
-`on_read_only_server` tells that error apart so the connection is dropped, never reused:
-`make_engine`'s engines treat it as a lost connection, and `check_writable` is what
-readiness asks.
+Every connection must reach the writable primary. The hosts of a multi-host URL are
+tried in turn, each under the whole connect timeout (`connect`), and with
+`target_session_attrs=read-write` (or `primary`) a standby is skipped. A connection
+that reached a read-only server anyway (no `target_session_attrs`, or `any`) is
+refused its first write with `read_only_sql_transaction`; `on_read_only_server` tells
+that error apart so the connection is dropped, never reused: `make_engine`'s engines
+treat it as a lost connection, and `check_writable` is what readiness asks.
 
 Sessions are named `<role>/<revision>` (`session_name`): `jobqueue migrate` tells this
 release's sessions from the previous release's, whose names had no revision, by
@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -181,6 +182,59 @@ def connect_args(
     }
 
 
+# Failures of one host after which libpq, and asyncpg, try the next one.
+_NEXT_HOST = (
+    OSError,
+    TimeoutError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TargetServerAttributeNotMatched,
+)
+
+
+async def connect(**kwargs: Any) -> asyncpg.Connection:
+    """`asyncpg.connect(**kwargs)` (`connect_args`' keywords), with each host of a multi-host
+    DSN given the whole `timeout`, as libpq gives `connect_timeout` to each host.
+
+    asyncpg's timeout covers all the hosts together: a first host that drops every packet
+    (the machine of a primary that failed) would use it up before the next one, the
+    promoted standby, is tried, and every connection would time out. Here the hosts are
+    tried one at a time, in order, each with `target_session_attrs` checked as asyncpg
+    checks it. A host list given as `?host=` (or `prefer-standby`, which looks at all the
+    hosts before it picks one) is left to asyncpg alone."""
+    dsn = kwargs.get("dsn", "")
+    hosts = _authority_hosts(dsn)
+    if len(hosts) < 2:
+        return await asyncpg.connect(**kwargs)
+    userinfo, rest = hosts.pop(0), hosts.pop()
+    failure: BaseException | None = None
+    for host in hosts:
+        try:
+            return await asyncpg.connect(**{**kwargs, "dsn": f"{userinfo}{host}{rest}"})
+        except _NEXT_HOST as exc:
+            failure = exc
+    assert failure is not None
+    raise failure
+
+
+def _authority_hosts(dsn: str) -> list[str]:
+    """`[scheme + userinfo, host1, host2, ..., path + query]` when `dsn`'s authority names
+    several hosts and nothing else decides where to connect; else `[]`."""
+    base, _, query = dsn.partition("?")
+    params = urllib.parse.parse_qs(query)
+    if {"host", "port"} & params.keys() or "prefer-standby" in params.get(
+        "target_session_attrs", ()
+    ):
+        return []
+    scheme, _, remainder = base.partition("://")
+    authority, slash, path = remainder.partition("/")
+    userinfo, at, hostlist = authority.rpartition("@")
+    hosts = hostlist.split(",")
+    if len(hosts) < 2:
+        return []
+    prefix = f"{scheme}://{userinfo}{at}"
+    return [prefix, *hosts, f"{slash}{path}" + (f"?{query}" if query else "")]
+
+
 def asyncpg_dsn(url: str) -> str:
     """The DSN part of `connect_args(url)`, for a plain `asyncpg.connect(dsn)` in tests."""
     return _parse(url).dsn
@@ -243,6 +297,8 @@ def make_engine(
     # The whole URL travels in `dsn` (multi-host lists and `?host=/socket/dir` included),
     # parsed by asyncpg: SQLAlchemy's URL parser would turn each query parameter into a
     # keyword argument asyncpg.connect() does not take.
+    # SQLAlchemy's asyncpg dialect connects with `async_creator_fn` when it is given one.
+    args["async_creator_fn"] = connect
     engine = create_async_engine(
         "postgresql+asyncpg://",
         pool_size=pool_size,
