@@ -134,7 +134,7 @@ def create_app(
         settings=settings,
         notifier=notifier,
         groups=SubmitGroups(engine, notifier),
-        waiters=Waiters(settings.database_url),
+        waiters=Waiters(settings.listen_url),
         admission=admission,
         tracer=tracer,
         openapi=document,
