@@ -14,7 +14,7 @@ tried in turn, each under the whole connect timeout (`connect`), and with
 that reached a read-only server anyway (no `target_session_attrs`, or `any`) is
 refused its first write with `read_only_sql_transaction`; `on_read_only_server` tells
 that error apart so the connection is dropped, never reused: `make_engine`'s engines
-treat it as a lost connection, and `check_writable` is what readiness asks.
+treat it as a lost connection, and `probe_writable` is what readiness asks.
 
 Sessions are named `<role>/<revision>` (`session_name`): `jobqueue migrate` tells this
 release's sessions from the previous release's, whose names had no revision, by
@@ -23,9 +23,11 @@ release's sessions from the previous release's, whose names had no revision, by
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import urllib.parse
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -266,6 +268,34 @@ async def check_writable(conn: AsyncConnection) -> None:
     if not await conn.scalar(_WRITABLE):
         await conn.invalidate()
         raise ReadOnlyServer()
+
+
+# One readiness check per engine at a time, left to finish when the probes waiting on it
+# gave up (`probe_writable`).
+_probes: weakref.WeakKeyDictionary[Any, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+
+
+async def probe_writable(engine: AsyncEngine) -> None:
+    """Return if a connection of `engine` is on a server that takes writes; else raise
+    ReadOnlyServer or the connection's error. What readiness asks, under its own timeout.
+
+    The check is not cut short when the probe gives up (is cancelled): a connect still
+    trying the next host of the URL (each host gets the whole connect timeout, longer than
+    a probe waits, and a failed primary that drops every packet uses all of it) goes on,
+    and its connection, pooled, lets the next probe answer at once. Probes at the same
+    time share one check."""
+    task = _probes.get(engine.sync_engine)
+    if task is None or task.done():
+        task = asyncio.ensure_future(_check_engine(engine))
+        # Its error is the probes' to report; one that no probe waited for is not lost.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        _probes[engine.sync_engine] = task
+    await asyncio.shield(task)
+
+
+async def _check_engine(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await check_writable(conn)
 
 
 def make_engine(

@@ -185,9 +185,12 @@ async def test_a_connection_that_reaches_a_standby_is_dropped_and_its_write_is_u
         await api_engine.dispose()
 
 
-def test_the_api_on_a_standby_is_unready_and_answers_submits_503(pair: Pair) -> None:
+def test_the_services_on_a_standby_are_unready_and_the_api_answers_submits_503(
+    pair: Pair, tmp_path: Path
+) -> None:
     on_standby = f"postgresql://postgres@127.0.0.1:{pair.standby.port}/jobqueue"
     api = Api(on_standby, JOB_TYPES="test.record")
+    worker = start_worker(on_standby, tmp_path)
     try:
         wait_for(lambda: api.status_of("/readyz") is not None, STARTUP, "the API serving")
         ready = api.get("/readyz")
@@ -198,6 +201,15 @@ def test_the_api_on_a_standby_is_unready_and_answers_submits_503(pair: Pair) -> 
         assert api.status_of("/readyz") == 503
         assert _alive(api.service)
         assert not [line for line in api.service.logs() if line.get("level") == "error"]
+
+        def worker_unready() -> bool:
+            assert _alive(worker), worker.output()
+            answer = worker.get("/readyz") if worker.status_of("/readyz") else None
+            return answer is not None and answer.json() == {"status": "database read-only"}
+
+        wait_for(worker_unready, STARTUP, "the worker's /readyz: database read-only")
+        assert worker.get("/readyz").status_code == 503
     finally:
-        if _alive(api.service):
-            api.service.kill()
+        for service in (api.service, worker):
+            if _alive(service):
+                service.kill()

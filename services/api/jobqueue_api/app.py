@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from jobcore.db import check_writable
+from jobcore.db import probe_writable
 from jobcore.errors import ReadOnlyServer
 from jobcore.registry import registered_types
 from jobcore.settings import ApiSettings
@@ -50,9 +50,9 @@ async def readyz(request: Request) -> Response:
     if state.shutting_down.is_set():
         return error_response(503, "shutting down")
     try:
-        async with asyncio.timeout(READY_TIMEOUT), state.engine.connect() as conn:
-            # Writable, not merely answering: a standby the URL let it reach cannot serve.
-            await check_writable(conn)
+        # Writable, not merely answering: a standby the URL let it reach cannot serve.
+        async with asyncio.timeout(READY_TIMEOUT):
+            await probe_writable(state.engine)
     except ReadOnlyServer:
         return error_response(503, "database read-only")
     except Exception:  # any failure means "not ready"; the reason is in the access log status

@@ -38,7 +38,7 @@ from multiprocessing.process import BaseProcess
 from prometheus_client import multiprocess
 
 from jobcore.backoff import Retry
-from jobcore.db import check_schema, check_writable, make_engine, session_name
+from jobcore.db import check_schema, make_engine, probe_writable, session_name
 from jobcore.errors import ReadOnlyServer, SchemaNotAtHead, describe
 from jobcore.settings import WorkerSettings
 from jobqueue_worker import launch, server
@@ -147,9 +147,9 @@ class Supervisor:
         if not any(c.process and c.beacon and c.beacon.state == RUNNING for c in self._children):
             return False, "no worker process can take jobs"
         try:
-            async with asyncio.timeout(READY_TIMEOUT), self._engine.connect() as conn:
-                # Writable: a standby the URL let it reach takes no claim.
-                await check_writable(conn)
+            # Writable: a standby the URL let it reach takes no claim.
+            async with asyncio.timeout(READY_TIMEOUT):
+                await probe_writable(self._engine)
         except ReadOnlyServer:
             return False, "database read-only"
         except Exception:
