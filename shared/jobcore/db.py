@@ -213,7 +213,10 @@ async def connect(**kwargs: Any) -> asyncpg.Connection:
         try:
             return await asyncpg.connect(**{**kwargs, "dsn": f"{userinfo}{host}{rest}"})
         except _NEXT_HOST as exc:
-            failure = exc
+            # As asyncpg reports it: a host that could not be reached over one that could,
+            # but is a standby.
+            if failure is None or not isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+                failure = exc
     assert failure is not None
     raise failure
 
