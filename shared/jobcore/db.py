@@ -2,11 +2,19 @@
 schema-at-head check.
 
 `connect_args(url)` owns the translation of a libpq-style `DATABASE_URL` into
-asyncpg's connect arguments; every connection (the engines of both services,
-migrations, the worker's LISTEN connection) is made through it, so a URL that
-works for one works for all. `check_url(url)` is the same parse without the
-result: settings validation calls it so a URL that cannot work stops the
-process at startup instead of failing every connection attempt later.
+asyncpg's connect arguments, and `connect(**connect_args(url))` connects with them;
+every connection (the engines of both services, migrations, the LISTEN connections)
+is made through both, so a URL that works for one works for all. `check_url(url)` is
+the same parse without the result: settings validation calls it so a URL that cannot
+work stops the process at startup instead of failing every connection attempt later.
+
+Every connection must reach the writable primary. The hosts of a multi-host URL are
+tried in turn, each under the whole connect timeout (`connect`), and with
+`target_session_attrs=read-write` (or `primary`) a standby is skipped. A connection
+that reached a read-only server anyway (no `target_session_attrs`, or `any`) is
+refused its first write with `read_only_sql_transaction`; `on_read_only_server` tells
+that error apart so the connection is dropped, never reused: `make_engine`'s engines
+treat it as a lost connection, and `probe_writable` is what readiness asks.
 
 Sessions are named `<role>/<revision>` (`session_name`): `jobqueue migrate` tells this
 release's sessions from the previous release's, whose names had no revision, by
@@ -15,19 +23,22 @@ release's sessions from the previous release's, whose names had no revision, by
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import urllib.parse
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from jobcore import naming
-from jobcore.errors import SchemaNotAtHead
+from jobcore.errors import ReadOnlyServer, SchemaNotAtHead
 from jobcore.schema import ACCEPTED_REVISIONS, SCHEMA_REVISION
 
 _SCHEME = re.compile(r"postgres(?:ql)?(?:\+asyncpg)?://")
@@ -173,9 +184,121 @@ def connect_args(
     }
 
 
+# Failures of one host after which libpq, and asyncpg, try the next one.
+_NEXT_HOST = (
+    OSError,
+    TimeoutError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TargetServerAttributeNotMatched,
+)
+
+
+async def connect(**kwargs: Any) -> asyncpg.Connection:
+    """`asyncpg.connect(**kwargs)` (`connect_args`' keywords), with each host of a multi-host
+    DSN given the whole `timeout`, as libpq gives `connect_timeout` to each host.
+
+    asyncpg's timeout covers all the hosts together: a first host that drops every packet
+    (the machine of a primary that failed) would use it up before the next one, the
+    promoted standby, is tried, and every connection would time out. Here the hosts are
+    tried one at a time, in order, each with `target_session_attrs` checked as asyncpg
+    checks it. A host list given as `?host=` (or `prefer-standby`, which looks at all the
+    hosts before it picks one) is left to asyncpg alone."""
+    dsn = kwargs.get("dsn", "")
+    hosts = _authority_hosts(dsn)
+    if len(hosts) < 2:
+        return await asyncpg.connect(**kwargs)
+    userinfo, rest = hosts.pop(0), hosts.pop()
+    failure: BaseException | None = None
+    for host in hosts:
+        try:
+            return await asyncpg.connect(**{**kwargs, "dsn": f"{userinfo}{host}{rest}"})
+        except _NEXT_HOST as exc:
+            # As asyncpg reports it: a host that could not be reached over one that could,
+            # but is a standby.
+            if failure is None or not isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+                failure = exc
+    assert failure is not None
+    raise failure
+
+
+def _authority_hosts(dsn: str) -> list[str]:
+    """`[scheme + userinfo, host1, host2, ..., path + query]` when `dsn`'s authority names
+    several hosts and nothing else decides where to connect; else `[]`."""
+    base, _, query = dsn.partition("?")
+    params = urllib.parse.parse_qs(query)
+    if {"host", "port"} & params.keys() or "prefer-standby" in params.get(
+        "target_session_attrs", ()
+    ):
+        return []
+    scheme, _, remainder = base.partition("://")
+    authority, slash, path = remainder.partition("/")
+    userinfo, at, hostlist = authority.rpartition("@")
+    hosts = hostlist.split(",")
+    if len(hosts) < 2:
+        return []
+    prefix = f"{scheme}://{userinfo}{at}"
+    return [prefix, *hosts, f"{slash}{path}" + (f"?{query}" if query else "")]
+
+
 def asyncpg_dsn(url: str) -> str:
     """The DSN part of `connect_args(url)`, for a plain `asyncpg.connect(dsn)` in tests."""
     return _parse(url).dsn
+
+
+# SQLSTATE read_only_sql_transaction: a write, or a LISTEN, on a server that takes none.
+READ_ONLY_SQLSTATE = "25006"
+
+
+def on_read_only_server(exc: BaseException) -> bool:
+    """Whether `exc` (asyncpg's error, or SQLAlchemy's wrapping it) is the server refusing a
+    write because it is read-only: the connection is on the wrong server, not broken."""
+    seen: BaseException | None = exc
+    for _ in range(4):  # SQLAlchemy's error, its DBAPI adapter's, asyncpg's
+        if seen is None:
+            break
+        if getattr(seen, "sqlstate", None) == READ_ONLY_SQLSTATE:
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False
+
+
+# Off on a standby (in recovery) and on a server set default_transaction_read_only.
+_WRITABLE = sa.text("SELECT current_setting('transaction_read_only') = 'off'")
+
+
+async def check_writable(conn: AsyncConnection) -> None:
+    """Raise ReadOnlyServer, `conn` dropped from its pool, unless its server takes writes."""
+    if not await conn.scalar(_WRITABLE):
+        await conn.invalidate()
+        raise ReadOnlyServer()
+
+
+# One readiness check per engine at a time, left to finish when the probes waiting on it
+# gave up (`probe_writable`).
+_probes: weakref.WeakKeyDictionary[Any, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+
+
+async def probe_writable(engine: AsyncEngine) -> None:
+    """Return if a connection of `engine` is on a server that takes writes; else raise
+    ReadOnlyServer or the connection's error. What readiness asks, under its own timeout.
+
+    The check is not cut short when the probe gives up (is cancelled): a connect still
+    trying the next host of the URL (each host gets the whole connect timeout, longer than
+    a probe waits, and a failed primary that drops every packet uses all of it) goes on,
+    and its connection, pooled, lets the next probe answer at once. Probes at the same
+    time share one check."""
+    task = _probes.get(engine.sync_engine)
+    if task is None or task.done():
+        task = asyncio.ensure_future(_check_engine(engine))
+        # Its error is the probes' to report; one that no probe waited for is not lost.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        _probes[engine.sync_engine] = task
+    await asyncio.shield(task)
+
+
+async def _check_engine(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await check_writable(conn)
 
 
 def make_engine(
@@ -207,6 +330,8 @@ def make_engine(
     # The whole URL travels in `dsn` (multi-host lists and `?host=/socket/dir` included),
     # parsed by asyncpg: SQLAlchemy's URL parser would turn each query parameter into a
     # keyword argument asyncpg.connect() does not take.
+    # SQLAlchemy's asyncpg dialect connects with `async_creator_fn` when it is given one.
+    args["async_creator_fn"] = connect
     engine = create_async_engine(
         "postgresql+asyncpg://",
         pool_size=pool_size,
@@ -216,6 +341,15 @@ def make_engine(
         connect_args=args,
         **kwargs,
     )
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _read_only(context: Any) -> None:
+        # Handled as a lost connection: this one is invalidated, and the pool's others
+        # (likely on the same server) are replaced at their next checkout; the caller gets
+        # a DBAPIError with connection_invalidated set.
+        if on_read_only_server(context.original_exception):
+            context.is_disconnect = True
+
     target = naming.current() if schema is None else naming.check(schema)
     if target != naming.DEFAULT_SCHEMA:
         # Constructs and text alike, whatever SQLAlchemy executes: the one rewrite.

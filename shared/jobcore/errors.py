@@ -63,6 +63,14 @@ class SchemaNotAtHead(JobqueueError):
         )
 
 
+class ReadOnlyServer(JobqueueError):
+    """The server a connection reached takes no writes (a standby, or one set read-only):
+    not the writable primary every service needs."""
+
+    def __init__(self) -> None:
+        super().__init__("the database server is read-only (a standby?): no writable primary")
+
+
 def describe(exc: BaseException) -> str:
     """`Type: message` (or the type alone) for logs and last_error."""
     text = str(exc).strip()

@@ -19,11 +19,12 @@ from jobcore import control
 from jobcore.db import session_name
 from jobcore.states import Status
 from jobqueue_api import waiters as waiters_module
-from jobqueue_api.app import shut_down
+from jobqueue_api.app import close, shut_down
 from jobqueue_api.state import state_of
 from jobqueue_api.waiters import Waiters
 from tests.api.conftest import MakeApi, app_of
 from tests.api.jobstates import end, in_status, submit, take
+from tests.faultproxy import FaultProxy
 
 
 def _waiters(api: httpx.AsyncClient) -> Waiters:
@@ -277,3 +278,23 @@ async def test_waiting_requires_the_token_when_api_tokens_is_set(
     assert (await api.get(f"/jobs/{job.id}?wait=1s")).status_code == 401
     ok = await api.get(f"/jobs/{job.id}?wait=1s", headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200
+
+
+async def test_waiters_listen_through_database_listen_url_when_it_is_set(
+    make_api: MakeApi, engine: AsyncEngine, database_url: str
+):
+    # The same database through a proxy: only the listening connection comes through it.
+    with FaultProxy.to_database(database_url) as proxy:
+        api = await make_api(DATABASE_LISTEN_URL=proxy.database_url(database_url))
+        job = await submit(engine)
+        lease = await take(engine, job.id)
+        waiting = asyncio.create_task(api.get(f"/jobs/{job.id}?wait=30s"))
+        await _waiting(api, engine, job.id)
+        await _until(lambda: proxy.open_connections == 1, "the listener through the proxy")
+        await end(engine, lease, Status.COMPLETED)
+        finished = time.monotonic()
+        r = await waiting
+        assert time.monotonic() - finished < 1
+        assert (r.status_code, r.json()["status"]) == (200, "completed")
+        assert proxy.open_connections == 1
+        await close(app_of(api))

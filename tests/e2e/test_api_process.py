@@ -203,6 +203,7 @@ def test_an_address_in_use_is_one_line_naming_http_addr_and_exit_1(database_url:
     [
         ("DATABASE_URL", "?foo=bar", "'foo'"),
         ("DATABASE_URL", "?sslmode=required", "sslmode"),
+        ("DATABASE_LISTEN_URL", "?sslmode=required", "sslmode"),
         ("REQUEST_BODY_TIMEOUT", "1h", "at most 5m"),
         ("MAX_CONNECTIONS", "none", "MAX_CONNECTIONS"),
         ("SHUTDOWN_TIMEOUT", "1e13", "at most 1h"),

@@ -54,6 +54,7 @@ def test_a_taken_metrics_port_is_reported_before_anything_starts(database_url, t
         ({"BACKOFF_MAX": "1e13"}, "BACKOFF_MAX", "at most 24h"),
         ({"DATABASE_URL": "?foo=bar"}, "DATABASE_URL", "'foo'"),
         ({"DATABASE_URL": "?sslcompression=1"}, "DATABASE_URL", "'sslcompression'"),
+        ({"DATABASE_LISTEN_URL": "postgresql://h/db?foo=bar"}, "DATABASE_LISTEN_URL", "'foo'"),
     ],
 )
 def test_absurd_durations_and_unsupported_url_parameters_exit_2_with_one_line(

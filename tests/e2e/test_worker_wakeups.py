@@ -64,3 +64,28 @@ async def test_a_half_open_listening_connection_is_detected_and_reestablished(
             await eventually(lambda: all_in(engine, ids, "completed"), 20, "the notified job")
         finally:
             assert worker.stop(60) == 0
+
+
+async def test_a_worker_with_its_own_database_listen_url_listens_there_and_wakes_on_a_notify(
+    database_url, engine, tmp_path
+):
+    # The same database through a proxy: only what connects with DATABASE_LISTEN_URL
+    # comes through it.
+    with FaultProxy.to_database(database_url) as proxy:
+        worker = start_worker(
+            database_url,
+            tmp_path,
+            POLL_INTERVAL=POLL,
+            DATABASE_LISTEN_URL=proxy.database_url(database_url),
+        )
+        try:
+            await until(lambda: _listening(worker) == 1, 90, "the listener")
+            await until(lambda: worker.messages("worker process started"), 30, "the process")
+            assert proxy.open_connections == 1  # the listener's, and nothing else
+            started = time.monotonic()
+            ids = await _submit_and_notify(engine)
+            await eventually(lambda: all_in(engine, ids, "completed"), 10, "the notified job")
+            assert time.monotonic() - started < 10
+            assert proxy.open_connections == 1
+        finally:
+            assert worker.stop(60) == 0

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from jobcore.db import check_url, connect_args, make_engine
+from jobcore.db import check_url, connect, connect_args, make_engine, probe_writable
 from jobcore.errors import ConfigError
 from jobcore.settings import load_worker_settings
 from jobqueue_worker.listener import Listener
@@ -135,6 +135,53 @@ async def test_connect_timeout_from_the_url_bounds_the_connect(silent_server):
     # connect_timeout=0 is "no limit" in libpq; a service keeps its own bound instead.
     assert connect_args(url.replace("=2", "=0"), timeout=7)["timeout"] == 7
     assert connect_args(url.replace("=2", "=1"))["timeout"] == 2  # libpq's minimum
+
+
+async def test_a_silent_first_host_leaves_the_next_host_a_connect_timeout_of_its_own(
+    database_url, silent_server
+):
+    # A failed primary whose machine drops every packet, listed before the live server.
+    parts = make_url(database_url)
+    user, name = f"{parts.username}@" if parts.username else "", parts.database
+    live = f"{parts.host or '127.0.0.1'}:{parts.port or 5432}"
+    listed = f"postgresql://{user}127.0.0.1:{silent_server},{live}/{name}?connect_timeout=2"
+    started = time.monotonic()
+    assert await engine_value(listed, "SELECT inet_server_port()") == (parts.port or 5432)
+    assert 1.5 < time.monotonic() - started < 10
+    # The LISTEN connections connect the same way.
+    conn = await connect(**connect_args(listed, timeout=30))
+    try:
+        assert await conn.fetchval("SELECT current_database()") == name
+    finally:
+        await conn.close()
+
+
+async def test_a_readiness_probe_that_gives_up_leaves_its_connect_to_reach_the_next_host(
+    database_url, silent_server
+):
+    parts = make_url(database_url)
+    user, name = f"{parts.username}@" if parts.username else "", parts.database
+    live = f"{parts.host or '127.0.0.1'}:{parts.port or 5432}"
+    listed = f"postgresql://{user}127.0.0.1:{silent_server},{live}/{name}?connect_timeout=2"
+    engine = make_engine(listed, pool_size=1, isolation_level="AUTOCOMMIT")
+    try:
+        # Each probe waits less than the silent host's connect timeout...
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await probe_writable(engine)
+        # ...and yet the connect it started reaches the live host, for a later probe.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                async with asyncio.timeout(0.5):
+                    await probe_writable(engine)
+                break
+            except TimeoutError:
+                assert time.monotonic() < deadline, "no probe ever succeeded"
+        async with asyncio.timeout(0.5):  # at once: the connection is pooled
+            await probe_writable(engine)
+    finally:
+        await engine.dispose()
 
 
 async def test_the_listener_connects_through_the_same_translation(database_url, engine):

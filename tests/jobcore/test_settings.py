@@ -134,6 +134,16 @@ def test_secrets_stay_out_of_reprs():
         assert "tok-one" not in text and "s3cret" not in text
 
 
+def test_the_listen_connections_use_database_listen_url_else_database_url():
+    url, listen = "postgresql://u:s3cret@db.example/jobs", "postgresql://u:l1sten@db.direct/jobs"
+    for load in (load_api_settings, load_worker_settings):
+        assert load({"DATABASE_URL": url}).listen_url == url
+        assert load({"DATABASE_URL": url, "DATABASE_LISTEN_URL": ""}).listen_url == url
+        both = load({"DATABASE_URL": url, "DATABASE_LISTEN_URL": listen})
+        assert both.listen_url == listen and both.database_url == url
+        assert "l1sten" not in repr(both) and "l1sten" not in str(both)
+
+
 @pytest.mark.parametrize(
     ("env", "variable"),
     [
@@ -146,6 +156,8 @@ def test_secrets_stay_out_of_reprs():
         ({"HTTP_ADDR": "localhost"}, "HTTP_ADDR"),
         ({"METRICS_ADDR": ":99999"}, "METRICS_ADDR"),
         ({"DATABASE_URL": "mysql://db/x"}, "DATABASE_URL"),
+        ({"DATABASE_LISTEN_URL": "mysql://db/x"}, "DATABASE_LISTEN_URL"),
+        ({"DATABASE_LISTEN_URL": "postgresql://db/x?foo=1"}, "DATABASE_LISTEN_URL"),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
         ({"WEBHOOK_ALLOW_PRIVATE": "perhaps"}, "WEBHOOK_ALLOW_PRIVATE"),
         ({"MAX_BODY_BYTES": "lots"}, "MAX_BODY_BYTES"),

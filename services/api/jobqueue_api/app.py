@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -19,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from jobcore.db import probe_writable
+from jobcore.errors import ReadOnlyServer
 from jobcore.registry import registered_types
 from jobcore.settings import ApiSettings
 from jobqueue_api import flow, jobs, listing, metrics, openapi, ui
@@ -49,8 +50,11 @@ async def readyz(request: Request) -> Response:
     if state.shutting_down.is_set():
         return error_response(503, "shutting down")
     try:
-        async with asyncio.timeout(READY_TIMEOUT), state.engine.connect() as conn:
-            await conn.execute(sa.text("SELECT 1"))
+        # Writable, not merely answering: a standby the URL let it reach cannot serve.
+        async with asyncio.timeout(READY_TIMEOUT):
+            await probe_writable(state.engine)
+    except ReadOnlyServer:
+        return error_response(503, "database read-only")
     except Exception:  # any failure means "not ready"; the reason is in the access log status
         return error_response(503, "database unavailable")
     return JSONResponse({"status": "ready"})
@@ -130,7 +134,7 @@ def create_app(
         settings=settings,
         notifier=notifier,
         groups=SubmitGroups(engine, notifier),
-        waiters=Waiters(settings.database_url),
+        waiters=Waiters(settings.listen_url),
         admission=admission,
         tracer=tracer,
         openapi=document,

@@ -20,7 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from jobcore.db import make_engine, session_name
+from jobcore.db import make_engine, on_read_only_server, session_name
 from jobcore.runner import Driver
 from jobqueue_api import jsonio
 
@@ -120,7 +120,8 @@ async def on_driver(
     A connection the call may have left mid-exchange (cut short by a timeout or a
     cancellation, or broken) is discarded, never reused. With
     `retry`, a call whose connection turned out dead (closed when it failed: the server
-    restarted, the backend was terminated) runs once more on a fresh connection, with
+    restarted, the backend was terminated) or that was on a read-only server runs once more
+    on a fresh connection, with
     `again` True; only for calls that are safe to repeat even if the first one applied
     (a read; a submit, which finds its own job again by its id).
     """
@@ -133,16 +134,19 @@ async def on_driver(
                 result = await call(conn, again)
             except BaseException as exc:
                 dead = conn.is_closed()
-                if dead:
+                # On a read-only server (a standby the URL let it reach): refused before
+                # anything was written, and never to be used for writes again.
+                wrong_server = isinstance(exc, Exception) and on_read_only_server(exc)
+                if dead or wrong_server:
                     # What SQLAlchemy does when one of its connections finds the server gone:
                     # every connection made before now is replaced at its next checkout, as
-                    # the server that held them may be gone too (a restart).
+                    # the server that held them may be gone too (a restart, a failover).
                     engine.sync_engine.pool._invalidate(pooled, exc)
                 elif not isinstance(exc, Exception) or isinstance(exc, _UNKNOWN_STATE):
                     pooled.invalidate(exc)  # closes it and gives its slot back
                 else:  # an error the server reported, or the call's own: the exchange ended
                     pooled.close()
-                if retry and dead and not again and isinstance(exc, Exception):
+                if retry and (dead or wrong_server) and not again and isinstance(exc, Exception):
                     again = True
                     continue
                 raise

@@ -587,10 +587,10 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
         "/readyz": {
             "get": {
                 "operationId": "ready",
-                "summary": "Readiness: the database answers and the process is not shutting down",
+                "summary": "Readiness: the database takes writes and no shutdown has begun",
                 "responses": {
                     "200": _response("Ready.", "Health"),
-                    "503": _error("Not ready (database unavailable, or shutting down)."),
+                    "503": _error("Not ready (database unavailable or read-only, shutting down)."),
                 },
             }
         },

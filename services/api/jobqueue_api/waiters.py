@@ -26,12 +26,11 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import control, queries, store
 from jobcore.backoff import Retry
-from jobcore.db import connect_args, session_name
+from jobcore.db import connect, connect_args, session_name
 from jobcore.errors import describe
 from jobcore.ids import parse_id
 from jobcore.rows import Job
@@ -175,7 +174,7 @@ class Waiters:
             await asyncio.sleep(retry.failed())
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(
+        conn = await connect(
             **connect_args(
                 self._database_url,
                 application_name=session_name("jobqueue-api-listen"),

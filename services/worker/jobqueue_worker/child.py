@@ -147,7 +147,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     floor_check = FloorCheck(store, list(settings.queues))
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
     listener = Listener(
-        settings.database_url,
+        settings.listen_url,
         dispatcher.wake,
         cancel=executor.cancel,
         reconnected=heartbeat.nudge,

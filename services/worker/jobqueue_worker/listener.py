@@ -31,7 +31,7 @@ import asyncpg
 
 from jobcore.backoff import Retry
 from jobcore.control import CANCEL_CHANNEL
-from jobcore.db import connect_args, session_name
+from jobcore.db import connect, connect_args, session_name
 from jobcore.errors import describe
 from jobcore.pauses import PAUSE_CHANNEL
 from jobcore.queries import NOTIFY_CHANNEL
@@ -87,7 +87,7 @@ class Listener(Loop):
             raise
 
     async def _connect(self) -> None:
-        self._conn = await asyncpg.connect(
+        self._conn = await connect(
             **connect_args(
                 self._database_url,
                 application_name=session_name("jobqueue-worker-listen"),

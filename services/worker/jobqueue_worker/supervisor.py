@@ -35,12 +35,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
-import sqlalchemy as sa
 from prometheus_client import multiprocess
 
 from jobcore.backoff import Retry
-from jobcore.db import check_schema, make_engine, session_name
-from jobcore.errors import SchemaNotAtHead, describe
+from jobcore.db import check_schema, make_engine, probe_writable, session_name
+from jobcore.errors import ReadOnlyServer, SchemaNotAtHead, describe
 from jobcore.settings import WorkerSettings
 from jobqueue_worker import launch, server
 from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, STARTING, Beacon
@@ -148,8 +147,11 @@ class Supervisor:
         if not any(c.process and c.beacon and c.beacon.state == RUNNING for c in self._children):
             return False, "no worker process can take jobs"
         try:
-            async with asyncio.timeout(READY_TIMEOUT), self._engine.connect() as conn:
-                await conn.execute(sa.text("SELECT 1"))
+            # Writable: a standby the URL let it reach takes no claim.
+            async with asyncio.timeout(READY_TIMEOUT):
+                await probe_writable(self._engine)
+        except ReadOnlyServer:
+            return False, "database read-only"
         except Exception:
             return False, "database unavailable"
         return True, "ready"

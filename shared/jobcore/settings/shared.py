@@ -88,6 +88,9 @@ class SharedSettings(BaseModel):
 
     # repr=False: the URL may hold a password.
     database_url: str = Field(default="postgresql://localhost:5432/jobqueue", repr=False)
+    # The LISTEN connections' URL (`listen_url`); empty: DATABASE_URL's. A pooler in
+    # transaction mode in front of the database cannot hold a LISTEN: these go around it.
+    database_listen_url: str = Field(default="", repr=False)
     # The PostgreSQL schema holding every object of jobqueue's (jobcore.naming).
     database_schema: Annotated[str, AfterValidator(check_schema_name)] = DEFAULT_SCHEMA
     log_level: Annotated[Literal["debug", "info", "warning", "error"], Lowered] = "info"
@@ -98,15 +101,23 @@ class SharedSettings(BaseModel):
     # API: in-flight requests after the listener closed; worker: running jobs after SIGTERM.
     shutdown_timeout: Duration = 20.0
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_listen_url")
     @classmethod
-    def _postgres_url(cls, value: str) -> str:
+    def _postgres_url(cls, value: str, info: ValidationInfo) -> str:
+        if info.field_name == "database_listen_url" and value == "":
+            return value
         try:
             check_url(value)
         except ValueError as exc:
             # The URL itself is never echoed: it may hold a password.
-            raise Relation("database_url", str(exc)) from None
+            raise Relation(str(info.field_name), str(exc)) from None
         return value
+
+    @property
+    def listen_url(self) -> str:
+        """Where the LISTEN connections go (worker wake-ups, cancels and pauses; the API's
+        `?wait=`): DATABASE_LISTEN_URL, else DATABASE_URL."""
+        return self.database_listen_url or self.database_url
 
     @field_validator("*")
     @classmethod

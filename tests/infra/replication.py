@@ -1,0 +1,106 @@
+"""A primary and a synchronous standby, each a throwaway cluster (`tests.chaos.cluster`), for
+tests that fail the primary over: `pg_basebackup -R` makes the standby, the primary waits
+for it at every commit (nothing it acknowledged is lost when it dies), and `promote` makes
+the standby the primary."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+
+from tests.chaos.cluster import DATABASE, Cluster
+
+STANDBY_NAME = "standby"
+
+
+class Standby(Cluster):
+    """A cluster whose data directory is a base backup of `primary`, streaming from it."""
+
+    def __init__(self, primary: Cluster) -> None:
+        super().__init__()
+        self.primary = primary
+
+    def init(self) -> None:
+        self.socket_dir.mkdir()
+        self.root.chmod(0o755)
+        if self._user is not None:
+            for path in (self.root, self.socket_dir):
+                os.chown(path, *self._user)
+        host = ("-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres")
+        # -R: standby.signal and primary_conninfo; -X stream: the WAL of the backup too;
+        # -c fast: its checkpoint at once (a spread one takes minutes).
+        self._run(
+            "pg_basebackup",
+            *host,
+            "-D",
+            str(self.data),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        )
+        # The later lines win: its own port and socket, and the name the primary waits for
+        # (the WAL receiver reports cluster_name as its application_name).
+        settings = {
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            "cluster_name": f"'{STANDBY_NAME}'",
+            "hot_standby": "on",
+        }
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+
+    def promote(self) -> None:
+        self._ctl("promote", "-w", "-t", "60")
+
+
+class Pair:
+    """The primary (with the `jobqueue` database) and its synchronous standby, both running;
+    `cleanup()` stops and removes both."""
+
+    def __init__(self) -> None:
+        self.primary = Cluster(max_connections=100)
+        self.standby = Standby(self.primary)
+
+    def start(self) -> None:
+        self.primary.init()
+        self.primary.start()
+        self.primary.create_database()
+        self.standby.init()
+        self.standby.start()
+        # Set only now: before the standby streams, every commit would wait for it. Not in
+        # the standby's copy of the configuration either, so once promoted it waits for none.
+        with self.primary.connect() as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
+            conn.execute("SELECT pg_reload_conf()")
+        self.wait_sync()
+
+    def wait_sync(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.primary.connect() as conn:
+                row = conn.execute(
+                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
+                    (STANDBY_NAME,),
+                ).fetchone()
+            if row is not None and row[0] == "sync":
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the standby is not synchronous after {timeout}s: {row}")
+            time.sleep(0.1)
+
+    def url(self, query: str = "target_session_attrs=read-write") -> str:
+        """The libpq multi-host URL naming both servers, the primary first."""
+        hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+        return f"postgresql://postgres@{hosts}/{DATABASE}" + (f"?{query}" if query else "")
+
+    def cleanup(self) -> None:
+        for cluster in (self.standby, self.primary):
+            with contextlib.suppress(Exception):
+                cluster.cleanup()
+            shutil.rmtree(cluster.root, ignore_errors=True)
