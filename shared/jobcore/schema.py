@@ -16,13 +16,15 @@ from jobcore.states import Status
 # Bump together with a new Alembic revision: the head this code migrates to.
 SCHEMA_REVISION = "0011"
 # The revisions this code works on; services refuse to start on any other. 0011 adds
-# `leased_by`, which every claim writes, so this code needs it (docs/upgrading.md).
+# `leased_by`, which every claim writes, and the claim index in fair-dispatch order, so this
+# code needs it (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 
 # What a job's routing fields may hold; the API and the table check the same rules.
 QUEUE_PATTERN = "^[a-z0-9][a-z0-9_.-]{0,62}$"
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MIN_TIMEOUT, MAX_TIMEOUT = 1.0, 86400.0
+MAX_KEY_LENGTH = 255
 # `errors` keeps the last ERRORS_KEPT failed attempts, each traceback cut to its last
 # TRACEBACK_LIMIT bytes (its end says where it failed).
 ERRORS_KEPT = 20
@@ -57,6 +59,9 @@ jobs = sa.Table(
     # This job's per-attempt limit in seconds; NULL: the worker's JOB_TIMEOUT.
     sa.Column("timeout", sa.Float, nullable=True),
     sa.Column("idempotency_key", sa.Text, nullable=True),
+    # Jobs of one key share its KEY_CONCURRENCY and take turns with other keys' jobs (fair
+    # dispatch); NULL: no key (the key-less jobs take their turn as one more key, '').
+    sa.Column("concurrency_key", sa.Text, nullable=True),
     # The worker process that holds the current lease (`<host>:<pid>`), written by every
     # claim and kept once the attempt ends (who ran it last); NULL until the first claim.
     sa.Column("leased_by", sa.Text, nullable=True),
@@ -96,15 +101,29 @@ jobs = sa.Table(
         f"timeout IS NULL OR timeout BETWEEN {MIN_TIMEOUT:g} AND {MAX_TIMEOUT:g}",
         name="jobs_timeout_check",
     ),
+    sa.CheckConstraint(
+        f"concurrency_key IS NULL OR (char_length(concurrency_key) BETWEEN 1 AND {MAX_KEY_LENGTH}"
+        " AND concurrency_key !~ '[[:cntrl:]]')",
+        name="jobs_concurrency_key_check",
+    ),
     # The claim reads this index in claim order: per queue, per priority (highest first),
-    # the due jobs by run_at, stopping after n rows or at the first job not yet due.
+    # per concurrency key in turn (the key-less jobs under ''), the due jobs by run_at,
+    # stopping after n rows or at the first job not yet due.
     sa.Index(
         "jobs_claim_queue_idx",
         "queue",
         sa.text("priority DESC"),
+        sa.text("(coalesce(concurrency_key, ''))"),
         "run_at",
         "id",
         postgresql_where=sa.text("status = 'pending'"),
+    ),
+    # KEY_CONCURRENCY counts a key's running jobs here, not among every running job.
+    sa.Index(
+        "jobs_key_running_idx",
+        "queue",
+        "concurrency_key",
+        postgresql_where=sa.text("status = 'processing' AND concurrency_key IS NOT NULL"),
     ),
     # A type held by TYPE_CONCURRENCY or TYPE_RATE is claimed by type: per type and queue,
     # in claim order, without reading other types' pending jobs.
