@@ -31,8 +31,8 @@ from jobcore.states import Operation, Status
 # there (`jobcore.turns`), wrapping round, at most as many as the queue has free slots (one
 # probe each; '' counts as present without one); for each key its share of the slots, the
 # due jobs in run_at order (a range read that stops at the first job not yet due); then,
-# if slots are left, more jobs of the keys that filled their share. Guards are literals from the declaration, as everywhere
-# (the planner must see them to use the partial index).
+# if slots are left, more jobs of the keys that filled their share. Guards are literals
+# from the declaration, as everywhere (the planner must see them to use the partial index).
 #
 # The key-less jobs' reads start past what the claiming process already took
 # (`jobcore.floors`): the priorities it knows, each with its floor (`known`: parameters
