@@ -13,6 +13,7 @@ were left.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +43,11 @@ FIELDS = ("status", "type", "queue", "ids", "limit")
 CANCELLABLE: frozenset[Status] = Operation.CANCEL.sources | Operation.REQUEST_CANCEL.sources
 RETRYABLE: frozenset[Status] = Operation.MANUAL_RETRY.sources
 # A job can move between the statements (a pending one claimed, a running one handed
-# back): tries per batch before the jobs still left are left as they are.
+# back) or be held by another transaction (the statements skip it): tries per batch before
+# the jobs still left are left as they are.
 _TRIES = 5
+# Seconds between tries: a row held by a claimer or a completer is free again within ms.
+_PAUSE = 0.01
 
 JOB_GET_MANY = (
     sa.select(*JOB_COLUMNS)
@@ -197,7 +201,9 @@ async def cancel_matching(conn: AsyncConnection, selection: Selection) -> BulkCa
                 left -= done
             if not left:
                 break
-            # Neither: claimed or handed back between the two statements, or finished.
+            # Neither: held by another transaction (skipped), claimed or handed back between
+            # the two statements, or finished.
+            await asyncio.sleep(_PAUSE)
             left = {
                 job.id
                 for job in await _get_many(conn, left)
@@ -225,9 +231,19 @@ async def retry_matching(conn: AsyncConnection, selection: Selection) -> BulkRet
 
     async def apply(ids: list[UUID]) -> int:
         nonlocal retried
-        done = len(await _ids_changed(conn, JOB_RETRY_MANY, set(ids)))
-        retried += done
-        return done
+        changed = 0
+        left = set(ids)
+        for tried in range(1, _TRIES + 1):
+            done = await _ids_changed(conn, JOB_RETRY_MANY, left)
+            changed += len(done)
+            left -= done
+            if not left or tried == _TRIES:
+                break
+            # Held by another transaction (skipped), or no longer retryable.
+            await asyncio.sleep(_PAUSE * tried)
+            left = {job.id for job in await _get_many(conn, left) if wanted(job)}
+        retried += changed
+        return changed
 
     more = await _apply_in_batches(conn, selection, RETRYABLE, wanted, apply)
     return BulkRetried(retried, more)

@@ -31,7 +31,16 @@ CANCEL_CHANNEL = "jobqueue_cancel"
 # Each operation's statement is built for one job (`job_id`) and for many (`job_ids`, the
 # bulk actions of `jobcore.bulk`): the same guard and the same values, row by row.
 _ONE = c.id == sa.bindparam("job_id")
-_MANY = c.id == sa.any_(sa.bindparam("job_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True))))
+# Many rows are locked first, in id order and skipping those another transaction holds
+# (a claimer's or a completer's, which lock theirs as they go): the statement never waits
+# for a row, so it cannot deadlock with them; `jobcore.bulk` tries the skipped ones again.
+_LOCKED = (
+    sa.select(c.id)
+    .where(c.id == sa.any_(sa.bindparam("job_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))))
+    .order_by(c.id)
+    .with_for_update(skip_locked=True)
+)
+_MANY = c.id == sa.any_(sa.func.array(_LOCKED.scalar_subquery()))
 
 
 def _retry(which: Any) -> Any:

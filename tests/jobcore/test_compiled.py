@@ -57,7 +57,9 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
         "lease_seconds",
         "claim",
         "holder",
+        "key_limits",
         *compiled.NO_FLOORS,
+        *compiled.NO_TURNS,
     }
     args = claim.args(
         {
@@ -66,14 +68,19 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
             "lease_seconds": 30.0,
             "claim": "c",
             "holder": "h",
+            "key_limits": [2],
             "floor_queues": ["fq"],
             "floor_priorities": [3],
             "floors": ["f"],
+            "turn_queues": ["tq"],
+            "turn_priorities": [4],
+            "turns": ["t"],
         }
     )
     # attempts + 1 and lease_token + 1 are the construct's own literals.
     assert sorted(map(str, args)) == sorted(
-        ["1", "1", "['q']", "[7]", "30.0", "c", "h", "['fq']", "[3]", "['f']"]
+        ["1", "1", "['q']", "[7]", "30.0", "c", "h", "[2]", "['fq']", "[3]", "['f']"]
+        + ["['tq']", "[4]", "['t']"]
     )
     for position, value in enumerate(args, start=1):
         assert f"${position}" in claim.sql, value

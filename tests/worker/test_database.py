@@ -205,6 +205,8 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
 
 # The claims' floor parameters as literals, none: a claim from the head, as a sweep.
 _NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::timestamptz[]"
+# No key limits, then no floors and no turns: the claim's parameters after its slots.
+_NO_KEYS = f"'{{}}'::integer[], {_NO_FLOORS}, '{{}}'::text[], '{{}}'::smallint[], '{{}}'::text[]"
 
 
 def _most_rows_from_one_scan(node: dict) -> int:
@@ -241,7 +243,7 @@ async def test_a_claim_reads_about_the_rows_it_claims_even_with_statistics_from_
             )
         )
     sql = compiled.STATEMENTS[f"job_{statement}"].sql
-    claim_args = f"1, 60, 1, NULL, 'test-host:1', '{{default}}', '{{50}}', {_NO_FLOORS}"
+    claim_args = f"1, 60, 1, NULL, 'test-host:1', '{{default}}', '{{50}}', {_NO_KEYS}"
     outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
     args = claim_args if statement == "claim" else f"{outcomes}, {claim_args}"
     async with engine.connect() as conn:
@@ -271,7 +273,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
     sql = compiled.STATEMENTS[f"job_{statement}"].sql
 
     def claim_args(n: int) -> str:
-        args = f"1, 60, 1, NULL, 'test-host:1', '{{default}}', '{{{n}}}', {_NO_FLOORS}"
+        args = f"1, 60, 1, NULL, 'test-host:1', '{{default}}', '{{{n}}}', {_NO_KEYS}"
         outcomes = "'{}'::uuid[], '{}'::bigint[], '{}'::text[]"
         return args if statement == "claim" else f"{outcomes}, {args}"
 

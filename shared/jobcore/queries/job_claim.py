@@ -31,7 +31,8 @@ from jobcore.states import Operation, Status
 # there (`jobcore.turns`), wrapping round, at most as many as the queue has free slots (one
 # probe each; '' counts as present without one); for each key its share of the slots, the
 # due jobs in run_at order (a range read that stops at the first job not yet due); then,
-# if slots are left, more jobs of the keys that filled their share. Guards are literals
+# if slots are left and every key had its turn, the rest shared among the keys that filled
+# theirs. Guards are literals
 # from the declaration, as everywhere (the planner must see them to use the partial index).
 #
 # The key-less jobs' reads start past what the claiming process already took
@@ -133,6 +134,10 @@ def _in_turn(skip: str) -> str:
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
                            UNION ALL
                            SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip})
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -156,10 +161,13 @@ def _in_turn(skip: str) -> str:
                   AND run_at <= now(){skip}
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-        ), filled AS (
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys than slots): a key not reached
+            -- yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
-            FROM first GROUP BY k, share, k_left
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+            GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
@@ -168,7 +176,9 @@ def _in_turn(skip: str) -> str:
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now(){skip}
                 ORDER BY run_at, id
-                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
                 FOR UPDATE SKIP LOCKED
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)

@@ -133,6 +133,10 @@ CROSS JOIN LATERAL (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
                            UNION ALL
                            SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -156,10 +160,13 @@ CROSS JOIN LATERAL (
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-        ), filled AS (
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys than slots): a key not reached
+            -- yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
-            FROM first GROUP BY k, share, k_left
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+            GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
@@ -168,7 +175,9 @@ CROSS JOIN LATERAL (
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now()
                 ORDER BY run_at, id
-                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
                 FOR UPDATE SKIP LOCKED
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
@@ -231,6 +240,10 @@ CROSS JOIN LATERAL (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
                            UNION ALL
                            SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -254,10 +267,13 @@ CROSS JOIN LATERAL (
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-        ), filled AS (
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys than slots): a key not reached
+            -- yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
-            FROM first GROUP BY k, share, k_left
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+            GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
@@ -266,7 +282,9 @@ CROSS JOIN LATERAL (
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
                 ORDER BY run_at, id
-                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
                 FOR UPDATE SKIP LOCKED
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
@@ -331,6 +349,10 @@ CROSS JOIN LATERAL (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
                            UNION ALL
                            SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -354,10 +376,13 @@ CROSS JOIN LATERAL (
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-        ), filled AS (
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys than slots): a key not reached
+            -- yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
-            FROM first GROUP BY k, share, k_left
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+            GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
@@ -366,7 +391,9 @@ CROSS JOIN LATERAL (
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now()
                 ORDER BY run_at, id
-                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
                 FOR UPDATE SKIP LOCKED
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
@@ -435,6 +462,10 @@ CROSS JOIN LATERAL (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
                            UNION ALL
                            SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -458,10 +489,13 @@ CROSS JOIN LATERAL (
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-        ), filled AS (
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys than slots): a key not reached
+            -- yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
-            FROM first GROUP BY k, share, k_left
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+            GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
@@ -470,7 +504,9 @@ CROSS JOIN LATERAL (
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
                 ORDER BY run_at, id
-                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
                 FOR UPDATE SKIP LOCKED
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
@@ -791,7 +827,9 @@ UPDATE jobqueue.jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), r
 
 -- name: job_retry_many
 -- parameters: $1 attempts=0, $2 job_ids
-UPDATE jobqueue.jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobqueue.jobs.id = ANY ($2::UUID[]) AND jobqueue.jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobqueue.jobs.id;
+UPDATE jobqueue.jobs SET status='pending', attempts=$1::INTEGER, run_at=now(), result=NULL, cancel_requested_at=NULL, finished_at=NULL, awaited=false, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT jobqueue.jobs.id 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.id = ANY ($2::UUID[]) ORDER BY jobqueue.jobs.id FOR UPDATE SKIP LOCKED))) AND jobqueue.jobs.status IN ('cancelled', 'dead_letter', 'failed') RETURNING jobqueue.jobs.id;
 
 -- name: job_cancel
 -- parameters: $1 job_id
@@ -799,7 +837,9 @@ UPDATE jobqueue.jobs SET status='cancelled', finished_at=now(), updated_at=now()
 
 -- name: job_cancel_many
 -- parameters: $1 job_ids
-UPDATE jobqueue.jobs SET status='cancelled', finished_at=now(), updated_at=now() WHERE jobqueue.jobs.id = ANY ($1::UUID[]) AND jobqueue.jobs.status IN ('dead_letter', 'pending') RETURNING jobqueue.jobs.id, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
+UPDATE jobqueue.jobs SET status='cancelled', finished_at=now(), updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT jobqueue.jobs.id 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.id = ANY ($1::UUID[]) ORDER BY jobqueue.jobs.id FOR UPDATE SKIP LOCKED))) AND jobqueue.jobs.status IN ('dead_letter', 'pending') RETURNING jobqueue.jobs.id, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke;
 
 -- name: job_request_cancel
 -- parameters: $1 job_id
@@ -807,7 +847,9 @@ UPDATE jobqueue.jobs SET cancel_requested_at=coalesce(jobqueue.jobs.cancel_reque
 
 -- name: job_request_cancel_many
 -- parameters: $1 job_ids
-UPDATE jobqueue.jobs SET cancel_requested_at=coalesce(jobqueue.jobs.cancel_requested_at, now()), updated_at=now() WHERE jobqueue.jobs.id = ANY ($1::UUID[]) AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.cancel_requested_at IS NULL RETURNING jobqueue.jobs.id, pg_notify('jobqueue_cancel', CAST(jobqueue.jobs.id AS TEXT)) AS announced;
+UPDATE jobqueue.jobs SET cancel_requested_at=coalesce(jobqueue.jobs.cancel_requested_at, now()), updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT jobqueue.jobs.id 
+FROM jobqueue.jobs 
+WHERE jobqueue.jobs.id = ANY ($1::UUID[]) ORDER BY jobqueue.jobs.id FOR UPDATE SKIP LOCKED))) AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.cancel_requested_at IS NULL RETURNING jobqueue.jobs.id, pg_notify('jobqueue_cancel', CAST(jobqueue.jobs.id AS TEXT)) AS announced;
 
 -- name: job_watch
 -- parameters: $1 job_id
