@@ -37,7 +37,8 @@ _CLAIM_INDEX = "jobs_claim_queue_idx"
 _BUILT = "jobs_claim_queue_idx_0011"  # the replacement, under this name until it is renamed
 _OLD_CLAIM = "(queue, priority DESC, run_at, id) WHERE status = 'pending'"
 _NEW_CLAIM = (
-    "(queue, priority DESC, (coalesce(concurrency_key, '')), run_at, id) WHERE status = 'pending'"
+    "(queue, priority DESC, (coalesce(concurrency_key, '') COLLATE \"C\"), run_at, id)"
+    " WHERE status = 'pending'"
 )
 _KEY_RUNNING = (
     "jobs_key_running_idx",

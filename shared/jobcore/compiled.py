@@ -47,6 +47,7 @@ _COMPLETE_AND_CLAIM = STATEMENTS["job_complete_and_claim"]
 _CLAIM_UNLIMITED = STATEMENTS["job_claim_unlimited"]
 _COMPLETE_AND_CLAIM_UNLIMITED = STATEMENTS["job_complete_and_claim_unlimited"]
 _LOCK_TYPES = STATEMENTS["job_lock_types"]
+_LOCK_KEYS = STATEMENTS["job_lock_keys"]
 _CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
 _OUTCOMES = {op: STATEMENTS[f"job_set_outcome_{op}"] for op in ATTEMPT_OUTCOMES}
 
@@ -58,8 +59,31 @@ def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
     return {"queues": list(wanted), "slots": list(wanted.values())}
 
 
-# A claim without floors reads the claim index from its head (`jobcore.floors`).
+def _keyed(values: dict[str, Any], key_limits: Mapping[str, int]) -> list[str]:
+    """Add the claim's per-queue KEY_CONCURRENCY to `values`; the queues whose advisory
+    lock the claim must hold (`JOB_LOCK_KEYS`)."""
+    limits = [key_limits.get(queue) for queue in values["queues"]]
+    values["key_limits"] = limits
+    return [queue for queue, limit in zip(values["queues"], limits, strict=True) if limit]
+
+
+async def _fetch_keyed(
+    conn: Driver, statement: Compiled, values: dict[str, Any], locked: list[str]
+) -> list[Any]:
+    """Run a claim; with key limits, in a transaction that first takes the locks of the
+    limited queues, so its snapshot sees every claim of theirs committed before."""
+    if not locked:
+        return await conn.fetch(statement.sql, *statement.args(values))
+    values["locked_queues"] = locked
+    async with conn.transaction():
+        await conn.fetch(_LOCK_KEYS.sql, *_LOCK_KEYS.args(values))
+        return await conn.fetch(statement.sql, *statement.args(values))
+
+
+# A claim without floors reads the claim index from its head (`jobcore.floors`); one without
+# turns starts each priority's keys from the first (`jobcore.turns`).
 NO_FLOORS: Mapping[str, list[Any]] = {"floor_queues": [], "floor_priorities": [], "floors": []}
+NO_TURNS: Mapping[str, list[Any]] = {"turn_queues": [], "turn_priorities": [], "turns": []}
 
 
 async def claim(
@@ -69,25 +93,28 @@ async def claim(
     claim_id: UUID | None = None,
     limited: Sequence[str] = (),
     floors: Mapping[str, list[Any]] = NO_FLOORS,
+    turns: Mapping[str, list[Any]] = NO_TURNS,
+    key_limits: Mapping[str, int] | None = None,
 ) -> list[Claimed]:
     """Lease up to `slots[queue]` due jobs of each queue, in claim order, skipping rows
     other claimers hold and jobs of the `limited` types; `claim_id` names this claim for
     `release_claim`, should its answer be lost. `floors` (`ClaimFloors.params`) says where
-    each (queue, priority) is read from; none: from the head."""
+    each (queue, priority) is read from, none: from the head; `turns` (`KeyTurns.params`)
+    which key each starts after; `key_limits`, per queue, KEY_CONCURRENCY."""
     values = {
         **_slots(slots),
         **floors,
+        **turns,
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
     }
+    locked = _keyed(values, key_limits or {})
     statement = _CLAIM
     if limited:
         statement = _CLAIM_UNLIMITED
         values["limited"] = list(limited)
-    return [
-        claimed_from_row(row) for row in await conn.fetch(statement.sql, *statement.args(values))
-    ]
+    return [claimed_from_row(row) for row in await _fetch_keyed(conn, statement, values, locked)]
 
 
 async def claim_limited(
@@ -209,12 +236,15 @@ async def complete_and_claim(
     limited: Sequence[str] = (),
     results: Sequence[str | None] = (),
     floors: Mapping[str, list[Any]] = NO_FLOORS,
+    turns: Mapping[str, list[Any]] = NO_TURNS,
+    key_limits: Mapping[str, int] | None = None,
 ) -> tuple[list[Lease], list[Claimed]]:
     """`record(COMPLETE, leases, results=results)` and `claim(slots, lease_seconds,
-    claim_id, limited, floors)` in one statement. Returns (the lost leases, the claimed
-    jobs)."""
+    claim_id, limited, floors, turns, key_limits)` in one statement. Returns (the lost
+    leases, the claimed jobs)."""
     values = {
         **floors,
+        **turns,
         "ids": [lease.job_id for lease in leases],
         "tokens": [lease.lease_token for lease in leases],
         "results": list(results) if results else [None] * len(leases),
@@ -223,11 +253,12 @@ async def complete_and_claim(
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
     }
+    locked = _keyed(values, key_limits or {})
     statement = _COMPLETE_AND_CLAIM
     if limited:
         statement = _COMPLETE_AND_CLAIM_UNLIMITED
         values["limited"] = list(limited)
-    rows = await conn.fetch(statement.sql, *statement.args(values))
+    rows = await _fetch_keyed(conn, statement, values, locked)
     applied = set()
     claimed = []
     for row in rows:

@@ -7,7 +7,8 @@ then stays in the claim index, dead but not removable, and an index scan from th
 head visits each one (and its heap row) before the first live job: a claim then
 costs O(jobs claimed since the horizon was pinned), and the queue falls behind.
 
-So each worker process remembers, per (queue, priority), a floor: a `run_at`
+So each worker process remembers, per (queue, priority), a floor for the key-less
+jobs (those with a concurrency key are read from their key's head): a `run_at`
 below which it has already taken every job it could see, less `MARGIN` for jobs
 that commit a little after their `run_at` (a submit's transaction takes
 milliseconds). Claims read the index from there (`jobcore.queries`' `JOB_CLAIM`).

@@ -38,9 +38,11 @@ class Claimed:
     queue: str
     timeout: float | None  # seconds; None: the worker's JOB_TIMEOUT
     traceparent: str | None  # the submitting span's trace context; None: tracing was off
-    # Where it stood in claim order, for the claiming process's floors (`jobcore.floors`).
+    # Where it stood in claim order, for the claiming process's floors (`jobcore.floors`)
+    # and turns (`jobcore.turns`).
     priority: int
     run_at: datetime
+    concurrency_key: str | None = None
 
     @property
     def lease(self) -> Lease:

@@ -107,13 +107,14 @@ jobs = sa.Table(
         name="jobs_concurrency_key_check",
     ),
     # The claim reads this index in claim order: per queue, per priority (highest first),
-    # per concurrency key in turn (the key-less jobs under ''), the due jobs by run_at,
-    # stopping after n rows or at the first job not yet due.
+    # per concurrency key in turn (the key-less jobs under ''; in byte order, which the
+    # worker's own comparison of keys follows), the due jobs by run_at, stopping after n
+    # rows or at the first job not yet due.
     sa.Index(
         "jobs_claim_queue_idx",
         "queue",
         sa.text("priority DESC"),
-        sa.text("(coalesce(concurrency_key, ''))"),
+        sa.text("""(coalesce(concurrency_key, '') COLLATE "C")"""),
         "run_at",
         "id",
         postgresql_where=sa.text("status = 'pending'"),

@@ -179,6 +179,8 @@ async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
         "lease_seconds": 60.0,
         "claim": new_id(),
         "holder": "floor-host:1",
+        "key_limits": [],
+        **compiled.NO_TURNS,
     }
     count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_queue_idx'::regclass)"
     async with engine.connect() as conn:

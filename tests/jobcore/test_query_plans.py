@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore import queries, store
-from jobcore.compiled import NO_FLOORS
+from jobcore.compiled import NO_FLOORS, NO_TURNS
 from jobcore.ids import new_id
 from jobcore.rows import NewJob
 from jobcore.runner import Compiled
@@ -93,6 +93,8 @@ async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
             "lease_seconds": 60.0,
             "claim": new_id(),
             "holder": "plan-host:1",
+            "key_limits": [],
+            **NO_TURNS,
             **floors,
         },
         generic,
@@ -152,7 +154,15 @@ async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine
             sql = Compiled(statement)
             rows = await raw.fetch(
                 f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.sql}",
-                *sql.args({"claim": new_id(), "holder": "plan-host:1", **params}),
+                *sql.args(
+                    {
+                        "claim": new_id(),
+                        "holder": "plan-host:1",
+                        "key_limits": [],
+                        **NO_TURNS,
+                        **params,
+                    }
+                ),
             )
             await conn.rollback()
         plan = rows[0][0]
@@ -218,6 +228,8 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "lease_seconds": 60.0,
         "claim": new_id(),
         "holder": "plan-host:1",
+        "key_limits": [],
+        **NO_TURNS,
         "limited": ["webhook"],
         **floors,
     }
@@ -246,6 +258,8 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
             "lease_seconds": 60.0,
             "claim": new_id(),
             "holder": "plan-host:1",
+            "key_limits": [],
+            **NO_TURNS,
         },
         generic,
     )
@@ -284,6 +298,8 @@ async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(en
         "lease_seconds": 60.0,
         "claim": new_id(),
         "holder": "plan-host:1",
+        "key_limits": [],
+        **NO_TURNS,
     }
     async with engine.connect() as conn:
         raw = await driver(conn)

@@ -113,7 +113,10 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     tracer = tracing.start("jobqueue-worker")
     limits = TypeLimits(settings.type_concurrency, settings.type_rate)
     store = PgJobStore(
-        engine, limits=limits, synchronous_commit=settings.worker_synchronous_commit == "on"
+        engine,
+        limits=limits,
+        synchronous_commit=settings.worker_synchronous_commit == "on",
+        key_concurrency=settings.key_concurrency,
     )
     recycle = _Recycle(beacon, sum(settings.queues.values()), stop)
     # The slots record through the completer, the completer claims for the dispatcher, the

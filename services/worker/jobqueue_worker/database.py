@@ -40,7 +40,9 @@ from jobcore.queries import RECOVER_BATCH
 from jobcore.rows import Claimed, Lease, LimitedClaim, Renewed, TableStats, TypeLimits
 from jobcore.runner import Driver
 from jobcore.search import QueueDepth
+from jobcore.settings.parsing import key_limits_of
 from jobcore.states import Operation, Status
+from jobcore.turns import KeyTurns
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -167,6 +169,7 @@ class PgJobStore:
         limits: TypeLimits | None = None,
         *,
         synchronous_commit: bool = True,
+        key_concurrency: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine
         self._session = _SESSION if synchronous_commit else _SESSION + _ASYNC_COMMIT
@@ -180,6 +183,9 @@ class PgJobStore:
         self._idle: list[tuple[AsyncConnection, Driver]] = []
         self._lost_claims: list[UUID] = []
         self.floors = ClaimFloors()
+        self.turns = KeyTurns()
+        # KEY_CONCURRENCY: queue (or "*") -> n.
+        self._key_concurrency = dict(key_concurrency or {})
         # Recovery has no other read from the head: it sweeps by its cost alone.
         self._recovery_sweeps = Sweeps(max_interval=_RECOVERY_SWEEP_INTERVAL, cheap=math.inf)
         # When the last recovery run that took back every lease it saw expire started.
@@ -280,23 +286,29 @@ class PgJobStore:
     async def _floored(
         self,
         slots: Mapping[str, int],
-        claim: Callable[[Mapping[str, list[Any]]], Awaitable[T]],
+        claim: Callable[[Mapping[str, list[Any]], Mapping[str, list[Any]]], Awaitable[T]],
         taken: Callable[[T], list[Claimed]],
     ) -> T:
-        """Run `claim(floors)` from this process's floors, or from the head when a sweep is
-        due; the floors then learn from the jobs it took (`taken(result)`)."""
+        """Run `claim(floors, turns)` from this process's floors, or from the head when a
+        sweep is due, and its key turns; the floors (of the key-less jobs) and the turns
+        then learn from the jobs it took (`taken(result)`)."""
         started = self.availability.now()
         sweep = self.floors.sweeps.due(started)
-        result = await claim(self.floors.params(slots, sweep=sweep))
+        result = await claim(self.floors.params(slots, sweep=sweep), self.turns.params(slots))
         if sweep:
             self.floors.sweeps.done(started, self.availability.now())
-        self.floors.learn(taken(result), sweep=sweep)
+        jobs = taken(result)
+        self.floors.learn([job for job in jobs if job.concurrency_key is None], sweep=sweep)
+        self.turns.learn(jobs)
         return result
+
+    def _key_limits(self, slots: Mapping[str, int]) -> dict[str, int]:
+        return key_limits_of(self._key_concurrency, slots)
 
     async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
         return await self._floored(
             slots,
-            lambda floors: self._claiming(
+            lambda floors, turns: self._claiming(
                 lambda claim_id: self._run(
                     Operation.CLAIM,
                     compiled.claim,
@@ -305,6 +317,8 @@ class PgJobStore:
                     claim_id,
                     self._limited,
                     floors,
+                    turns,
+                    self._key_limits(slots),
                 )
             ),
             lambda jobs: jobs,
@@ -369,7 +383,7 @@ class PgJobStore:
     ) -> tuple[list[Lease], list[Claimed]]:
         return await self._floored(
             slots,
-            lambda floors: self._claiming(
+            lambda floors, turns: self._claiming(
                 lambda claim_id: self._run(
                     Operation.COMPLETE,
                     compiled.complete_and_claim,
@@ -380,6 +394,8 @@ class PgJobStore:
                     self._limited,
                     results,
                     floors,
+                    turns,
+                    self._key_limits(slots),
                 )
             ),
             lambda result: result[1],

@@ -84,15 +84,16 @@ WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 
 -- name: job_claim
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns
 WITH due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                        CAST($8 AS integer[])) AS w(queue, n, key_limit)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
-                                    CAST($9 AS smallint[]),
-                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($9 AS text[]),
+                                    CAST($10 AS smallint[]),
+                                    CAST($11 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -113,26 +114,84 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
-        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
+                                           CAST($13 AS smallint[]),
+                                           CAST($14 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k) AS (
+            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
+                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+        ), wrapped(k) AS (
+            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), keys AS MATERIALIZED (
+            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
+                           UNION ALL
+                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT keys.k, room.k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
+                   AS share
+            FROM keys CROSS JOIN LATERAL (
+                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE greatest(w.key_limit - (
+                                SELECT count(*) FROM jobqueue.jobs
+                                WHERE status = 'processing' AND queue = w.queue
+                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                       END AS k_left
+            ) AS room
+        ), first AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                                     ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now()
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+        ), filled AS (
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id FROM filled CROSS JOIN LATERAL (
+                SELECT id FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now()
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id FROM first UNION ALL SELECT id FROM more
     ) AS d
+    WHERE priorities.p IS NOT NULL
     LIMIT w.n
 ) AS j)
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at;
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_claim_unlimited
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors, $11 limited
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 limited
 WITH due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                        CAST($8 AS integer[])) AS w(queue, n, key_limit)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
-                                    CAST($9 AS smallint[]),
-                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($9 AS text[]),
+                                    CAST($10 AS smallint[]),
+                                    CAST($11 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -153,28 +212,86 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($11 AS text[]))
-        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
+                                           CAST($13 AS smallint[]),
+                                           CAST($14 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k) AS (
+            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
+                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+        ), wrapped(k) AS (
+            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), keys AS MATERIALIZED (
+            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
+                           UNION ALL
+                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT keys.k, room.k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
+                   AS share
+            FROM keys CROSS JOIN LATERAL (
+                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE greatest(w.key_limit - (
+                                SELECT count(*) FROM jobqueue.jobs
+                                WHERE status = 'processing' AND queue = w.queue
+                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                       END AS k_left
+            ) AS room
+        ), first AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                                     ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+        ), filled AS (
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id FROM filled CROSS JOIN LATERAL (
+                SELECT id FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id FROM first UNION ALL SELECT id FROM more
     ) AS d
+    WHERE priorities.p IS NOT NULL
     LIMIT w.n
 ) AS j)
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at;
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_complete_and_claim
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 floor_queues, $12 floor_priorities, $13 floors
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
+                        CAST($11 AS integer[])) AS w(queue, n, key_limit)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
-                                    CAST($12 AS smallint[]),
-                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
+                                    CAST($13 AS smallint[]),
+                                    CAST($14 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -195,32 +312,90 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
-        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($15 AS text[]),
+                                           CAST($16 AS smallint[]),
+                                           CAST($17 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k) AS (
+            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
+                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+        ), wrapped(k) AS (
+            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), keys AS MATERIALIZED (
+            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
+                           UNION ALL
+                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT keys.k, room.k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
+                   AS share
+            FROM keys CROSS JOIN LATERAL (
+                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE greatest(w.key_limit - (
+                                SELECT count(*) FROM jobqueue.jobs
+                                WHERE status = 'processing' AND queue = w.queue
+                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                       END AS k_left
+            ) AS room
+        ), first AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                                     ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now()
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+        ), filled AS (
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id FROM filled CROSS JOIN LATERAL (
+                SELECT id FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now()
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id FROM first UNION ALL SELECT id FROM more
     ) AS d
+    WHERE priorities.p IS NOT NULL
     LIMIT w.n
 ) AS j), 
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at)
- SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at 
-FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) AS concurrency_key 
+FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
 FROM claimed;
 
 -- name: job_complete_and_claim_unlimited
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 floor_queues, $12 floor_priorities, $13 floors, $14 limited
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 limited
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
+SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
+                        CAST($11 AS integer[])) AS w(queue, n, key_limit)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
-                                    CAST($12 AS smallint[]),
-                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
+                                    CAST($13 AS smallint[]),
+                                    CAST($14 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -241,19 +416,85 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
-        SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-          AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($14 AS text[]))
-        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($15 AS text[]),
+                                           CAST($16 AS smallint[]),
+                                           CAST($17 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k) AS (
+            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
+                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+        ), wrapped(k) AS (
+            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), keys AS MATERIALIZED (
+            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
+                           UNION ALL
+                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
+            LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT keys.k, room.k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
+                   AS share
+            FROM keys CROSS JOIN LATERAL (
+                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE greatest(w.key_limit - (
+                                SELECT count(*) FROM jobqueue.jobs
+                                WHERE status = 'processing' AND queue = w.queue
+                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                       END AS k_left
+            ) AS room
+        ), first AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                                     ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+        ), filled AS (
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id FROM filled CROSS JOIN LATERAL (
+                SELECT id FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken, w.n - (SELECT count(*) FROM first))
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id FROM first UNION ALL SELECT id FROM more
     ) AS d
+    WHERE priorities.p IS NOT NULL
     LIMIT w.n
 ) AS j), 
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at)
- SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at 
-FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) AS concurrency_key 
+FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
 FROM claimed;
+
+-- name: job_lock_keys
+-- parameters: $1 locked_queues
+SELECT count(pg_advisory_xact_lock(k)) AS locked
+FROM (
+    SELECT DISTINCT hashtextextended('jobqueue.keys:' || q, 0) AS k
+    FROM unnest(CAST($1 AS text[])) AS q
+    ORDER BY k
+) AS keys;
 
 -- name: job_lock_types
 -- parameters: $1 types
@@ -344,13 +585,13 @@ WITH room AS MATERIALIZED (
         SELECT d.id, d.priority, d.run_at FROM priorities CROSS JOIN LATERAL (
             SELECT id, priority, run_at FROM jobqueue.jobs
             WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-              AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
-              AND type <> ALL(CAST($1 AS text[]))
+              AND run_at <= now() AND type <> ALL(CAST($1 AS text[]))
               -- Only a higher priority outranks a limited candidate: nothing to read at
               -- or below the lowest one's (or at all, in a queue without candidates).
               AND priority > (SELECT coalesce(min(c.priority), 32767) FROM due AS c
                               WHERE c.queue = w.queue)
-            ORDER BY run_at, id LIMIT w.n
+            -- Any of them will do (they only rank): in index order, keys first.
+            ORDER BY coalesce(concurrency_key, '') COLLATE "C", run_at, id LIMIT w.n
         ) AS d
         LIMIT w.n
     ) AS o
@@ -368,7 +609,7 @@ WITH room AS MATERIALIZED (
         locked_until = now() + CAST($11 AS float8) * interval '1 second',
         claim_id = CAST($12 AS uuid), leased_by = CAST($13 AS text), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
-    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at
+    RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key
 ), started AS (
     SELECT type, count(*) AS n FROM claimed GROUP BY type
 ), counted AS (
@@ -381,10 +622,10 @@ WITH room AS MATERIALIZED (
                     THEN u.used + excluded.used ELSE excluded.used END,
         window_start = excluded.window_start
 )
-SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
 FROM claimed
 UNION ALL
-SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN room.rate_left - coalesce(started.n, 0) <= 0 THEN 'rate'
             WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
        END,
@@ -420,10 +661,15 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT (SELECT run_at FROM jobqueue.jobs
-            WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-              AND run_at > now()
-            ORDER BY run_at LIMIT 1) AS run_at
+    SELECT (WITH RECURSIVE keys_present(k) AS (
+        SELECT CAST('' AS text) COLLATE "C"
+        UNION ALL
+        SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > keys_present.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM keys_present WHERE keys_present.k IS NOT NULL
+    )
+            SELECT min((SELECT run_at FROM jobqueue.jobs
+                        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = keys_present.k AND run_at > now()
+                        ORDER BY run_at LIMIT 1))
+            FROM keys_present WHERE keys_present.k IS NOT NULL) AS run_at
     FROM priorities WHERE priorities.p IS NOT NULL
 ) AS n;
 
@@ -456,8 +702,7 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT priorities.p, (SELECT run_at FROM jobqueue.jobs
-                          WHERE status = 'pending' AND queue = w.queue
-                            AND priority = priorities.p AND run_at <= now()
+                          WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at <= now()
                           ORDER BY run_at, id LIMIT 1) AS run_at
     FROM priorities WHERE priorities.p IS NOT NULL
 ) AS h

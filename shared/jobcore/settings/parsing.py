@@ -7,6 +7,7 @@ with the message the service prints after the variable's name.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from jobcore.schema import QUEUE_PATTERN
@@ -145,3 +146,34 @@ def parse_type_rate(value: str) -> dict[str, tuple[int, float]]:
             raise ValueError(f"the rate of type {name!r} must be n/s or n/m, got {limit!r}")
         rates[name] = (_count(count, name, "the rate"), _RATE_PERIODS[unit])
     return rates
+
+
+def parse_key_concurrency(value: str) -> dict[str, int]:
+    """`KEY_CONCURRENCY`: `queue:n,...`, and `*:n` for every queue without an entry of its
+    own: at most n jobs of the queue with one concurrency key processing at once. Returns
+    queue (or "*") -> n."""
+    limits: dict[str, int] = {}
+    if not value.strip():
+        return limits
+    for item in value.split(","):
+        name, colon, number = item.strip().rpartition(":")
+        if not colon or not name:
+            raise ValueError(f"{item.strip()!r} is not queue:limit")
+        if name != "*" and not re.fullmatch(QUEUE_PATTERN, name):
+            raise ValueError(f"queue name {name!r} must match {QUEUE_PATTERN} (or be *)")
+        if name in limits:
+            raise ValueError(f"queue {name!r} is listed twice")
+        digits = number.isascii() and number.isdigit() and len(number) <= 7
+        if not (digits and 1 <= int(number) <= _TYPE_LIMIT_MAX):
+            raise ValueError(
+                f"the limit of queue {name!r} must be an integer from 1 to {_TYPE_LIMIT_MAX}"
+            )
+        limits[name] = int(number)
+    return limits
+
+
+def key_limits_of(limits: Mapping[str, int], queues: Iterable[str]) -> dict[str, int]:
+    """Per queue of `queues`, its KEY_CONCURRENCY (its own entry, else `*`'s), where it has
+    one."""
+    found = {queue: limits.get(queue, limits.get("*")) for queue in queues}
+    return {queue: n for queue, n in found.items() if n is not None}

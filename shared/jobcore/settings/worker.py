@@ -10,6 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from jobcore.settings.parsing import (
     Address,
     parse_addr,
+    parse_key_concurrency,
     parse_queues,
     parse_type_concurrency,
     parse_type_rate,
@@ -54,6 +55,11 @@ class WorkerSettings(SharedSettings):
         default_factory=dict
     )
     type_rate: Annotated[dict[str, tuple[int, float]], from_text(parse_type_rate)] = Field(
+        default_factory=dict
+    )
+    # Per queue (or "*", every queue without an entry): at most n jobs with one concurrency
+    # key processing at once (KEY_CONCURRENCY).
+    key_concurrency: Annotated[dict[str, int], from_text(parse_key_concurrency)] = Field(
         default_factory=dict
     )
     job_timeout: PositiveDuration = 30.0

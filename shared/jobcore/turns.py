@@ -1,0 +1,59 @@
+"""Key turns: per (queue, priority), the concurrency key a worker process's claims served
+last, so that its next claim there starts with the key after it (fair dispatch: keys take
+turns, `jobcore.queries.job_claim`).
+
+Keys are compared in byte order, as the claim index orders them (`COLLATE "C"`): Python's
+order of `str` is that of their code points, which is UTF-8's byte order. The key-less
+jobs are key ''. Pure bookkeeping: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+
+class Keyed(Protocol):
+    """A job a claim took, where it stood in claim order."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def concurrency_key(self) -> str | None: ...
+
+
+class KeyTurns:
+    """Per (queue, priority), the key served last."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int], str] = {}
+
+    def params(self, queues: Iterable[str]) -> dict[str, list[Any]]:
+        """The claim's turn parameters for `queues`."""
+        wanted = set(queues)
+        known = [(place, key) for place, key in self._last.items() if place[0] in wanted]
+        return {
+            "turn_queues": [queue for (queue, _), _ in known],
+            "turn_priorities": [priority for (_, priority), _ in known],
+            "turns": [key for _, key in known],
+        }
+
+    def learn(self, taken: Sequence[Keyed]) -> None:
+        """After a claim: per (queue, priority) it took jobs at, the last key it served. It
+        served the keys after the last turn's in order, then, if slots were left, from the
+        first key round to that one: the last is the greatest key up to the last turn's if
+        it went round, else the greatest it served."""
+        keys: dict[tuple[str, int], set[str]] = {}
+        for job in taken:
+            keys.setdefault((job.queue, job.priority), set()).add(job.concurrency_key or "")
+        for place, served in keys.items():
+            last = self._last.get(place)
+            round_again = [key for key in served if last is not None and key <= last]
+            self._last[place] = max(round_again or served)
+
+    def last(self, queue: str, priority: int) -> str | None:
+        return self._last.get((queue, priority))
