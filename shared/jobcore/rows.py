@@ -64,7 +64,7 @@ class NewJob(NamedTuple):
     run_at: datetime | None = None
     delay: float | None = None
     timeout: float | None = None
-    # Jobs of one key take turns with other keys' and share its KEY_CONCURRENCY; None: none.
+    # Jobs of one key take turns with other keys' and share the queue's KEY_CONCURRENCY.
     concurrency_key: str | None = None
     # The submitting span's W3C trace context, when tracing is on (docs/operations.md).
     traceparent: str | None = None
