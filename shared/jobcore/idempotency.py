@@ -12,12 +12,21 @@ from jobcore.rows import NewJob, Row, Submitted
 
 def same_request(a: NewJob, b: NewJob) -> bool:
     """What the idempotency comparison compares (not when the job is due)."""
-    return (a.type, a.max_attempts, a.queue, a.priority, a.timeout, _canonical(a.payload)) == (
+    return (
+        a.type,
+        a.max_attempts,
+        a.queue,
+        a.priority,
+        a.timeout,
+        a.concurrency_key,
+        _canonical(a.payload),
+    ) == (
         b.type,
         b.max_attempts,
         b.queue,
         b.priority,
         b.timeout,
+        b.concurrency_key,
         _canonical(b.payload),
     )
 

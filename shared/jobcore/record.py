@@ -171,6 +171,14 @@ JOB: tuple[Field, ...] = (
     Field("queue", TEXT, "The queue it waits in."),
     Field("priority", INTEGER, "Among due jobs of a queue, higher runs first."),
     Field(
+        "concurrency_key",
+        TEXT,
+        "Its key: jobs of one key share the workers' KEY_CONCURRENCY limit and take turns"
+        " with other keys' jobs; null: none.",
+        nullable=True,
+        since="0011",
+    ),
+    Field(
         "timeout",
         NUMBER,
         "Seconds per attempt; null: the worker's JOB_TIMEOUT.",

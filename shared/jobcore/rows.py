@@ -64,6 +64,8 @@ class NewJob(NamedTuple):
     run_at: datetime | None = None
     delay: float | None = None
     timeout: float | None = None
+    # Jobs of one key take turns with other keys' and share the queue's KEY_CONCURRENCY.
+    concurrency_key: str | None = None
     # The submitting span's W3C trace context, when tracing is on (docs/operations.md).
     traceparent: str | None = None
 
@@ -98,6 +100,7 @@ class Job:
     queue: str
     priority: int
     timeout: float | None
+    concurrency_key: str | None
     result: Any
     cancel_requested_at: datetime | None
     finished_at: datetime | None

@@ -23,8 +23,9 @@ async def submit(conn: AsyncConnection, new: NewJob, *, notify: bool = False) ->
     """Insert a job, or return the job already bound to its idempotency key.
 
     Returns (job, created). Raises IdempotencyConflict when the key is bound to a
-    different type, payload (compared as jsonb), max_attempts, queue, priority or
-    timeout. With `notify`, a created job also wakes listening workers (at commit).
+    different type, payload (compared as jsonb), max_attempts, queue, priority, timeout
+    or concurrency_key. With `notify`, a created job also wakes listening workers (at
+    commit).
     """
     statement = queries.JOB_SUBMIT_NOTIFY if notify else queries.JOB_SUBMIT
     row = (

@@ -355,7 +355,8 @@ def enqueue_many(
 
 def enqueue_many(conn: Any, jobs: Iterable[Mapping[str, Any]], *, schema: str | None = None) -> Any:
     """Write `jobs` (create items as the API's batch takes them: `type`, `payload`,
-    `max_attempts`, `queue`, `priority`, `run_at` or `delay`, `timeout`, `idempotency_key`)
+    `max_attempts`, `queue`, `priority`, `run_at` or `delay`, `timeout`, `concurrency_key`,
+    `idempotency_key`)
     in the transaction open on `conn`, with one statement. Returns their ids in input order
     (a coroutine of them, for an async connection); an item whose idempotency key names an
     existing job of the same request gets that job's id.
@@ -405,8 +406,9 @@ def enqueue(
     """Write one job of `type` in the transaction open on `conn`; returns its id (a coroutine
     of it, for an async connection). `payload` defaults to `{}`; `fields` are the create
     request's (`max_attempts`, `queue`, `priority`, `run_at` as an aware datetime or RFC 3339
-    text, `delay` and `timeout` as seconds, a timedelta or a duration such as "90s") and
-    `idempotency_key`; `schema` as for `enqueue_many`. Raises as `enqueue_many` does."""
+    text, `delay` and `timeout` as seconds, a timedelta or a duration such as "90s",
+    `concurrency_key`) and `idempotency_key`; `schema` as for `enqueue_many`. Raises as
+    `enqueue_many` does."""
     ids = enqueue_many(conn, [_item(type, payload, fields)], schema=schema)
     if isinstance(ids, list):
         return ids[0]

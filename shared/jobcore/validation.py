@@ -1,5 +1,5 @@
 """The rules a job must meet to be submitted: one create item (`new_job`), a batch of them
-(`new_items`), the idempotency key, and what PostgreSQL jsonb can store.
+(`new_items`), the idempotency and concurrency keys, and what PostgreSQL jsonb can store.
 
 Everything here is pure: no I/O. The API applies these rules to requests, and
 `jobcore.enqueue` to jobs enqueued on a caller's own connection, so both refuse the same
@@ -22,12 +22,18 @@ from jobcore.errors import Snooze
 from jobcore.ids import new_id, new_ids
 from jobcore.periodic import KEY_PREFIX as RESERVED_KEY_PREFIX
 from jobcore.rows import NewJob
+from jobcore.schema import MAX_KEY_LENGTH as MAX_CONCURRENCY_KEY_LENGTH
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 
 MAX_DEPTH = 100
 MAX_KEY_LENGTH = 255
 KEY_PATTERN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
-SCHEDULING_FIELDS = ("queue", "priority", "run_at", "delay", "timeout")
+# A concurrency key holds no control character (U+0000-U+001F, U+007F-U+009F), nor U+2028 or
+# U+2029 (the line and paragraph separators), which glibc's iswcntrl counts too: under some
+# database locale the table's CHECK ([[:cntrl:]]) may, and a key it refuses must be a 400.
+CONCURRENCY_KEY_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f\u2028\u2029]*$"
+_CONTROL = re.compile(r"[\u0000-\u001f\u007f-\u009f\u2028\u2029]")
+SCHEDULING_FIELDS = ("queue", "priority", "run_at", "delay", "timeout", "concurrency_key")
 CREATE_FIELDS = ("type", "payload", "max_attempts", *SCHEDULING_FIELDS)
 BATCH_ITEM_FIELDS = (*CREATE_FIELDS, "idempotency_key")
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 100
@@ -205,6 +211,8 @@ def scheduling(item: Mapping[str, Any]) -> dict[str, Any]:
         found["delay"] = _duration(item["delay"], "delay", MIN_DELAY, MAX_DELAY)
     if "timeout" in item:
         found["timeout"] = _duration(item["timeout"], "timeout", MIN_TIMEOUT, MAX_TIMEOUT)
+    if "concurrency_key" in item:
+        found["concurrency_key"] = _concurrency_key(item["concurrency_key"])
     return found
 
 
@@ -223,6 +231,27 @@ def _priority(value: Any) -> int:
             f"field 'priority' must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}"
         )
     return int(value)
+
+
+def _concurrency_key(value: Any) -> str:
+    """1 to MAX_CONCURRENCY_KEY_LENGTH characters (code points, as PostgreSQL's char_length
+    counts them) without a control character; any other text is a key (unlike an
+    idempotency key, it never travels in a header)."""
+    if not isinstance(value, str):
+        raise InvalidRequest("field 'concurrency_key' must be a string")
+    if not 1 <= len(value) <= MAX_CONCURRENCY_KEY_LENGTH:
+        raise InvalidRequest(
+            f"field 'concurrency_key' must be 1 to {MAX_CONCURRENCY_KEY_LENGTH} characters, "
+            f"got {len(value)}"
+        )
+    found = _CONTROL.search(value)
+    if found is not None:
+        raise InvalidRequest(
+            "field 'concurrency_key' must not contain control characters (found "
+            f"U+{ord(found.group()):04X} at index {found.start()})"
+        )
+    check_string(value, "field 'concurrency_key'")  # a lone surrogate, from Python code
+    return value
 
 
 def _duration(value: Any, name: str, low: float, high: float) -> float:

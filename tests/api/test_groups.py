@@ -188,6 +188,7 @@ def _job(new: NewJob) -> Job:
         new.queue,
         new.priority,
         new.timeout,
+        new.concurrency_key,
         None,
         None,
         None,

@@ -27,6 +27,7 @@ JOB_FIELDS = {
     "max_attempts",
     "queue",
     "priority",
+    "concurrency_key",
     "timeout",
     "run_at",
     "last_error",

@@ -14,9 +14,16 @@ from hypothesis.strategies import SearchStrategy
 from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
+from jobcore.schema import (
+    MAX_KEY_LENGTH,
+    MAX_PRIORITY,
+    MAX_TIMEOUT,
+    MIN_PRIORITY,
+    MIN_TIMEOUT,
+    QUEUE_PATTERN,
+)
 from jobqueue_api.openapi import document
-from jobqueue_api.validation import DURATION_PATTERN
+from jobqueue_api.validation import CONCURRENCY_KEY_PATTERN, DURATION_PATTERN
 from tests.procs import Service, free_port, wait_for
 
 
@@ -172,9 +179,16 @@ def test_document_states_the_scheduling_fields_with_jobcores_limits():
             assert (number["minimum"], number["maximum"]) == (low, high)
             assert text["pattern"] == DURATION_PATTERN
         assert schemas[name]["not"] == {"required": ["run_at", "delay"]}
+        key = fields["concurrency_key"]
+        assert (key["type"], key["minLength"], key["maxLength"]) == ("string", 1, MAX_KEY_LENGTH)
+        assert key["pattern"] == CONCURRENCY_KEY_PATTERN
     job = schemas["Job"]
-    assert {"queue", "priority", "timeout"} <= set(job["required"])
+    assert {"queue", "priority", "timeout", "concurrency_key"} <= set(job["required"])
     assert job["properties"]["timeout"]["type"] == ["number", "null"]
+    for name in ("Job", "JobRecord"):
+        key = schemas[name]["properties"]["concurrency_key"]
+        assert key["type"] == ["string", "null"]
+        assert (key["maxLength"], key["pattern"]) == (MAX_KEY_LENGTH, CONCURRENCY_KEY_PATTERN)
 
 
 # fields -> whether the API takes them
@@ -203,6 +217,15 @@ SCHEDULING_REQUESTS: list[tuple[dict[str, object], bool]] = [
     ({"timeout": "1.5"}, True),
     ({"timeout": None}, False),
     ({"run_at": "2030-01-01T00:00:00Z", "delay": 1}, False),
+    ({"concurrency_key": "tenant 7/é"}, True),
+    ({"concurrency_key": "k" * 255}, True),
+    ({"concurrency_key": "k" * 256}, False),
+    ({"concurrency_key": ""}, False),
+    ({"concurrency_key": "a\tb"}, False),
+    ({"concurrency_key": "a\x9fb"}, False),
+    ({"concurrency_key": "a\u2028b"}, False),
+    ({"concurrency_key": 7}, False),
+    ({"concurrency_key": None}, False),
 ]
 
 

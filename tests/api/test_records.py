@@ -35,6 +35,7 @@ FINISHED_JOB = Job(
     updated_at=NOW + timedelta(seconds=1),
     queue="mail",
     priority=-3,
+    concurrency_key="tenant é/7",
     timeout=30.5,
     result={"status": 204},
     # Not UTC, and one with no microseconds: both written in UTC with six digits.
@@ -60,7 +61,7 @@ FINISHED_JSON = (
     b'{"id":"01a22aae-32d0-7c31-b68d-fb41a7ea06d6","type":"webhook",'
     b'"payload":{"url":"https://example.com/hook","tries":[1,2],"note":"\xc3\xa9"},'
     b'"status":"completed","attempts":2,"max_attempts":5,"queue":"mail","priority":-3,'
-    b'"timeout":30.5,"run_at":"2026-11-30T04:19:49.082038Z",'
+    b'"concurrency_key":"tenant \xc3\xa9/7","timeout":30.5,"run_at":"2026-11-30T04:19:49.082038Z",'
     b'"last_error":"TimeoutError: read timed out","result":{"status":204},'
     b'"cancel_requested_at":"2026-11-30T04:19:49.082038Z",'
     b'"finished_at":"2026-11-30T04:19:49.000000Z","created_at":"2026-11-30T04:19:44.082038Z",'
@@ -79,6 +80,7 @@ PENDING_JOB = dataclasses.replace(
     updated_at=NOW,
     queue="default",
     priority=0,
+    concurrency_key=None,
     timeout=None,
     result=None,
     cancel_requested_at=None,
@@ -87,7 +89,7 @@ PENDING_JOB = dataclasses.replace(
 PENDING_JSON = (
     b'{"id":"01a22aae-32d0-7c31-b68d-fb41a7ea06d6","type":"sleep","payload":null,'
     b'"status":"pending","attempts":0,"max_attempts":5,"queue":"default","priority":0,'
-    b'"timeout":null,"run_at":"2026-11-30T04:19:49.082038Z","last_error":null,"result":null,'
+    b'"concurrency_key":null,"timeout":null,"run_at":"2026-11-30T04:19:49.082038Z","last_error":null,"result":null,'
     b'"cancel_requested_at":null,"finished_at":null,"created_at":"2026-11-30T04:19:49.082038Z",'
     b'"updated_at":"2026-11-30T04:19:49.082038Z"}'
 )
@@ -215,14 +217,17 @@ def test_the_client_reads_a_later_releases_status_and_an_earlier_releases_missin
     data["status"] = "paused"
     for name in ("result", "cancel_requested_at", "finished_at"):  # added by 0005
         del data[name]
+    del data["concurrency_key"]  # added by 0011
     read = client.Job.from_json(data)
     assert read.status == "paused" and not read.finished
     assert (read.result, read.cancel_requested_at, read.finished_at) == (None, None, None)
+    assert read.concurrency_key is None
     assert {field.name for field in record.JOB_RECORD if field.since} == {
         "result",
         "cancel_requested_at",
         "finished_at",
         "errors",
+        "concurrency_key",
     }
 
 

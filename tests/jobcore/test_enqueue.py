@@ -321,6 +321,69 @@ async def test_invalid_input_raises_the_apis_message_and_writes_nothing(
     assert await _rows(engine_) == []
 
 
+async def test_a_concurrency_key_is_stored_and_a_bad_one_is_refused_writing_nothing(
+    tx: Tx, engine_: AsyncEngine
+):
+    await tx.begin()
+    keyed = await tx.enqueue("enqueue_test", {}, concurrency_key="tenant-7")
+    plain = await tx.enqueue("enqueue_test", {})
+    for bad, message in [
+        (None, "must be a string"),
+        (7, "must be a string"),
+        ("", "must be 1 to 255 characters, got 0"),
+        ("k" * 256, "must be 1 to 255 characters, got 256"),
+        ("a\x00b", r"must not contain control characters \(found U\+0000"),
+        ("a\nb", r"must not contain control characters \(found U\+000A"),
+        ("a\u2029", r"must not contain control characters \(found U\+2029"),
+        ("a\ud800", "unpaired surrogate"),
+    ]:
+        with pytest.raises(InvalidRequest, match=f"field 'concurrency_key' .*{message}"):
+            await tx.enqueue("enqueue_test", {}, concurrency_key=bad)
+        with pytest.raises(
+            InvalidRequest, match=r"1 invalid item\(s\), nothing was written: \[1\]"
+        ):
+            await tx.enqueue_many(
+                [{"type": "enqueue_test"}, {"type": "enqueue_test", "concurrency_key": bad}]
+            )
+    await tx.execute("SELECT 1")  # nothing reached the database: the transaction is fine
+    await tx.commit()
+    rows = {row.id: row for row in await _rows(engine_)}
+    assert sorted(rows) == sorted([keyed, plain])
+    assert (rows[keyed].concurrency_key, rows[plain].concurrency_key) == ("tenant-7", None)
+
+
+async def test_a_replay_compares_the_concurrency_key(tx: Tx, engine_: AsyncEngine):
+    await tx.begin()
+    first = await tx.enqueue("enqueue_test", {}, idempotency_key="o-1", concurrency_key="a")
+    none = await tx.enqueue("enqueue_test", {}, idempotency_key="o-2")
+    await tx.commit()
+    await tx.begin()
+    assert await tx.enqueue("enqueue_test", {}, idempotency_key="o-1", concurrency_key="a") == first
+    assert await tx.enqueue("enqueue_test", {}, idempotency_key="o-2") == none
+    await tx.commit()
+    for key, other in [
+        ("o-1", {"concurrency_key": "b"}),
+        ("o-1", {}),
+        ("o-2", {"concurrency_key": "a"}),
+    ]:
+        await tx.begin()
+        with pytest.raises(IdempotencyConflict) as raised:
+            await tx.enqueue("enqueue_test", {}, idempotency_key=key, **other)
+        assert raised.value.key == key
+        await tx.commit()
+    # Repeated inside one batch: the first item decides.
+    await tx.begin()
+    with pytest.raises(IdempotencyConflict):
+        await tx.enqueue_many(
+            [
+                {"type": "enqueue_test", "idempotency_key": "o-3", "concurrency_key": "a"},
+                {"type": "enqueue_test", "idempotency_key": "o-3", "concurrency_key": "b"},
+            ]
+        )
+    await tx.commit()
+    assert {row.id: row.concurrency_key for row in await _rows(engine_)} == {first: "a", none: None}
+
+
 def test_bad_items_are_refused_with_the_same_message_as_the_api():
     item = {
         "type": "enqueue_test",
@@ -462,6 +525,7 @@ async def test_a_keyless_batch_stores_each_items_own_fields_shared_or_not(
         for i in range(3)
     ]
     items[1] |= {"type": "sleep", "priority": 7, "timeout": "90s", "delay": 3600}
+    items[1] |= {"concurrency_key": "tenant-7"}
     items[2] |= {"run_at": "2100-01-01T00:00:00Z", "priority": -1}
     ids = await tx.enqueue_many(items)
     await tx.commit()
@@ -472,6 +536,7 @@ async def test_a_keyless_batch_stores_each_items_own_fields_shared_or_not(
     assert {(row.queue, row.max_attempts, row.idempotency_key) for row in got} == {("q", 5, None)}
     assert [row.priority for row in got] == [0, 7, -1]
     assert [row.timeout for row in got] == [None, 90.0, None]
+    assert [row.concurrency_key for row in got] == [None, "tenant-7", None]
     assert got[0].run_at <= got[0].created_at + timedelta(seconds=1)
     assert timedelta(minutes=59) < got[1].run_at - got[1].created_at <= timedelta(hours=1)
     assert got[2].run_at == datetime(2100, 1, 1, tzinfo=UTC)

@@ -208,6 +208,7 @@ async def test_concurrent_duplicate_submissions_create_one_job(engine):
         {"type": "webhook"},
         {"payload": {"a": 2}},
         {"max_attempts": 5},
+        {"concurrency_key": "tenant-7"},
     ],
 )
 async def test_a_different_request_with_a_used_key_is_a_conflict(engine, different):

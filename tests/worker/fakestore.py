@@ -49,6 +49,7 @@ class FakeJob:
     queue: str = "default"
     priority: int = 0
     timeout: float | None = None
+    concurrency_key: str | None = None  # as `jobs.concurrency_key`
     result: str | None = None  # JSON text, as the handler's return value was encoded
     cancel_requested: bool = False
     locked: bool = False  # another transaction holds its row: renewals skip it
@@ -92,7 +93,7 @@ class FakeStore:
 
     def add(self, type: str, payload: Any = None, max_attempts: int = 3, **fields: Any) -> UUID:
         """A pending job; `fields` as FakeJob's (queue, priority, run_at, timeout,
-        traceparent)."""
+        concurrency_key, traceparent)."""
         job_id = uuid.UUID(int=next(self._order) + 1)
         payload = {} if payload is None else payload
         fields.setdefault("created_at", self.clock())

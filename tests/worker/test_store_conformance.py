@@ -53,6 +53,7 @@ class Memory:
             "attempts": job.attempts,
             "last_error": job.last_error,
             "errors": _entries(job.errors),
+            "concurrency_key": job.concurrency_key,
         }
 
     async def due_in(self, job_id: UUID) -> float:
@@ -99,7 +100,11 @@ class Postgres:
             row = (
                 await conn.execute(
                     sa.select(
-                        jobs.c.status, jobs.c.attempts, jobs.c.last_error, jobs.c.errors
+                        jobs.c.status,
+                        jobs.c.attempts,
+                        jobs.c.last_error,
+                        jobs.c.errors,
+                        jobs.c.concurrency_key,
                     ).where(jobs.c.id == job_id)
                 )
             ).first()
@@ -110,6 +115,7 @@ class Postgres:
             "attempts": row.attempts,
             "last_error": row.last_error,
             "errors": _entries(row.errors or []),
+            "concurrency_key": row.concurrency_key,
         }
 
     async def due_in(self, job_id: UUID) -> float:
@@ -202,6 +208,18 @@ async def test_a_claim_takes_due_jobs_in_claim_order_up_to_each_queues_slots(bac
     assert await _status(backend, low) is Status.PENDING
     again = await backend.store.claim({"default": 3}, LEASE)
     assert [job.id for job in again] == [low]  # the scheduled one is not due
+
+
+async def test_a_job_keeps_its_concurrency_key_through_its_attempt(backend: Backend):
+    keyed = await backend.add(concurrency_key="tenant-7")
+    plain = await backend.add()
+    got = await backend.store.claim({"default": 5}, LEASE)
+    assert {job.id for job in got} == {keyed, plain}  # no KEY_CONCURRENCY: no limit
+    assert await backend.store.record(Operation.COMPLETE, [job.lease for job in got]) == []
+    for job_id, key in ((keyed, "tenant-7"), (plain, None)):
+        job = await backend.job(job_id)
+        assert job is not None and job["status"] is Status.COMPLETED
+        assert job["concurrency_key"] == key
 
 
 async def test_the_next_due_job_is_reported_in_seconds(backend: Backend):

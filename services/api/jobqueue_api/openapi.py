@@ -11,10 +11,12 @@ from typing import Any
 from jobcore import record
 from jobcore.bulk import DEFAULT_BULK_LIMIT, MAX_BULK_LIMIT, MAX_IDS
 from jobcore.durations import format_duration
+from jobcore.schema import MAX_KEY_LENGTH as MAX_CONCURRENCY_KEY_LENGTH
 from jobcore.schema import MAX_PRIORITY, MAX_TIMEOUT, MIN_PRIORITY, MIN_TIMEOUT, QUEUE_PATTERN
 from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT
 from jobcore.states import Operation, Status
 from jobqueue_api.validation import (
+    CONCURRENCY_KEY_PATTERN,
     CURSOR_PATTERN,
     DURATION_PATTERN,
     MAX_ATTEMPTS,
@@ -52,6 +54,11 @@ _PAYLOAD = {
 
 _QUEUE = {"type": "string", "pattern": QUEUE_PATTERN}
 _PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY}
+_CONCURRENCY_KEY = {
+    "minLength": 1,
+    "maxLength": MAX_CONCURRENCY_KEY_LENGTH,
+    "pattern": CONCURRENCY_KEY_PATTERN,
+}
 
 
 def _duration(low: float, high: float, description: str) -> dict[str, Any]:
@@ -95,6 +102,15 @@ def _scheduling() -> dict[str, Any]:
             MAX_TIMEOUT,
             "This job's per-attempt limit, instead of the worker's JOB_TIMEOUT.",
         ),
+        "concurrency_key": {
+            "type": "string",
+            **_CONCURRENCY_KEY,
+            "description": (
+                f"1 to {MAX_CONCURRENCY_KEY_LENGTH} characters, no control characters (nor "
+                "U+2028, U+2029). Jobs of one key take turns with other keys' jobs and share "
+                "the workers' KEY_CONCURRENCY limit; without one (the default), neither."
+            ),
+        },
     }
 
 
@@ -105,6 +121,7 @@ _LIMITS: dict[str, dict[str, Any]] = {
     "queue": _QUEUE,
     "priority": _PRIORITY,
     "timeout": {"minimum": MIN_TIMEOUT, "maximum": MAX_TIMEOUT},
+    "concurrency_key": _CONCURRENCY_KEY,
 }
 
 
@@ -407,9 +424,9 @@ _IDEMPOTENCY_KEY = {
     "required": False,
     "description": (
         "Makes the submission safe to repeat: the same key with the same type, payload, "
-        "max_attempts, queue, priority and timeout returns the existing job (200), whatever "
-        "its run_at or delay; with a different request, 409. Keys starting with "
-        "'periodic:' are reserved for periodic schedules (400)."
+        "max_attempts, queue, priority, timeout and concurrency_key returns the existing job "
+        "(200), whatever its run_at or delay; with a different request, 409. Keys starting "
+        "with 'periodic:' are reserved for periodic schedules (400)."
     ),
     "schema": _KEY_SCHEMA,
 }

@@ -26,6 +26,7 @@ from jobcore.search import DEFAULT_LIMIT, MAX_LIMIT, Filters
 from jobcore.states import Status
 from jobcore.validation import (
     BATCH_ITEM_FIELDS,
+    CONCURRENCY_KEY_PATTERN,
     CREATE_FIELDS,
     DURATION,
     DURATION_PATTERN,
@@ -52,6 +53,7 @@ from jobqueue_api import jsonio
 
 __all__ = [
     "BATCH_ITEM_FIELDS",
+    "CONCURRENCY_KEY_PATTERN",
     "CREATE_FIELDS",
     "CURSOR_PATTERN",
     "DURATION_PATTERN",

@@ -99,6 +99,9 @@ def parser() -> argparse.ArgumentParser:
     )
     submit.add_argument("--queue", help="the queue (default: default)")
     submit.add_argument("--priority", type=int, help="-100..100, higher runs first")
+    submit.add_argument(
+        "--concurrency-key", help="its key: jobs of one key share KEY_CONCURRENCY, take turns"
+    )
     when = submit.add_mutually_exclusive_group()
     when.add_argument("--delay", type=_duration, help="due after this duration (90s, 1m30s)")
     when.add_argument("--run-at", help="due at this RFC 3339 time (2026-12-01T09:30:00Z)")
@@ -255,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
                 for name, value in {
                     "queue": args.queue,
                     "priority": args.priority,
+                    "concurrency_key": args.concurrency_key,
                     "delay": args.delay,
                     "run_at": args.run_at,
                     "timeout": args.timeout,

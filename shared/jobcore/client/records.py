@@ -33,6 +33,7 @@ class Job:
     max_attempts: int
     queue: str
     priority: int
+    concurrency_key: str | None
     timeout: float | None
     run_at: datetime
     last_error: str | None

@@ -86,6 +86,8 @@ def job(record: Job, note: str | None = None) -> None:
         ("finished_at", _time(record.finished_at)),
         ("payload", _json(record.payload)),
     ]
+    if record.concurrency_key is not None:
+        rows.insert(6, ("concurrency_key", record.concurrency_key))
     if record.cancel_requested_at is not None:
         rows.append(("cancel asked", _time(record.cancel_requested_at)))
     if record.last_error:

@@ -103,8 +103,8 @@ class Client:
         idempotency_key: str | None = None,
         **fields: Any,
     ) -> Job:
-        """Create a job (`fields`: max_attempts, queue, priority, run_at or delay, timeout);
-        with the key of an existing job of the same request, that job."""
+        """Create a job (`fields`: max_attempts, queue, priority, run_at or delay, timeout,
+        concurrency_key); with the key of an existing job of the same request, that job."""
         return self._run(self._calls.submit(type, payload, idempotency_key, fields))
 
     def submit_many(self, jobs: Iterable[Mapping[str, Any]]) -> builtins.list[Submitted]:

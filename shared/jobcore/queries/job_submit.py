@@ -33,6 +33,7 @@ def _conflict_target(insert: Any) -> Any:
             c.queue == insert.excluded.queue,
             c.priority == insert.excluded.priority,
             c.timeout.is_not_distinct_from(insert.excluded.timeout),
+            c.concurrency_key.is_not_distinct_from(insert.excluded.concurrency_key),
         ),
     )
 
@@ -58,6 +59,7 @@ _insert_one = pg.insert(jobs).values(
     queue=sa.bindparam("queue", type_=sa.Text),
     priority=sa.bindparam("priority", type_=sa.SmallInteger),
     timeout=sa.bindparam("timeout", type_=sa.Float),
+    concurrency_key=sa.bindparam("concurrency_key", type_=sa.Text),
     traceparent=sa.bindparam("traceparent", type_=sa.Text),
     run_at=_due_at(
         sa.bindparam("not_before", type_=sa.DateTime(timezone=True)),
@@ -93,6 +95,7 @@ def submit_params(new: NewJob, payload: Any) -> dict[str, Any]:
         "queue": new.queue,
         "priority": new.priority,
         "timeout": new.timeout,
+        "concurrency_key": new.concurrency_key,
         "traceparent": new.traceparent,
         "not_before": new.run_at,
         "delay": new.delay,
@@ -109,6 +112,7 @@ _MANY_COLUMNS: dict[str, tuple[str, Any]] = {
     "queue": ("queues", sa.Text),
     "priority": ("priorities", sa.SmallInteger),
     "timeout": ("timeouts", sa.Float),
+    "concurrency_key": ("concurrency_keys", sa.Text),
     "traceparent": ("traceparents", sa.Text),
     "not_before": ("not_befores", sa.DateTime(timezone=True)),
     "delay": ("delays", sa.Float),
@@ -129,6 +133,7 @@ _MANY_INTO = [
     "queue",
     "priority",
     "timeout",
+    "concurrency_key",
     "traceparent",
     "run_at",
 ]
@@ -141,6 +146,7 @@ _many_rows = sa.select(
     _many.c.queue,
     _many.c.priority,
     _many.c.timeout,
+    _many.c.concurrency_key,
     _many.c.traceparent,
     _due_at(_many.c.not_before, _many.c.delay),
 )
@@ -177,13 +183,14 @@ JOB_MATCH_REQUESTS = sa.select(
         c.queue == _many.c.queue,
         c.priority == _many.c.priority,
         c.timeout.is_not_distinct_from(_many.c.timeout),
+        c.concurrency_key.is_not_distinct_from(_many.c.concurrency_key),
     ).label("same"),
 ).select_from(_many.join(jobs, c.idempotency_key == _many.c.key))
 # A batch in which no item has an idempotency key: nothing can conflict (each id is new),
 # so no arbiter, no sort and nothing returned, a sixth less work for the database. And a
 # column whose value every item shares (the type, the queue, ...: most batches) is sent once,
 # as `shared_<column>`, its array NULL: the driver encodes two arrays a job instead of
-# eleven (docs/performance.md#client). `keyless_params` builds the parameters.
+# twelve (docs/performance.md#client). `keyless_params` builds the parameters.
 _SHARED: dict[str, tuple[str, str, Any]] = {
     # column -> (its array, its shared value, the NewJob field)
     "type": ("types", "shared_type", "type"),
@@ -191,6 +198,7 @@ _SHARED: dict[str, tuple[str, str, Any]] = {
     "queue": ("queues", "shared_queue", "queue"),
     "priority": ("priorities", "shared_priority", "priority"),
     "timeout": ("timeouts", "shared_timeout", "timeout"),
+    "concurrency_key": ("concurrency_keys", "shared_concurrency_key", "concurrency_key"),
     "traceparent": ("traceparents", "shared_traceparent", "traceparent"),
     "not_before": ("not_befores", "shared_not_before", "run_at"),
     "delay": ("delays", "shared_delay", "delay"),
@@ -227,6 +235,7 @@ JOB_SUBMIT_MANY_KEYLESS = pg.insert(jobs).from_select(
         _shared("queue"),
         _shared("priority"),
         _shared("timeout"),
+        _shared("concurrency_key"),
         _shared("traceparent"),
         _due_at(_shared("not_before"), _shared("delay")),
     ),
@@ -257,6 +266,7 @@ def many_params(rows: Sequence[NewJob], payloads: Sequence[str]) -> dict[str, li
         "queues": [new.queue for new in rows],
         "priorities": [new.priority for new in rows],
         "timeouts": [new.timeout for new in rows],
+        "concurrency_keys": [new.concurrency_key for new in rows],
         "traceparents": [new.traceparent for new in rows],
         "not_befores": [new.run_at for new in rows],
         "delays": [new.delay for new in rows],

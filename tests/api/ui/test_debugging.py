@@ -1,6 +1,7 @@
 """The dashboard's debugging pages in process (the real app on the real database): opening a
 job by its id, the types the filter offers, the list's columns, relative times, a job page's
-attempts, durations, lease and self-refresh, the schedules page, and each queue's hour."""
+attempts, durations, lease, concurrency key and self-refresh, the schedules page, and each
+queue's hour."""
 
 from __future__ import annotations
 
@@ -178,6 +179,21 @@ async def test_a_running_job_shows_its_lease_holder_and_expiry_and_how_long_it_r
     assert fields["Running for"] in ("30 s", "31 s")
     assert fields["Waited before this attempt"] in ("1 min", "59 s")
     assert fields["So far"] in ("1 min",)
+
+
+async def test_a_job_page_shows_its_concurrency_key_when_it_has_one(api):
+    engine = engine_of(api)
+    keyed, plain = await add_jobs(engine, 2, queue="keys")
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs).where(jobs.c.id == keyed).values(concurrency_key="tenant <7> & co")
+        )
+    page = (await api.get(f"/ui/jobs/{keyed}")).text
+    assert (
+        '<div><dt>Concurrency key</dt><dd class="concurrency-key">tenant &lt;7&gt; &amp; co</dd>'
+        in page
+    )
+    assert "Concurrency key" not in (await api.get(f"/ui/jobs/{plain}")).text
 
 
 async def _record_schedule(engine, name: str, cron: str, type_: str, **options) -> None:

@@ -106,6 +106,8 @@ def test_submit_takes_every_field_and_the_payload_from_stdin(jobqueue: Any, queu
         "90s",
         "--max-attempts",
         "2",
+        "--concurrency-key",
+        "tenant-7",
         "--idempotency-key",
         f"{queue}-1",
         "--json",
@@ -113,10 +115,12 @@ def test_submit_takes_every_field_and_the_payload_from_stdin(jobqueue: Any, queu
     )
     job = made.json()
     assert job["payload"] == {"duration": "2s"}
-    assert (job["timeout"], job["max_attempts"]) == (90.0, 2)
+    assert (job["timeout"], job["max_attempts"], job["concurrency_key"]) == (90.0, 2, "tenant-7")
+    assert re.search(r"concurrency_key +tenant-7", jobqueue("get", job["id"]).out)
     again = jobqueue(
         "submit", "sleep", '{"duration":"2s"}', "--queue", queue, "--timeout", "1m30s",
-        "--max-attempts", "2", "--idempotency-key", f"{queue}-1", "--json",
+        "--max-attempts", "2", "--concurrency-key", "tenant-7", "--idempotency-key",
+        f"{queue}-1", "--json",
     )  # fmt: skip
     assert again.json()["id"] == job["id"]
     later = jobqueue(

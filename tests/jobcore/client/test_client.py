@@ -114,6 +114,31 @@ def test_bad_input_raises_invalid_with_the_apis_message_and_writes_nothing(
     assert stack.jobs_in(queue) == 0
 
 
+def test_a_concurrency_key_is_submitted_read_back_and_compared_on_a_replay(
+    client: Client, stack: Stack, queue: str
+):
+    job = client.submit("sleep", queue=queue, concurrency_key="tenant-7", idempotency_key=queue)
+    assert job.concurrency_key == "tenant-7" and job.raw["concurrency_key"] == "tenant-7"
+    assert client.get(job.id).concurrency_key == "tenant-7"
+    assert client.submit("sleep", queue=queue).concurrency_key is None
+    again = client.submit("sleep", queue=queue, concurrency_key="tenant-7", idempotency_key=queue)
+    assert again.id == job.id
+    with pytest.raises(Conflict):
+        client.submit("sleep", queue=queue, concurrency_key="tenant-8", idempotency_key=queue)
+    results = client.submit_many(
+        [
+            {"type": "sleep", "queue": queue, "concurrency_key": "a"},
+            {"type": "sleep", "queue": queue},
+            {"type": "sleep", "queue": queue, "concurrency_key": "x", "idempotency_key": queue},
+        ]
+    )
+    assert [r.status for r in results] == ["created", "created", "conflict"]
+    assert [client.get(r.id or "").concurrency_key for r in results[:2]] == ["a", None]
+    with pytest.raises(Invalid, match="field 'concurrency_key' must be 1 to 255 characters"):
+        client.submit("sleep", queue=queue, concurrency_key="")
+    assert stack.jobs_in(queue) == 4
+
+
 def test_get_answers_the_record_and_not_found_names_the_job(client: Client, queue: str):
     job = client.submit("sleep", queue=queue)
     assert client.get(job.id) == dataclasses.replace(job, errors=())  # the full record
