@@ -61,7 +61,8 @@ jobs = sa.Table(
     sa.Column("idempotency_key", sa.Text, nullable=True),
     # Jobs of one key share its KEY_CONCURRENCY and take turns with other keys' jobs (fair
     # dispatch); NULL: no key (the key-less jobs take their turn as one more key, '').
-    sa.Column("concurrency_key", sa.Text, nullable=True),
+    # Compared in byte order ("C"), as the worker compares them (`jobcore.turns`).
+    sa.Column("concurrency_key", sa.Text(collation="C"), nullable=True),
     # The worker process that holds the current lease (`<host>:<pid>`), written by every
     # claim and kept once the attempt ends (who ran it last); NULL until the first claim.
     sa.Column("leased_by", sa.Text, nullable=True),
@@ -107,14 +108,23 @@ jobs = sa.Table(
         name="jobs_concurrency_key_check",
     ),
     # The claim reads this index in claim order: per queue, per priority (highest first),
-    # per concurrency key in turn (the key-less jobs under ''; in byte order, which the
-    # worker's own comparison of keys follows), the due jobs by run_at, stopping after n
-    # rows or at the first job not yet due.
+    # per concurrency key in turn (the key-less jobs under ''), the due jobs by run_at,
+    # stopping after n rows or at the first job not yet due.
+    sa.Index(
+        "jobs_claim_key_idx",
+        "queue",
+        sa.text("priority DESC"),
+        sa.text("(coalesce(concurrency_key, ''))"),
+        "run_at",
+        "id",
+        postgresql_where=sa.text("status = 'pending'"),
+    ),
+    # The claim order of the release before 0011, which claims through this index while it
+    # runs; nothing of this release reads it, and a later revision drops it.
     sa.Index(
         "jobs_claim_queue_idx",
         "queue",
         sa.text("priority DESC"),
-        sa.text("""(coalesce(concurrency_key, '') COLLATE "C")"""),
         "run_at",
         "id",
         postgresql_where=sa.text("status = 'pending'"),

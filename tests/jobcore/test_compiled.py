@@ -79,8 +79,10 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
     )
     # attempts + 1 and lease_token + 1 are the construct's own literals.
     assert sorted(map(str, args)) == sorted(
-        ["1", "1", "['q']", "[7]", "30.0", "c", "h", "[2]", "['fq']", "[3]", "['f']"]
-        + ["['tq']", "[4]", "['t']"]
+        [
+            *("1", "1", "['q']", "[7]", "30.0", "c", "h", "[2]"),
+            *("['fq']", "[3]", "['f']", "['tq']", "[4]", "['t']"),
+        ]
     )
     for position, value in enumerate(args, start=1):
         assert f"${position}" in claim.sql, value

@@ -182,7 +182,7 @@ async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
         "key_limits": [],
         **compiled.NO_TURNS,
     }
-    count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_queue_idx'::regclass)"
+    count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_key_idx'::regclass)"
     async with engine.connect() as conn:
         raw = await driver(conn)
         transaction = raw.transaction()

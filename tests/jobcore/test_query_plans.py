@@ -99,7 +99,7 @@ async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
         },
         generic,
     )
-    assert "jobs_claim_queue_idx" in _index_scans(plan), plan
+    assert "jobs_claim_key_idx" in _index_scans(plan), plan
     assert '"Seq Scan"' not in plan, plan
 
 
@@ -110,7 +110,7 @@ async def test_next_due_reads_the_claim_index(engine, generic, floors):
     plan = await _plan(
         engine, queries.JOB_NEXT_DUE, {"queues": ["default", "other"], **floors}, generic
     )
-    assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
+    assert _index_scans(plan) == {"jobs_claim_key_idx"}, plan
     assert '"Seq Scan"' not in plan, plan
 
 
@@ -119,7 +119,7 @@ async def test_the_check_of_the_heads_reads_the_claim_index(engine, generic):
     await _fill(engine)
     params = {"queues": ["default", "other"], **NO_FLOORS}
     plan = await _plan(engine, queries.JOB_CLAIM_HEADS, params, generic)
-    assert _index_scans(plan) == {"jobs_claim_queue_idx"}, plan
+    assert _index_scans(plan) == {"jobs_claim_key_idx"}, plan
     assert '"Seq Scan"' not in plan, plan
 
 
@@ -236,7 +236,7 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
     for statement in (queries.JOB_CLAIM_UNLIMITED, queries.JOB_COMPLETE_AND_CLAIM_UNLIMITED):
         values = {**params, "ids": [new_id()], "tokens": [1], "results": [None]}
         plan = await _plan(engine, statement, values, generic)
-        assert "jobs_claim_queue_idx" in _index_scans(plan), plan
+        assert "jobs_claim_key_idx" in _index_scans(plan), plan
         assert "jobs" not in _scanned_tables(plan), plan
 
 

@@ -207,7 +207,12 @@ async def test_queue_depths_read_indexes_only(big, generic):
     reads = _reads(plan)
     assert "Seq Scan" not in {kind for kind, _ in reads}, plan
     used = set().union(*(indexes for _, indexes in reads))
-    assert used <= {"jobs_queue_idx", "jobs_claim_queue_idx", "jobs_lease_idx"}, plan
+    assert used <= {
+        "jobs_queue_idx",
+        "jobs_claim_queue_idx",
+        "jobs_claim_key_idx",
+        "jobs_lease_idx",
+    }, plan
 
 
 async def test_queue_depths_read_no_finished_job(big):

@@ -23,7 +23,7 @@ from jobcore.states import Operation, Status
 
 # The claim order, per queue: priority descending; within a priority, the concurrency keys
 # in turn (the key-less jobs are key ''); within a key, run_at, then id, among due jobs.
-# `jobs_claim_queue_idx` holds pending jobs in that order (queue, priority, key, run_at,
+# `jobs_claim_key_idx` holds pending jobs in that order (queue, priority, key, run_at,
 # id), but a plain `run_at <= now()` filter on it would read past every job not yet due
 # (each claim, each poll). So the claim walks it as a loose index scan: the priorities
 # present among a queue's pending jobs, highest first (one index probe each, a recursive
@@ -52,7 +52,7 @@ _PENDING = f"'{_CLAIMABLE.value}'"
 _RUNNING = f"'{Status.PROCESSING.value}'"
 _NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
 # A job's key in claim order; the index holds this expression.
-KEY = "coalesce(concurrency_key, '') COLLATE \"C\""
+KEY = "coalesce(concurrency_key, '')"
 _KNOWN = """
     known(p, f) AS (
         SELECT k.p, k.f FROM unnest(CAST(:floor_queues AS text[]),
@@ -148,7 +148,7 @@ def _in_turn(skip: str) -> str:
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = {_RUNNING} AND queue = w.queue
-                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                                  AND concurrency_key = keys.k), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (

@@ -121,13 +121,13 @@ CROSS JOIN LATERAL (
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), after(k) AS (
             SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
         ), wrapped(k) AS (
             SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), keys AS MATERIALIZED (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
@@ -136,7 +136,7 @@ CROSS JOIN LATERAL (
             -- '' takes a turn only with a due job past its floor (read from there).
             WHERE k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -147,14 +147,14 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                                  AND concurrency_key = keys.k), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now()
@@ -171,7 +171,7 @@ CROSS JOIN LATERAL (
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
                 SELECT id FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now()
                 ORDER BY run_at, id
@@ -228,13 +228,13 @@ CROSS JOIN LATERAL (
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), after(k) AS (
             SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
         ), wrapped(k) AS (
             SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), keys AS MATERIALIZED (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
@@ -243,7 +243,7 @@ CROSS JOIN LATERAL (
             -- '' takes a turn only with a due job past its floor (read from there).
             WHERE k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -254,14 +254,14 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                                  AND concurrency_key = keys.k), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
@@ -278,7 +278,7 @@ CROSS JOIN LATERAL (
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
                 SELECT id FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
                 ORDER BY run_at, id
@@ -337,13 +337,13 @@ CROSS JOIN LATERAL (
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), after(k) AS (
             SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
         ), wrapped(k) AS (
             SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), keys AS MATERIALIZED (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
@@ -352,7 +352,7 @@ CROSS JOIN LATERAL (
             -- '' takes a turn only with a due job past its floor (read from there).
             WHERE k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -363,14 +363,14 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                                  AND concurrency_key = keys.k), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now()
@@ -387,7 +387,7 @@ CROSS JOIN LATERAL (
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
                 SELECT id FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now()
                 ORDER BY run_at, id
@@ -406,7 +406,7 @@ CROSS JOIN LATERAL (
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
- SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) AS concurrency_key 
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) COLLATE "C" AS concurrency_key 
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
 FROM claimed;
 
@@ -450,13 +450,13 @@ CROSS JOIN LATERAL (
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), after(k) AS (
             SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) END
+                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > after.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM after WHERE after.k IS NOT NULL
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
         ), wrapped(k) AS (
             SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > wrapped.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM wrapped
+            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), keys AS MATERIALIZED (
             SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
@@ -465,7 +465,7 @@ CROSS JOIN LATERAL (
             -- '' takes a turn only with a due job past its floor (read from there).
             WHERE k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
             LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT keys.k, room.k_left,
@@ -476,14 +476,14 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k COLLATE "default"), 0)::integer
+                                  AND concurrency_key = keys.k), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = shares.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
@@ -500,7 +500,7 @@ CROSS JOIN LATERAL (
         ), more AS MATERIALIZED (
             SELECT m.id FROM filled CROSS JOIN LATERAL (
                 SELECT id FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = filled.k
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
                 ORDER BY run_at, id
@@ -519,7 +519,7 @@ CROSS JOIN LATERAL (
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
- SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) AS concurrency_key 
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) COLLATE "C" AS concurrency_key 
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
 FROM claimed;
 
@@ -627,7 +627,7 @@ WITH room AS MATERIALIZED (
               AND priority > (SELECT coalesce(min(c.priority), 32767) FROM due AS c
                               WHERE c.queue = w.queue)
             -- Any of them will do (they only rank): in index order, keys first.
-            ORDER BY coalesce(concurrency_key, '') COLLATE "C", run_at, id LIMIT w.n
+            ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT w.n
         ) AS d
         LIMIT w.n
     ) AS o
@@ -700,10 +700,10 @@ CROSS JOIN LATERAL (
     SELECT (WITH RECURSIVE keys_present(k) AS (
         SELECT CAST('' AS text) COLLATE "C"
         UNION ALL
-        SELECT (SELECT coalesce(concurrency_key, '') COLLATE "C" FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" > keys_present.k ORDER BY coalesce(concurrency_key, '') COLLATE "C" LIMIT 1) FROM keys_present WHERE keys_present.k IS NOT NULL
+        SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > keys_present.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM keys_present WHERE keys_present.k IS NOT NULL
     )
             SELECT min((SELECT run_at FROM jobqueue.jobs
-                        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = keys_present.k AND run_at > now()
+                        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = keys_present.k AND run_at > now()
                         ORDER BY run_at LIMIT 1))
             FROM keys_present WHERE keys_present.k IS NOT NULL) AS run_at
     FROM priorities WHERE priorities.p IS NOT NULL
@@ -738,7 +738,7 @@ CROSS JOIN LATERAL (
         FROM priorities WHERE priorities.p IS NOT NULL
     )
     SELECT priorities.p, (SELECT run_at FROM jobqueue.jobs
-                          WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') COLLATE "C" = '' AND run_at <= now()
+                          WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at <= now()
                           ORDER BY run_at, id LIMIT 1) AS run_at
     FROM priorities WHERE priorities.p IS NOT NULL
 ) AS h

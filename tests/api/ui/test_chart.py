@@ -108,7 +108,12 @@ async def test_each_queue_s_hour_reads_the_finished_range_and_the_unfinished_job
     assert not [n for n in reads if n["Node Type"] == "Seq Scan"], plan
     used = {n["Index Name"] for n in reads if "Index Name" in n}
     assert "jobs_finished_idx" in used, plan
-    assert used <= {"jobs_finished_idx", "jobs_claim_queue_idx", "jobs_lease_idx"}, plan
+    assert used <= {
+        "jobs_finished_idx",
+        "jobs_claim_queue_idx",
+        "jobs_claim_key_idx",
+        "jobs_lease_idx",
+    }, plan
 
 
 async def test_each_queue_s_hour_reads_no_job_finished_before_the_hour(engine):

@@ -1,19 +1,18 @@
 """Lease holders and concurrency keys: the columns `leased_by` (the worker process,
 `<host>:<pid>`, that holds a job's current lease; every claim writes it) and
 `concurrency_key` (a job's key for fair dispatch and KEY_CONCURRENCY); the claim index with
-the key in its order (per queue and priority, the keys, then each key's jobs by run_at);
+the key in its order (per queue and priority, the keys, then each key's jobs by run_at),
+`jobs_claim_key_idx`;
 an index of the running keyed jobs.
 
 Upgrades a populated table without a rewrite or a long lock: both columns are nullable (a
 brief lock, given up after 5 s rather than queued behind a long transaction), the key's
 CHECK is added NOT VALID and validated afterwards (a read that does not block writes), and
-the indexes are built CONCURRENTLY, outside the migration's transaction; the new claim
-index replaces the old one under its name (`jobs_claim_queue_idx`).
+the indexes are built CONCURRENTLY, outside the migration's transaction.
 
-The previous release neither reads nor writes the new columns. Its claims read the new
-claim index by its first columns (queue, priority) and sort what they find there, which
-costs more per claim with a large backlog until its workers are replaced
-(docs/upgrading.md).
+The previous release neither reads nor writes the new columns, and claims through its own
+claim index (`jobs_claim_queue_idx`), which this revision keeps for it; a later revision
+drops it (docs/upgrading.md).
 
 Revision ID: 0011
 Revises: 0010
@@ -33,12 +32,11 @@ _KEY_CHECK = (
     "concurrency_key IS NULL OR (char_length(concurrency_key) BETWEEN 1 AND 255"
     " AND concurrency_key !~ '[[:cntrl:]]')"
 )
-_CLAIM_INDEX = "jobs_claim_queue_idx"
-_BUILT = "jobs_claim_queue_idx_0011"  # the replacement, under this name until it is renamed
-_OLD_CLAIM = "(queue, priority DESC, run_at, id) WHERE status = 'pending'"
-_NEW_CLAIM = (
-    "(queue, priority DESC, (coalesce(concurrency_key, '') COLLATE \"C\"), run_at, id)"
-    " WHERE status = 'pending'"
+# The claim index in fair-dispatch order. The previous release's (`jobs_claim_queue_idx`)
+# stays: its workers claim through it until they are replaced (docs/upgrading.md).
+_KEY_CLAIM = (
+    "jobs_claim_key_idx",
+    "(queue, priority DESC, (coalesce(concurrency_key, '')), run_at, id) WHERE status = 'pending'",
 )
 _KEY_RUNNING = (
     "jobs_key_running_idx",
@@ -53,22 +51,15 @@ def _schema() -> str:
     return str(schema)
 
 
-def _replace_claim_index(schema: str, definition: str) -> None:
-    """Build the claim index anew beside the current one, drop that, and give the new one
-    its name: claims always have one (a run interrupted anywhere can be run again)."""
-    op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema}.{_BUILT}")  # a failed build
-    op.execute(f"CREATE INDEX CONCURRENTLY {_BUILT} ON {schema}.jobs {definition}")
-    op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema}.{_CLAIM_INDEX}")
-    op.execute(f"ALTER INDEX {schema}.{_BUILT} RENAME TO {_CLAIM_INDEX}")
-
-
 def upgrade() -> None:
     schema = _schema()
     op.execute("SET LOCAL lock_timeout = '5s'")
     # Safe to run again after an interruption: the index builds below commit this part
     # before the revision is recorded.
     op.execute(f"ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS leased_by text")
-    op.execute(f"ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS concurrency_key text")
+    op.execute(
+        f'ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS concurrency_key text COLLATE "C"'
+    )
     op.execute(f"ALTER TABLE {schema}.jobs DROP CONSTRAINT IF EXISTS jobs_concurrency_key_check")
     op.execute(
         f"ALTER TABLE {schema}.jobs ADD CONSTRAINT jobs_concurrency_key_check"
@@ -76,17 +67,16 @@ def upgrade() -> None:
     )
     with op.get_context().autocommit_block():
         op.execute(f"ALTER TABLE {schema}.jobs VALIDATE CONSTRAINT jobs_concurrency_key_check")
-        name, definition = _KEY_RUNNING
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema}.{name}")  # a failed build
-        op.execute(f"CREATE INDEX CONCURRENTLY {name} ON {schema}.jobs {definition}")
-        _replace_claim_index(schema, _NEW_CLAIM)
+        for name, definition in (_KEY_RUNNING, _KEY_CLAIM):
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema}.{name}")  # a failed build
+            op.execute(f"CREATE INDEX CONCURRENTLY {name} ON {schema}.jobs {definition}")
 
 
 def downgrade() -> None:
     schema = _schema()
     with op.get_context().autocommit_block():
-        _replace_claim_index(schema, _OLD_CLAIM)
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema}.{_KEY_RUNNING[0]}")
+        for name, _ in (_KEY_CLAIM, _KEY_RUNNING):
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema}.{name}")
     op.execute("SET LOCAL lock_timeout = '5s'")
     op.execute(f"ALTER TABLE {schema}.jobs DROP CONSTRAINT IF EXISTS jobs_concurrency_key_check")
     op.execute(f"ALTER TABLE {schema}.jobs DROP COLUMN IF EXISTS concurrency_key")
