@@ -1,5 +1,5 @@
-"""TYPE_CONCURRENCY and TYPE_RATE: parsed once at startup; a bad value stops the worker with
-exit status 2 and one line naming the variable."""
+"""TYPE_CONCURRENCY, TYPE_RATE and KEY_CONCURRENCY: parsed once at startup; a bad value stops
+the worker with exit status 2 and one line naming the variable."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 
 from jobcore.errors import ConfigError
 from jobcore.settings import load_worker_settings
+from jobcore.settings.parsing import key_limits_of
 from tests.worker.support import start_worker
 
 
@@ -22,6 +23,17 @@ def test_no_limits_by_default():
     settings = load_worker_settings({})
     assert settings.type_concurrency == {}
     assert settings.type_rate == {}
+
+
+def test_key_limits_are_parsed_per_queue_with_a_default_for_the_others():
+    settings = load_worker_settings({"KEY_CONCURRENCY": "reports:1, *:2"})
+    assert settings.key_concurrency == {"reports": 1, "*": 2}
+    assert key_limits_of(settings.key_concurrency, ["reports", "default"]) == {
+        "reports": 1,
+        "default": 2,
+    }
+    assert key_limits_of({"reports": 1}, ["reports", "default"]) == {"reports": 1}
+    assert load_worker_settings({}).key_concurrency == {}
 
 
 def test_a_type_name_may_hold_dots_and_colons():
@@ -46,6 +58,12 @@ def test_a_type_name_may_hold_dots_and_colons():
         ("TYPE_RATE", "webhook:/s"),
         ("TYPE_RATE", "mail:1/m,mail:2/s"),
         ("TYPE_RATE", "my type:1/s"),
+        ("KEY_CONCURRENCY", "default"),
+        ("KEY_CONCURRENCY", "default:0"),
+        ("KEY_CONCURRENCY", "Default:2"),
+        ("KEY_CONCURRENCY", "*:1,*:2"),
+        ("KEY_CONCURRENCY", ":2"),
+        ("KEY_CONCURRENCY", "default:two"),
     ],
 )
 def test_an_invalid_limit_names_its_variable(variable, value):
@@ -60,6 +78,7 @@ def test_an_invalid_limit_names_its_variable(variable, value):
     [
         ({"TYPE_CONCURRENCY": "webhook:0"}, "TYPE_CONCURRENCY"),
         ({"TYPE_RATE": "mail:5"}, "TYPE_RATE"),
+        ({"KEY_CONCURRENCY": "*:0"}, "KEY_CONCURRENCY"),
     ],
 )
 def test_a_worker_with_an_invalid_limit_exits_2_with_one_line(

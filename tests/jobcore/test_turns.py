@@ -1,0 +1,45 @@
+"""Key turns: where a process's next claim at a queue and priority starts among the keys."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from jobcore.turns import KeyTurns
+
+
+class _Job(NamedTuple):
+    queue: str
+    priority: int
+    concurrency_key: str | None
+
+
+def _jobs(*keys: str | None, queue: str = "q", priority: int = 0) -> list[_Job]:
+    return [_Job(queue, priority, key) for key in keys]
+
+
+def test_a_first_claim_starts_from_the_first_key_and_ends_at_the_greatest_it_served():
+    turns = KeyTurns()
+    assert turns.params(["q"]) == {"turn_queues": [], "turn_priorities": [], "turns": []}
+    turns.learn(_jobs(None, "b", "a", "b"))
+    assert turns.last("q", 0) == "b"
+    assert turns.params(["q", "other"]) == {
+        "turn_queues": ["q"],
+        "turn_priorities": [0],
+        "turns": ["b"],
+    }
+
+
+def test_a_claim_that_went_round_ends_at_the_greatest_key_up_to_the_last_turn():
+    turns = KeyTurns()
+    turns.learn(_jobs("m"))
+    # Served x (after m), then round again: '' (key-less) and a.
+    turns.learn(_jobs("x", None, "a"))
+    assert turns.last("q", 0) == "a"
+
+
+def test_turns_are_kept_per_queue_and_priority_and_in_byte_order():
+    turns = KeyTurns()
+    turns.learn(_jobs("é", "z") + _jobs("a", priority=5) + _jobs("k", queue="r"))
+    # "é" (U+00E9) sorts after "z" in byte order, as in the claim index (collation C).
+    assert (turns.last("q", 0), turns.last("q", 5), turns.last("r", 0)) == ("é", "a", "k")
+    assert turns.params(["r"]) == {"turn_queues": ["r"], "turn_priorities": [0], "turns": ["k"]}
