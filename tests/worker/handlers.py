@@ -182,3 +182,14 @@ def returns(payload: Any, ctx: JobContext) -> Any:
     if "chars" in payload:
         return "x" * int(payload["chars"])
     return payload.get("value")
+
+
+@handler("test.interval")
+async def interval(payload: Any, ctx: JobContext) -> None:
+    """Append `start <job_id> <attempt> <pid> <time>` to $WORKER_TEST_LOG.intervals, sleep
+    payload["seconds"] (default 0), then append the same with `end`: a run killed
+    mid-handler leaves its start without an end."""
+    line = f"{ctx.job_id} {ctx.attempt} {os.getpid()}"
+    append(".intervals", f"start {line} {time.time():.6f}")
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+    append(".intervals", f"end {line} {time.time():.6f}")
