@@ -251,12 +251,11 @@ async def test_a_paused_queue_claims_none_of_its_keyed_jobs_until_resumed(
     worker = start_worker(database_url, tmp_path, QUEUES="default:4,other:4", KEY_CONCURRENCY="*:1")
     try:
         await until(lambda: worker.child_pids(), 60, "the worker process")
-        held = [
-            job.id
-            for job in await submit_jobs(
-                engine, [keyed("test.record", {}, key) for key in ("x", "y", None) * 3]
-            )
-        ]
+        submitted = await submit_jobs(
+            engine,
+            [keyed("test.interval", {"seconds": 0.1}, key) for key in ("x", "y", None) * 3],
+        )
+        held = [job.id for job in submitted]
         others = [
             job.id
             for job in await submit_jobs(
@@ -275,3 +274,14 @@ async def test_a_paused_queue_claims_none_of_its_keyed_jobs_until_resumed(
     finally:
         await auto.dispose()
         assert worker.stop(60) == 0
+    # Resumed, its keys still run one at a time (KEY_CONCURRENCY=*:1).
+    runs = read_runs(worker.exec_log)
+    for key in ("x", "y"):
+        spans = [
+            (r.start, r.end)
+            for job in submitted
+            if job.concurrency_key == key
+            for r in runs[str(job.id)]
+            if r.end is not None
+        ]
+        assert len(spans) == 3 and most_at_once(spans) == 1, (key, spans)
