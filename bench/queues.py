@@ -10,16 +10,17 @@ also gets a WORKERS sweep, the API submit measurements (`bench.submit`) and
 the backlog check (`bench.backlog`), webhook jobs/s of one worker process
 against a local sink (`bench.webhooks`), the scheduling and routing figures
 (`bench.scheduling`: lateness of scheduled jobs, a drain over two queues) and
-what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains), and
-what a list page and the queue depths cost on a table of a million jobs
-(`bench.listing`), how soon a waiting request is answered and what waiting costs
-(`bench.waiting`), and what retention costs (`bench.retention`: drains while pruning, a
-table millions of jobs passed through). One more system joins the round-robin: our drain
-with its features on (`bench.features`: two queues, mixed priorities, heartbeats renewing,
-a type under TYPE_CONCURRENCY, retention pruning), set against the plain drain and the
-peers'. A progress bar goes to stderr, the table to stdout ending with every performance
-target (met, missed or not measured), everything measured to
-bench-results/<timestamp>.json.
+what heartbeats and per-type limits cost (`bench.costs`: two pairs of drains), what
+concurrency keys cost and whether a key waits behind another's (`bench.keys`: a drain over
+1,000 keys under KEY_CONCURRENCY, a fairness run), and what a list page and the queue
+depths cost on a table of a million jobs (`bench.listing`), how soon a waiting request is
+answered and what waiting costs (`bench.waiting`), and what retention costs
+(`bench.retention`: drains while pruning, a table millions of jobs passed through). One
+more system joins the round-robin: our drain with its features on (`bench.features`: two
+queues, mixed priorities, heartbeats renewing, a type under TYPE_CONCURRENCY, retention
+pruning), set against the plain drain and the peers'. A progress bar goes to stderr, the
+table to stdout ending with every performance target (met, missed or not measured),
+everything measured to bench-results/<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from bench import (
     client,
     costs,
     features,
+    keys,
     listing,
     measure,
     pg,
@@ -97,6 +99,8 @@ class Config:
     schedule_polls: list[str] = field(default_factory=lambda: ["1s", "5s"])
     two_queues: bool = True
     costs: bool = True
+    keys: bool = True
+    fair_jobs: int = 10_000
     features: bool = True
     features_prefill: int = 100_000
     list_rows: int = 1_000_000
@@ -137,6 +141,7 @@ QUICK = {
     "retention_cycled": 100_000,
     "client_jobs": 20_000,
     "features_prefill": 50_000,
+    "fair_jobs": 2_000,
 }
 
 
@@ -331,6 +336,20 @@ class Run:
             variant,
         )
         self.results.append({"kind": kind, "repeat": rep, **figures})
+
+    async def keys_drain_session(self, rep: int) -> None:
+        c = self.config
+        assert self.rx is not None
+        figures = await keys.drain_session(
+            c.server, self.workdir, self.rx, c.workers, max(c.processes), c.jobs, _timeout(c.jobs)
+        )
+        self.results.append({**figures, "repeat": rep})
+
+    async def keys_fairness_session(self, rep: int) -> None:
+        c = self.config
+        assert self.rx is not None
+        figures = await keys.fairness_session(c.server, self.workdir, self.rx, c.fair_jobs)
+        self.results.append({**figures, "repeat": rep})
 
     async def listing_session(self) -> None:
         c = self.config
@@ -540,6 +559,18 @@ class Run:
                         f"{max(c.processes)} process(es)",
                         lambda r=rep: self.two_queue_session(r),
                     )
+                if c.keys:
+                    # Also right after the key-less drains it is set against.
+                    await self.step(
+                        f"{rep + 1}/{c.repeat} jobqueue drain over {keys.KEYS:,} keys, "
+                        f"KEY_CONCURRENCY={keys.KEY_CONCURRENCY}: {max(c.processes)} process(es)",
+                        lambda r=rep: self.keys_drain_session(r),
+                    )
+                    await self.step(
+                        f"{rep + 1}/{c.repeat} jobqueue fairness: {c.fair_jobs:,} jobs of key A, "
+                        f"then {keys.B_JOBS} of key B",
+                        lambda r=rep: self.keys_fairness_session(r),
+                    )
                 for kind, pair in COST_PAIRS if c.costs else ():
                     # The two runs of a pair back to back, the first alternating by repeat.
                     for variant in pair if rep % 2 == 0 else pair[::-1]:
@@ -638,6 +669,7 @@ def total_steps(c: Config) -> int:
     per_repeat += int(c.features)
     per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
     per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
+    per_repeat += 2 if c.keys else 0
     listed = 1 if c.list_rows else 0
     waited = 1 if c.wait_samples else 0
     waited += 1 if c.client_jobs else 0
@@ -703,6 +735,16 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--no-costs",
         action="store_true",
         help="skip the drains that measure what heartbeats and per-type limits cost",
+    )
+    parser.add_argument(
+        "--no-keys",
+        action="store_true",
+        help="skip the drain over concurrency keys and the fairness run",
+    )
+    parser.add_argument(
+        "--fair-jobs",
+        type=int,
+        help=f"jobs of key A ahead of key B's in the fairness run (default {d.fair_jobs:,})",
     )
     parser.add_argument(
         "--no-features",
@@ -799,6 +841,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "retention_cycled",
         "client_jobs",
         "features_prefill",
+        "fair_jobs",
         "server",
         "output_dir",
     ):
@@ -817,6 +860,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         config.costs = False
     if args.no_features:
         config.features = False
+    if args.no_keys:
+        config.keys = False
     config.keep_logs = args.keep_logs
     config.profile = args.profile
     if config.profile and not profile.available():
@@ -826,6 +871,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     config.server = config.server or pg.server_url()
     if config.repeat < 1 or config.jobs < 1:
         parser.error("--repeat and --jobs must be at least 1")
+    if config.keys and config.fair_jobs < 1:
+        parser.error("--fair-jobs must be at least 1")
     if config.features and config.features_prefill < 1:
         parser.error("--features-prefill must be at least 1: retention needs jobs to prune")
     return config

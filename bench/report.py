@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import client, costs, features, listing, retention, scheduling, waiting, webhooks
+from bench import (
+    client,
+    costs,
+    features,
+    keys,
+    listing,
+    retention,
+    scheduling,
+    waiting,
+    webhooks,
+)
 from bench.stats import median
 
 OURS = "jobqueue"
@@ -133,6 +143,10 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     featured = features.summarize(results, summary["systems"])
     if featured:
         summary["features"] = featured
+    plain = [r for r in sessions if r["system"] == OURS and r["workers"] == config["workers"]]
+    keyed = keys.summarize(results, plain)
+    if keyed:
+        summary["keys"] = keyed
     priced = costs.summarize(results)
     if priced:
         summary["costs"] = priced
@@ -319,6 +333,18 @@ EXPECTED = [
         f">= {scheduling.RATIO_TARGET:.2f}",
     ),
     (
+        "keys, KEY_CONCURRENCY=",
+        f"drain over {keys.KEYS:,} keys, KEY_CONCURRENCY={keys.KEY_CONCURRENCY}, vs no keys "
+        "(ratio)",
+        f">= {keys.DRAIN_TARGET:.2f}",
+    ),
+    (
+        "fair dispatch:",
+        f"fair dispatch: {keys.B_JOBS} jobs of a key submitted behind 10,000 of another start "
+        f"within {keys.WAIT_TARGET_MS / 1000:g} s (longest wait, ms)",
+        f"<= {keys.WAIT_TARGET_MS:.0f}",
+    ),
+    (
         "drain with heartbeats renewing",
         "drain with heartbeats renewing vs none due, no lease lost (ratio)",
         f">= {costs.HEARTBEAT_TARGET:.2f}",
@@ -359,6 +385,7 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     gathered += scheduling.targets(summary.get("scheduling", {}))
     gathered += waiting.targets(summary.get("waiting", {}))
     gathered += listing.targets(summary.get("listing", {}))
+    gathered += keys.targets(summary.get("keys", {}))
     gathered += costs.targets(summary.get("costs", {}))
     gathered += retention.targets(summary.get("retention", {}))
     gathered += client.targets(summary.get("client", {}))
@@ -549,6 +576,7 @@ def render(document: dict[str, Any]) -> str:
             _table(["", "empty table", "backlog", "difference"], rows_),
         ]
     out += scheduling.lines(summary.get("scheduling", {}))
+    out += keys.lines(summary.get("keys", {}))
     out += costs.lines(summary.get("costs", {}))
     out += listing.lines(summary.get("listing", {}))
     out += waiting.lines(summary.get("waiting", {}))

@@ -9,7 +9,8 @@ from bench.beacon import report_payload
 from jobcore import JobContext, handler
 
 JOB_TYPE = "bench-noop"
-# Jobs that stay running for a while, so a heartbeat always finds leases to renew.
+# Jobs that stay running for a while, so a heartbeat always finds leases to renew (and
+# whose start a payload with a marker reports, as the no-op's does).
 SLEEP_TYPE = "bench-sleep"
 SLEEP_SECONDS = 0.05
 # A no-op type of its own, for drains where one type gets a limit (TYPE_CONCURRENCY).
@@ -23,6 +24,7 @@ async def bench_noop(payload: Any, ctx: JobContext) -> None:
 
 @handler(SLEEP_TYPE)
 async def bench_sleep(payload: Any, ctx: JobContext) -> None:
+    report_payload(payload)
     await asyncio.sleep(SLEEP_SECONDS)
 
 

@@ -51,6 +51,7 @@ TINY = [
     "--retention-cycled", "1500",
     "--client-jobs", "2000",
     "--features-prefill", "50000",
+    "--fair-jobs", "1000",
 ]  # fmt: skip
 
 OURS_FIGURES = {
@@ -88,6 +89,9 @@ def bench_databases(server: str) -> set[str]:
         return {name for (name,) in rows}
 
 
+# The run's own limit (the subprocess timeout below) applies, not the suite's default: on
+# the 2-core machine under other load the tiny run takes up to about three minutes.
+@pytest.mark.timeout(300)
 def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path) -> None:
     before = bench_databases(pg_server)
     run = subprocess.run(
@@ -140,6 +144,18 @@ def test_bench_reports_every_figure_for_our_queue(pg_server: str, tmp_path: Path
     assert "Cost of heartbeats and per-type limits" in run.stdout
     assert "heartbeats, jobs of 50 ms: LEASE_DURATION=3s" in run.stdout
     assert "of the jobs limited, TYPE_CONCURRENCY=bench-limited:20" in run.stdout
+
+    keyed = summary["keys"]
+    drain_ = keyed["drain"]
+    assert (drain_["jobs"], drain_["keys"], drain_["key_concurrency"]) == (200, 200, "*:2")
+    assert drain_["jobs_per_s"] > 0 and drain_["keyless_jobs_per_s"] > 0 and drain_["ratio"] > 0
+    assert drain_["worker_cpu_us_per_job"] >= 0
+    fair = keyed["fairness"]
+    assert (fair["a_jobs"], fair["b_jobs"], fair["samples"], fair["slots"]) == (1000, 20, 20, 16)
+    assert 0 < fair["p50_ms"] <= fair["p99_ms"] <= fair["max_ms"]
+    assert "Concurrency keys" in run.stdout
+    assert "drain of 200 no-op jobs over 200 keys, KEY_CONCURRENCY=*:2" in run.stdout
+    assert "fairness: 1,000 jobs of key A, 20 of key B 1 s later, 16 slots" in run.stdout
 
     listed = summary["listing"]
     assert listed["rows"] == 3000 and listed["limit"] == 50

@@ -418,3 +418,98 @@ def test_no_features_flag_skips_the_drain_with_the_features_on_each_repeat() -> 
     assert total_steps(config) - total_steps(skipped) == config.repeat
     with pytest.raises(SystemExit):
         parse_args(["--features-prefill", "0", "--server", "postgresql://unused"])
+
+
+def keys_drain_row(drain: float, cpu: float = 60.0) -> dict[str, Any]:
+    return {
+        "kind": "keys_drain",
+        "processes": 2,
+        "workers": 50,
+        "jobs": 20_000,
+        "keys": 1_000,
+        "key_concurrency": "*:2",
+        "drain_jobs_per_s": drain,
+        "worker_cpu_us_per_job": cpu,
+    }
+
+
+def fairness_row(p99: float, longest: float, a_left: int = 9_000) -> dict[str, Any]:
+    return {
+        "kind": "keys_fairness",
+        "slots": 16,
+        "processes": 1,
+        "a_jobs": 10_000,
+        "b_jobs": 20,
+        "delay_s": 1.0,
+        "job_seconds": 0.05,
+        "p50_ms": p99 / 2,
+        "p95_ms": p99,
+        "p99_ms": p99,
+        "mean_ms": p99 / 2,
+        "samples": 20,
+        "max_ms": longest,
+        "a_pending_after_b": a_left,
+    }
+
+
+KEYS_DRAIN = "drain over 1,000 keys, KEY_CONCURRENCY=*:2, vs no keys (ratio)"
+FAIRNESS = (
+    "fair dispatch: 20 jobs of a key submitted behind 10,000 of another start within 2 s"
+    " (longest wait, ms)"
+)
+
+
+def test_key_drain_is_set_against_the_keyless_drain_of_the_same_run_and_process_count() -> None:
+    doc = document(
+        [
+            session("jobqueue", 2, 10_000, worker_cpu_us_per_job=50.0),
+            session("jobqueue", 1, 6_000),
+            keys_drain_row(8_100),
+        ]
+    )
+    drain = doc["summary"]["keys"]["drain"]
+    assert drain["keyless_jobs_per_s"] == 10_000  # the 2-process drain, not the 1-process
+    assert drain["ratio"] == pytest.approx(0.81)
+    assert verdicts(doc)[KEYS_DRAIN] is True
+    text = render(doc)
+    assert (
+        "drain of 20,000 no-op jobs over 1,000 keys, KEY_CONCURRENCY=*:2, 2 process(es), "
+        "WORKERS=50: 8,100 jobs/s vs no keys 10,000 jobs/s: 0.81x"
+    ) in text
+    assert "    worker CPU per job 60 µs vs 50 µs without keys" in text
+
+    slower = document([session("jobqueue", 2, 10_000), keys_drain_row(7_900)])
+    assert verdicts(slower)[KEYS_DRAIN] is False
+    # Without a key-less drain of its process count there is no ratio, and no verdict.
+    alone = document([session("jobqueue", 1, 6_000), keys_drain_row(7_900)])
+    assert alone["summary"]["keys"]["drain"]["ratio"] is None
+    assert [t["status"] for t in alone["summary"]["targets"] if t["target"] == KEYS_DRAIN] == [
+        "not measured"
+    ]
+
+
+def test_fairness_is_met_only_if_every_b_job_started_within_2s_while_a_jobs_still_waited() -> None:
+    doc = document([fairness_row(250.0, 260.0), fairness_row(300.0, 1_900.0, a_left=8_000)])
+    fair = doc["summary"]["keys"]["fairness"]
+    assert fair["p99_ms"] == 275.0 and fair["max_ms"] == 1_900.0  # medians; the longest of all
+    assert fair["samples"] == 40 and fair["a_pending_after_b"] == 8_000
+    assert verdicts(doc)[FAIRNESS] is True
+    assert (
+        "fairness: 10,000 jobs of key A, 20 of key B 1 s later, 16 slots, jobs of 50 ms: key B"
+        " waited p50 138 ms, p99 275 ms, longest 1900 ms (8,000 of key A still pending)"
+    ) in render(doc)
+
+    late = document([fairness_row(250.0, 2_100.0)])
+    assert verdicts(late)[FAIRNESS] is False
+    # Key A drained before B started: B overtook nothing, so the run shows no fairness.
+    overtook_nothing = document([fairness_row(250.0, 260.0, a_left=0)])
+    assert verdicts(overtook_nothing)[FAIRNESS] is False
+
+
+def test_no_keys_flag_skips_the_key_drain_and_the_fairness_run_of_each_repeat() -> None:
+    config = parse_args(["--quick", "--server", "postgresql://unused"])
+    skipped = parse_args(["--quick", "--no-keys", "--server", "postgresql://unused"])
+    assert (config.keys, skipped.keys, config.fair_jobs) == (True, False, 2_000)
+    assert total_steps(config) - total_steps(skipped) == 2 * config.repeat
+    with pytest.raises(SystemExit):
+        parse_args(["--fair-jobs", "0", "--server", "postgresql://unused"])
