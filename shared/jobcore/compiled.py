@@ -13,11 +13,13 @@ the same code.
 The connection must come from an engine made by `jobcore.db.make_engine`
 (SQLAlchemy sets its jsonb codec, which decodes payloads): take it with
 `(await conn.get_raw_connection()).driver_connection`. Outside a transaction,
-each statement commits on its own.
+each statement commits on its own; the calls that need several statements in one
+transaction open one, or run in the caller's (`_transaction`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -52,6 +54,12 @@ _CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
 _OUTCOMES = {op: STATEMENTS[f"job_set_outcome_{op}"] for op in ATTEMPT_OUTCOMES}
 
 
+def _transaction(conn: Driver) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A transaction of its own, or none inside the caller's (the worker runs every call in
+    one that carries its settings)."""
+    return contextlib.nullcontext() if conn.is_in_transaction() else conn.transaction()
+
+
 def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
     wanted = {queue: n for queue, n in slots.items() if n > 0}
     if not wanted:
@@ -75,7 +83,7 @@ async def _fetch_keyed(
     if not locked:
         return await conn.fetch(statement.sql, *statement.args(values))
     values["locked_queues"] = locked
-    async with conn.transaction():
+    async with _transaction(conn):
         await conn.fetch(_LOCK_KEYS.sql, *_LOCK_KEYS.args(values))
         return await conn.fetch(statement.sql, *statement.args(values))
 
@@ -148,7 +156,7 @@ async def claim_limited(
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
     }
-    async with conn.transaction():
+    async with _transaction(conn):
         await conn.fetch(_LOCK_TYPES.sql, *_LOCK_TYPES.args(values))
         rows = await conn.fetch(_CLAIM_LIMITED.sql, *_CLAIM_LIMITED.args(values))
     jobs: list[Claimed] = []
@@ -320,6 +328,12 @@ async def queue_depths(conn: Driver) -> list[QueueDepth]:
 # A schema at 0008 or 0009 (`schema.ACCEPTED_REVISIONS`) has no `queue_pauses`: nothing
 # can be paused there.
 _UNDEFINED_TABLE = "42P01"
+
+
+async def notification_send(conn: Driver, token: str) -> None:
+    """Notify the notification check's channel with `token` (`jobcore.notifications`)."""
+    statement = STATEMENTS["notification_send"]
+    await conn.fetch(statement.sql, *statement.args({"token": token}))
 
 
 async def paused_queues(conn: Driver) -> frozenset[str]:

@@ -165,18 +165,17 @@ def connect_args(
     *,
     application_name: str | None = None,
     timeout: float = 5.0,
-    server_settings: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for `asyncpg.connect()` that connect as the libpq URL `url` says.
 
     `application_name` and `timeout` are the caller's defaults: the URL's
-    `application_name` and `connect_timeout` win over them. `server_settings`
-    are the caller's own session settings; they are sent after the URL's
-    `options`, so where both set the same parameter the caller's value holds.
+    `application_name` and `connect_timeout` win over them. The only startup parameters
+    sent are `application_name` and the URL's own `options`: a pooler refuses others, and
+    a setting of the services' own is the transaction's (`SET LOCAL`), never the
+    session's, which a pooler in transaction mode shares with other clients.
     """
     parsed = _parse(url)
     settings = {"application_name": application_name or session_name(), **parsed.server_settings}
-    settings.update(server_settings or {})
     return {
         "dsn": parsed.dsn,
         "timeout": parsed.connect_timeout if parsed.connect_timeout is not None else timeout,
@@ -306,7 +305,6 @@ def make_engine(
     *,
     pool_size: int = 5,
     connect_timeout: float = 5.0,
-    statement_timeout: float | None = None,
     pre_ping: bool = True,
     schema: str | None = None,
     **kwargs: Any,
@@ -318,14 +316,10 @@ def make_engine(
     `jobcore.naming.current()`) is where its statements find jobqueue's tables: for any
     schema but the default, every statement it sends is rewritten into it.
     """
-    own: dict[str, str] = {}
-    if statement_timeout is not None:
-        own["statement_timeout"] = str(int(statement_timeout * 1000))
     args = connect_args(
         url,
         application_name=kwargs.pop("application_name", None),
         timeout=connect_timeout,
-        server_settings=own,
     )
     # The whole URL travels in `dsn` (multi-host lists and `?host=/socket/dir` included),
     # parsed by asyncpg: SQLAlchemy's URL parser would turn each query parameter into a

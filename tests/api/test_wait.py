@@ -298,3 +298,40 @@ async def test_waiters_listen_through_database_listen_url_when_it_is_set(
         assert (r.status_code, r.json()["status"]) == (200, "completed")
         assert proxy.open_connections == 1
         await close(app_of(api))
+
+
+async def test_a_listener_that_hears_its_notification_check_is_shown_ok_in_readyz(
+    make_api: MakeApi,
+):
+    api = await make_api()
+    _waiters(api).start()
+    # Before a check has finished, /readyz says so; it answers 200 all along.
+    first = await api.get("/readyz")
+    assert first.status_code == 200 and first.json()["notifications"] in {"unchecked", "ok"}
+    await _until(lambda: _waiters(api).notifications.state == "ok", "a check heard")
+    assert (await api.get("/readyz")).json() == {"status": "ready", "notifications": "ok"}
+    await close(app_of(api))
+
+
+async def test_while_notifications_go_unheard_a_wait_reads_its_job_until_it_finished(
+    make_api: MakeApi, engine: AsyncEngine, empty_database_url: str, caplog
+):
+    # Listening on another database: the connection answers, but never hears the jobs'
+    # database (as behind a pooler in transaction mode).
+    api = await make_api(DATABASE_LISTEN_URL=empty_database_url)
+    unheard = waiters_module.metrics.NOTIFICATIONS_UNHEARD._value.get()
+    job = await submit(engine)
+    lease = await take(engine, job.id)
+    waiting = asyncio.create_task(api.get(f"/jobs/{job.id}?wait=60s"))
+    await _waiting(api, engine, job.id)
+    await _until(lambda: _waiters(api).notifications.state == "unheard", "the verdict", 15)
+    body = (await api.get("/readyz")).json()
+    assert body == {"status": "ready", "notifications": "unheard"}
+    assert waiters_module.metrics.NOTIFICATIONS_UNHEARD._value.get() > unheard
+    assert "notifications unheard" in caplog.messages
+    await end(engine, lease, Status.COMPLETED)
+    finished = time.monotonic()
+    r = await waiting
+    assert time.monotonic() - finished < waiters_module.WAIT_POLL_INTERVAL + 1
+    assert (r.status_code, r.json()["status"]) == (200, "completed")
+    await close(app_of(api))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from jobcore import store
@@ -89,3 +90,54 @@ async def test_a_worker_with_its_own_database_listen_url_listens_there_and_wakes
             assert proxy.open_connections == 1
         finally:
             assert worker.stop(60) == 0
+
+
+def _readyz(worker) -> dict:
+    """/readyz's body; empty while nothing answers yet."""
+    try:
+        return worker.get("/readyz").json()
+    except httpx.HTTPError:
+        return {}
+
+
+def _unheard_checks(worker) -> float:
+    for line in worker.get("/metrics").text.splitlines():
+        if line.startswith("jobs_notifications_unheard_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def test_a_listener_that_hears_its_notification_check_is_shown_ok(
+    database_url, engine, tmp_path
+):
+    worker = start_worker(database_url, tmp_path)
+    try:
+        await until(lambda: _readyz(worker).get("notifications") == "ok", 60, "a check heard")
+        assert _unheard_checks(worker) == 0
+        assert worker.messages("notifications unheard") == []
+    finally:
+        assert worker.stop(60) == 0
+
+
+async def test_a_listener_that_hears_nothing_is_logged_counted_and_shown_and_polling_goes_on(
+    database_url, empty_database_url, engine, tmp_path
+):
+    # LISTEN on another database: the connection answers and says it listens, but no
+    # notification of the jobs' database ever reaches it (as behind a pooler in
+    # transaction mode).
+    worker = start_worker(
+        database_url, tmp_path, DATABASE_LISTEN_URL=empty_database_url, POLL_INTERVAL="0.5s"
+    )
+    try:
+        await until(lambda: _listening(worker) == 1, 90, "the listener")
+        await until(
+            lambda: _readyz(worker).get("notifications") == "unheard", 30, "the check's verdict"
+        )
+        assert worker.status_of("/readyz") == 200  # the worker still takes jobs: by polling
+        assert _unheard_checks(worker) >= 1
+        (warning,) = worker.messages("notifications unheard")
+        assert warning["level"] == "warning" and "DATABASE_LISTEN_URL" in warning["hint"]
+        ids = await _submit_and_notify(engine)
+        await eventually(lambda: all_in(engine, ids, "completed"), 10, "a job, by polling")
+    finally:
+        assert worker.stop(60) == 0

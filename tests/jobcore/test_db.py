@@ -78,9 +78,18 @@ async def test_options_from_the_url_set_session_parameters(database_url):
     url = with_query(database_url, "options=-c%20statement_timeout%3D1234%20-c%20work_mem%3D5MB")
     assert await engine_value(url, "SHOW statement_timeout") == "1234ms"
     assert await direct_value(url, "SHOW work_mem") == "5MB"
-    # A service's own statement timeout (the API's) is a safety bound: it holds.
-    assert await engine_value(url, "SHOW statement_timeout", statement_timeout=2.5) == "2500ms"
-    assert await engine_value(url, "SHOW work_mem", statement_timeout=2.5) == "5MB"
+
+
+async def test_a_connection_sends_no_startup_parameter_but_its_name_and_the_urls_options():
+    # A pooler refuses any other ("unsupported startup parameter"); the services' own
+    # settings are their transactions' (SET LOCAL), never the session's.
+    assert connect_args("postgresql://h/db", application_name="jobqueue-api")[
+        "server_settings"
+    ] == {"application_name": "jobqueue-api"}
+    assert set(connect_args("postgresql://h/db?options=-c%20x%3D1")["server_settings"]) == {
+        "application_name",
+        "options",
+    }
 
 
 async def test_host_and_port_as_query_parameters_and_a_host_list(database_url):

@@ -285,10 +285,7 @@ async def test_the_worker_plans_its_claims_for_the_table_as_it_is(engine, statem
             await driver.execute(f"EXECUTE claim_now({small})")
 
     async def after(driver) -> str:
-        async with driver.transaction():
-            plan = await driver.fetchval(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_now({burst})"
-            )
+        plan = await driver.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_now({burst})")
         await driver.execute("DEALLOCATE claim_now")
         return plan
 
@@ -368,7 +365,10 @@ async def test_a_write_stuck_behind_a_lock_is_stopped_by_the_server_before_the_w
 async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspent(
     database_url, engine, monkeypatch
 ):
-    monkeypatch.setattr(database, "CALL_TIMEOUT", 0.5)
+    # Each chunk held 0.5 s each way: the BEGIN's answer is back at 1 s, the claim's (its
+    # statement prepared already) at 2 s, the COMMIT reaches the server at 2.5 s and its
+    # answer would be back at 3 s. The call gives up in between.
+    monkeypatch.setattr(database, "CALL_TIMEOUT", 2.75)
     with FaultProxy.to_database(database_url) as proxy:
         proxied = make_engine(proxy.database_url(database_url), pool_size=2, connect_timeout=2)
         pg = PgJobStore(proxied)
@@ -376,10 +376,9 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
             # A connection open before the fault, with the claim prepared on it.
             assert await pg.claim({"default": 3}, 60) == []
             ids = await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1, count=3)
-            proxy.add_latency(0.3)  # the claim reaches the server; its answer comes too late
+            proxy.add_latency(0.5)  # the claim commits; the answer comes too late
             with pytest.raises(TimeoutError):
                 await pg.claim({"default": 3}, 60)
-            await asyncio.sleep(1.5)  # the claim committed meanwhile
             async with engine.connect() as conn:
                 taken = (
                     await conn.execute(
@@ -399,22 +398,40 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
     assert rows == [("pending", 0)] * 3
 
 
+# The settings the store's transactions run under, with the server's defaults as this
+# suite's PostgreSQL has them.
+STORE_SETTINGS = {
+    "plan_cache_mode": ("force_custom_plan", "auto"),
+    "enable_sort": ("off", "on"),
+    "jit": ("off", "on"),
+    "statement_timeout": ("4s", "0"),
+    "lock_timeout": ("2s", "0"),
+    "client_connection_check_interval": ("1s", "0"),
+}
+
+
 @pytest.mark.parametrize(("synchronous_commit", "expected"), [(True, "on"), (False, "off")])
-async def test_worker_synchronous_commit_applies_to_the_stores_connections_only(
+async def test_the_store_settings_are_its_transactions_own_never_the_sessions(
     engine, synchronous_commit, expected
 ):
-    """WORKER_SYNCHRONOUS_COMMIT=off reaches the store's own writes; another connection of the
-    same engine (the periodic scheduler's submits) keeps the server's default."""
+    """Every setting of the store's (WORKER_SYNCHRONOUS_COMMIT=off's included) holds in its
+    transactions, and in nothing else run on the same session: through a pooler in
+    transaction mode, that session serves other clients next (the API's submits)."""
     store = PgJobStore(engine, synchronous_commit=synchronous_commit)
+    names = [*STORE_SETTINGS, "synchronous_commit"]
+
+    async def show(driver) -> list[str]:
+        return [await driver.fetchval(f"SHOW {name}") for name in names]
+
     try:
         assert await store.recover_expired() == []
+        inside = await store._run("test", show)
         (held,) = store._idle
-        assert await held[1].fetchval("SHOW synchronous_commit") == expected
-        async with engine.connect() as conn:
-            default = await conn.scalar(sa.text("SHOW synchronous_commit"))
-        assert default == "on"
+        after = await show(held[1])
     finally:
         await store.close()
+    assert inside == [*(value for value, _ in STORE_SETTINGS.values()), expected]
+    assert after == [*(default for _, default in STORE_SETTINGS.values()), "on"]
 
 
 async def test_the_store_recovers_every_expired_lease_in_time_windowed_or_swept(engine):

@@ -45,6 +45,12 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+def _notifications(waiters: Waiters) -> dict[str, str]:
+    # Not a reason to be unready: a wait reads its job by polling meanwhile.
+    check = waiters.notifications
+    return {} if check is None else {"notifications": check.state}
+
+
 async def readyz(request: Request) -> Response:
     state = state_of(request.app)
     if state.shutting_down.is_set():
@@ -57,7 +63,7 @@ async def readyz(request: Request) -> Response:
         return error_response(503, "database read-only")
     except Exception:  # any failure means "not ready"; the reason is in the access log status
         return error_response(503, "database unavailable")
-    return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "ready", **_notifications(state.waiters)})
 
 
 async def metrics_page(request: Request) -> Response:
@@ -134,7 +140,7 @@ def create_app(
         settings=settings,
         notifier=notifier,
         groups=SubmitGroups(engine, notifier),
-        waiters=Waiters(settings.listen_url),
+        waiters=Waiters(settings.listen_url, engine),
         admission=admission,
         tracer=tracer,
         openapi=document,

@@ -28,12 +28,13 @@ from jobqueue_api import jsonio
 # from more, and PostgreSQL's connection budget is shared with every worker.
 POOL_SIZE = 10
 CONNECT_TIMEOUT = 2.0
-# Server-side bound on one statement; API statements take milliseconds.
-STATEMENT_TIMEOUT = 2.5
-# Client-side bound on every round trip, including ROLLBACK: a half-open connection (no
-# RST, no answer) ends here. Longer than the statement timeout, so a merely slow
-# statement is cancelled by the server.
-COMMAND_TIMEOUT = 3.0
+# Bound on every round trip, including ROLLBACK; API statements take milliseconds. A slow
+# statement is cancelled on the server when it runs out (asyncpg sends a cancel request,
+# which a pooler passes on), and a half-open connection (no RST, no answer) ends here. Not
+# a session `statement_timeout`: the connections commit each statement on their own, so
+# there is no transaction to SET LOCAL it in, and a session setting, or a startup
+# parameter, is what a pooler in transaction mode shares with other clients or refuses.
+COMMAND_TIMEOUT = 2.5
 # Hard bound on the database part of one request, whatever the above missed.
 REQUEST_DEADLINE = 5.0
 
@@ -51,7 +52,6 @@ def open_engine(url: str) -> AsyncEngine:
         url,
         pool_size=POOL_SIZE,
         connect_timeout=CONNECT_TIMEOUT,
-        statement_timeout=STATEMENT_TIMEOUT,
         pre_ping=False,
         application_name=session_name("jobqueue-api"),
         isolation_level="AUTOCOMMIT",

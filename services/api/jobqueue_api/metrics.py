@@ -44,6 +44,13 @@ CANCELLED = Counter(
     registry=REGISTRY,
 )
 
+NOTIFICATIONS_UNHEARD = Counter(
+    "jobs_notifications_unheard",
+    "Notification checks whose notification the API's listener did not hear in time (a wait"
+    " then reads its job every WAIT_POLL_INTERVAL instead).",
+    registry=REGISTRY,
+)
+
 REJECTED = Counter(
     "jobs_rejected",
     "Create requests (POST /jobs, POST /jobs/batch: one per request) refused, by reason: "

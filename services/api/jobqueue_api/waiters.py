@@ -9,12 +9,16 @@ is missed: one that commits before the mark is seen by the mark itself (it retur
 False: nothing to wait for), one that commits after it notifies a channel already
 listened on.
 
-The listening connection is opened on the first wait and kept, checked every few
-seconds (`SELECT 1` under a short timeout, which also catches a half-open socket), and
-re-established with backoff when it breaks. Notifications sent while nobody listened
-are lost, so after every reconnection each waiter is woken to mark its job again,
-which also tells it whether the job finished meanwhile. On shutdown every waiter is
-answered at once with the job as it is (`release`).
+The listening connection is opened at startup (`start`; else on the first wait) and
+kept, checked every few seconds (`SELECT 1` under a short timeout, which also catches a
+half-open socket), and re-established with backoff when it breaks. Notifications sent
+while nobody listened are lost, so after every reconnection each waiter is woken to mark
+its job again, which also tells it whether the job finished meanwhile. A connection that
+answers may still hear nothing (a pooler in transaction mode on its way): the
+notification check (`jobcore.notifications`) runs after every connect and then every
+CHECK_INTERVAL of its own, and until it has heard, each waiter also reads its job every
+WAIT_POLL_INTERVAL. On shutdown every waiter is answered at once with the job as it is
+(`release`).
 """
 
 from __future__ import annotations
@@ -33,14 +37,18 @@ from jobcore.backoff import Retry
 from jobcore.db import connect, connect_args, session_name
 from jobcore.errors import describe
 from jobcore.ids import parse_id
+from jobcore.notifications import NOTIFICATION_SEND, OK, UNHEARD, NotificationCheck
 from jobcore.rows import Job
 from jobcore.states import FINISHED
+from jobqueue_api import metrics
 from jobqueue_api.database import CONNECT_TIMEOUT, REQUEST_DEADLINE, in_turn
 
 log = logging.getLogger("jobqueue.api")
 
 CHECK_INTERVAL = 5.0
 CHECK_TIMEOUT = 2.0
+# While notifications are not known to be heard, a waiter reads its job this often.
+WAIT_POLL_INTERVAL = 1.0
 
 
 class Wake(Enum):
@@ -54,13 +62,24 @@ class Wake(Enum):
 class Waiters:
     """The process's waiters, by job id, and the connection that listens for them."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, engine: AsyncEngine | None = None) -> None:
         self._database_url = database_url
         self._waiting: dict[UUID, set[asyncio.Future[Wake]]] = {}
         self._listening = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: Any = None  # asyncpg.Connection while connected
         self._released = False
+        # Without an engine to send it through (a bare test), no check: waits trust the
+        # listener.
+        self.notifications = (
+            None
+            if engine is None
+            else NotificationCheck(
+                lambda token: _send(engine, token),
+                listener="jobqueue-api",
+                checked=_count_unheard,
+            )
+        )
 
     @property
     def count(self) -> int:
@@ -70,6 +89,12 @@ class Waiters:
     @property
     def listening(self) -> bool:
         return self._listening.is_set()
+
+    def start(self) -> None:
+        """Start listening now rather than at the first wait (the notification check, which
+        `/readyz` shows, runs from then on)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._listen())
 
     async def wait(self, engine: AsyncEngine, job_id: UUID, seconds: float) -> Job | None:
         """The job once it has finished, or as it is after `seconds`; None if unknown.
@@ -86,11 +111,15 @@ class Waiters:
                     break
                 if not await _watch(engine, job_id):
                     break  # finished already, or no such job
+                heard = self.notifications is None or self.notifications.state == OK
+                until = deadline if heard else min(deadline, loop.time() + WAIT_POLL_INTERVAL)
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout_at(until):
                         await woken
                 except TimeoutError:
-                    break
+                    if until >= deadline:
+                        break
+                    continue  # marks the job again, which says whether it finished
             finally:
                 self._forget(job_id, woken)
             if woken.result() is Wake.FINISHED:
@@ -121,8 +150,7 @@ class Waiters:
         TimeoutError after REQUEST_DEADLINE, as a database statement would."""
         if self._listening.is_set():
             return True
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._listen())
+        self.start()
         loop = asyncio.get_running_loop()
         limit = min(deadline, loop.time() + REQUEST_DEADLINE)
         try:
@@ -183,6 +211,8 @@ class Waiters:
         )
         self._conn = conn
         await conn.add_listener(queries.FINISHED_CHANNEL, self._notified)
+        if self.notifications is not None:
+            await self.notifications.attach(conn)
         self._listening.set()
         log.info("listening for finished jobs", extra={"channel": queries.FINISHED_CHANNEL})
 
@@ -190,7 +220,13 @@ class Waiters:
         """Returns never; raises when the connection is closed or stops answering."""
         closed = asyncio.Event()
         self._conn.add_termination_listener(lambda _conn: closed.set())
+        check = self.notifications
         while True:
+            if check is not None and check.due():
+                try:
+                    await check.run()
+                except Exception as exc:  # not sent: says nothing of the listener
+                    log.debug("notification check not sent", extra={"error": describe(exc)})
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CHECK_INTERVAL):
                     await closed.wait()
@@ -205,6 +241,16 @@ class Waiters:
             # terminate(), not close(): close() would wait on a half-open socket.
             self._conn.terminate()
             self._conn = None
+
+
+def _count_unheard(verdict: str) -> None:
+    if verdict == UNHEARD:
+        metrics.NOTIFICATIONS_UNHEARD.inc()
+
+
+async def _send(engine: AsyncEngine, token: str) -> None:
+    async with asyncio.timeout(REQUEST_DEADLINE), in_turn(engine), engine.connect() as conn:
+        await conn.execute(NOTIFICATION_SEND, {"token": token})
 
 
 async def _watch(engine: AsyncEngine, job_id: UUID) -> bool:

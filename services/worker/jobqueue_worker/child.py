@@ -29,6 +29,7 @@ from types import FrameType
 from jobcore import logs, naming, tracing
 from jobcore.db import make_engine, session_name
 from jobcore.maintenance import PRUNE_BATCH
+from jobcore.notifications import UNHEARD, NotificationCheck
 from jobcore.periodic import schedules
 from jobcore.registry import load_handlers
 from jobcore.rows import TypeLimits
@@ -149,12 +150,22 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     recovery = Recovery(store, settings.recovery_interval)
     floor_check = FloorCheck(store, list(settings.queues))
     heartbeat = Heartbeat(store, executor, settings.lease_duration)
+
+    def notifications_checked(verdict: str) -> None:
+        beacon.set_notifications(verdict)
+        if verdict == UNHEARD:
+            metrics.notifications_unheard()
+
+    notifications = NotificationCheck(
+        store.notification_send, listener="jobqueue-worker", checked=notifications_checked
+    )
     listener = Listener(
         settings.listen_url,
         dispatcher.wake,
         cancel=executor.cancel,
         reconnected=heartbeat.nudge,
         pauses=paused.nudge,
+        notifications=notifications,
     )
     # Led by one worker process of the database at a time; here, one connection for both.
     turns = TakingTurns(store)

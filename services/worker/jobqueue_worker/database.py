@@ -2,16 +2,19 @@
 
 The dispatcher, completer and recovery loop depend only on `JobStore`, so unit
 tests can hand them an in-memory store. `PgJobStore` runs each store operation
-(a single statement, which commits on its own) under a client-side timeout that
-also covers a connection gone silent, and logs the database's availability once
-per change of state, not once per call.
+(a transaction, of one statement mostly) under a client-side timeout that also covers a
+connection gone silent, and logs the database's availability once per change of state,
+not once per call.
 
 The statements are `jobcore.queries`', run through `jobcore.compiled` on the
 asyncpg connection, the hot path's cost being the driver's alone. For the same
 reason a connection stays checked out of the engine's pool between calls; one
 that failed in any way is closed and replaced, so a broken one is never reused.
-Statements are planned at every run, for the table as it is, and bounded by the server
-(see _SESSION).
+Statements are planned at every run, for the table as it is, and bounded by the server.
+Those settings (`_BEGIN`) are the transaction's own, `SET LOCAL` in the round trip of its
+BEGIN, never the session's: through a pooler in transaction mode the session is shared
+with other clients (the API's submits must not commit asynchronously because the worker
+does), and a pooler refuses settings sent as startup parameters.
 
 Claims and recovery start their index reads past what this process already took
 (`jobcore.floors`): the dead entries a held MVCC horizon keeps in the indexes are read
@@ -69,19 +72,20 @@ _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
 # claim not handed back is recovered, attempt counted, once its lease runs out).
 _MAX_LOST_CLAIMS = 1000
-_SESSION = (
+_BEGIN = (
     # JIT compiles a statement for tens of ms: never worth it for these short ones (and
     # enable_sort = off makes the planner think some of them costly enough to try).
-    "SET plan_cache_mode = force_custom_plan; SET enable_sort = off; SET jit = off; "
-    f"SET statement_timeout = {int(STATEMENT_TIMEOUT * 1000)}; "
-    f"SET lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
-    f"SET client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"
+    "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_sort = off; "
+    "SET LOCAL jit = off; "
+    f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT * 1000)}; "
+    f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
+    f"SET LOCAL client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"
 )
 # WORKER_SYNCHRONOUS_COMMIT=off (docs/worker.md, "Commit latency"): the store's commits
 # (claims, outcomes, heartbeats, recovery, maintenance) return before their WAL is flushed.
-# Set on the store's connections only: the periodic scheduler's submits, which share the
-# engine but never these connections, stay synchronous like every other submit.
-_ASYNC_COMMIT = "; SET synchronous_commit = off"
+# The store's transactions only: the periodic scheduler's submits, which share the engine,
+# stay synchronous like every other submit.
+_ASYNC_COMMIT = "; SET LOCAL synchronous_commit = off"
 # Recovery reads leases that ran out since its last complete run started, and this much
 # before: the later run's statement may start up to a call's time after it was asked for.
 _RECOVERY_SLACK = CALL_TIMEOUT + 1.0
@@ -172,7 +176,7 @@ class PgJobStore:
         key_concurrency: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine
-        self._session = _SESSION if synchronous_commit else _SESSION + _ASYNC_COMMIT
+        self._begin = _BEGIN if synchronous_commit else _BEGIN + _ASYNC_COMMIT
         self.availability = availability or Availability()
         # TYPE_CONCURRENCY / TYPE_RATE: the ordinary claims skip these types, which only
         # `claim_limited` takes. Empty: the claims are exactly those of a worker without limits.
@@ -205,13 +209,13 @@ class PgJobStore:
                     try:
                         held = await (self._connection() if tried == 1 else self._checkout())
                     except Exception as exc:
-                        # A new connection whose backend was terminated before its session
-                        # settings went through (checkout discards it): nothing was sent.
+                        # A new connection whose backend was terminated while SQLAlchemy set
+                        # it up (its type codecs): nothing of the call was sent.
                         if tried == _NEVER_SENT_TRIES or not _never_sent(exc):
                             raise
                         continue
                     try:
-                        result = await statement(held[1], *args)
+                        result = await self._transaction(held[1], statement, *args)
                         break
                     except Exception as exc:
                         if tried == _NEVER_SENT_TRIES or not _never_sent(exc):
@@ -231,6 +235,16 @@ class PgJobStore:
         assert held is not None  # the loop ends with a result, or raises
         self._idle.append(held)
         self.availability.succeeded(started)
+        return result
+
+    async def _transaction(
+        self, driver: Any, statement: Callable[..., Awaitable[T]], *args: Any
+    ) -> T:
+        """`statement` in a transaction under the store's settings. On any failure the
+        connection is discarded (`_run`), which rolls back whatever was not committed."""
+        await driver.execute(self._begin)
+        result = await statement(driver, *args)
+        await driver.execute("COMMIT")
         return result
 
     async def _connection(self) -> tuple[AsyncConnection, Driver]:
@@ -270,11 +284,6 @@ class PgJobStore:
             raise
         driver = raw.driver_connection
         assert driver is not None  # a checked-out connection has one
-        try:
-            await driver.execute(self._session)
-        except BaseException:
-            await _discard((conn, driver))
-            raise
         return conn, driver
 
     async def close(self) -> None:
@@ -425,6 +434,9 @@ class PgJobStore:
     async def queue_depths(self) -> list[QueueDepth]:
         return await self._run("queue_depths", compiled.queue_depths)
 
+    async def notification_send(self, token: str) -> None:
+        await self._run("notification_send", compiled.notification_send, token)
+
     async def paused_queues(self) -> frozenset[str]:
         return await self._run("paused_queues", compiled.paused_queues)
 
@@ -438,19 +450,18 @@ class PgJobStore:
         return await self._run("table_stats", compiled.table_stats)
 
     async def vacuum(self, table: str) -> None:
-        """VACUUM `table` on a connection of its own, under VACUUM_TIMEOUT instead of the
-        worker's statement limit; the connection is closed after, its settings with it."""
+        """VACUUM `table` on a connection of its own, closed after, under VACUUM_TIMEOUT
+        instead of the worker's statement limit. VACUUM runs in no transaction, so nothing
+        can be SET LOCAL for it: asyncpg cancels it on the server when the time is up (a
+        cancel request, which a pooler passes on), and it skips a table it cannot lock
+        at once."""
         conn = await self.engine.connect()
         try:
             raw = await conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None  # a checked-out connection has one
-            await driver.execute(
-                f"SET statement_timeout = {int(VACUUM_TIMEOUT * 1000)};"
-                f" SET lock_timeout = {int(LOCK_TIMEOUT * 1000)}"
-            )
             async with asyncio.timeout(VACUUM_TIMEOUT + CALL_TIMEOUT):
-                await driver.execute(maintenance.vacuum_sql(table))
+                await driver.execute(maintenance.vacuum_sql(table), timeout=VACUUM_TIMEOUT)
         finally:
             await conn.invalidate()
             await conn.close()

@@ -16,7 +16,9 @@ the connection is checked with a `SELECT 1` under a short timeout every few seco
 which catches a half-open connection (no RST, no answer). After every (re)connect,
 since notifications sent while nobody listened are lost, the dispatcher is woken
 (`wake`: due jobs) and `reconnected` is called (the heartbeat, which re-reads the
-cancel requests of the jobs running here).
+cancel requests of the jobs running here). A connection that answers may still hear
+nothing (a pooler in transaction mode on its way): the notification check
+(`jobcore.notifications`) runs after every connect and every CHECK_INTERVAL of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from jobcore.backoff import Retry
 from jobcore.control import CANCEL_CHANNEL
 from jobcore.db import connect, connect_args, session_name
 from jobcore.errors import describe
+from jobcore.notifications import NotificationCheck
 from jobcore.pauses import PAUSE_CHANNEL
 from jobcore.queries import NOTIFY_CHANNEL
 from jobqueue_worker.loops import Loop
@@ -59,6 +62,7 @@ class Listener(Loop):
         cancel: Callable[[UUID], object] | None = None,
         reconnected: Callable[[], None] = lambda: None,
         pauses: Callable[[], None] | None = None,
+        notifications: NotificationCheck | None = None,
     ) -> None:
         super().__init__(check_interval, Retry(0.25, 5.0))
         self._database_url = database_url
@@ -68,6 +72,8 @@ class Listener(Loop):
         self._pauses = pauses
         self._conn: asyncpg.Connection | None = None
         self._connected_once = False
+        self._notifications = notifications
+        self._checking: asyncio.Task[bool] | None = None
 
     async def run_once(self) -> None:
         conn = self._conn
@@ -77,6 +83,7 @@ class Listener(Loop):
             else:
                 async with asyncio.timeout(CHECK_TIMEOUT):
                     await conn.fetchval("SELECT 1")
+            self._check_notifications()
         except Exception:
             if conn is not None and conn is not self._conn:
                 return  # its end was heard already (`_terminated`): the next round reconnects
@@ -97,6 +104,8 @@ class Listener(Loop):
         self._conn.add_termination_listener(self._terminated)
         channels = [NOTIFY_CHANNEL]
         try:
+            if self._notifications is not None:
+                await self._notifications.attach(self._conn)
             await self._conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
             if self._cancel is not None:
                 await self._conn.add_listener(CANCEL_CHANNEL, self._cancel_requested)
@@ -119,6 +128,15 @@ class Listener(Loop):
         if self._connected_once:
             self._reconnected()
         self._connected_once = True
+
+    def _check_notifications(self) -> None:
+        """Start the notification check if it is due and not running (it takes up to its
+        timeout, which the rounds must not wait for)."""
+        check = self._notifications
+        if check is None or not check.due() or (self._checking and not self._checking.done()):
+            return
+        self._checking = asyncio.create_task(check.run(), name="notification-check")
+        self._checking.add_done_callback(_checked)
 
     def _terminated(self, conn: Any) -> None:
         if conn is not self._conn:
@@ -153,3 +171,13 @@ class Listener(Loop):
             await super().run(stop)
         finally:
             self.close()
+            if self._checking is not None:
+                self._checking.cancel()
+
+
+def _checked(task: asyncio.Task[bool]) -> None:
+    # A check whose notification could not be sent (the database unavailable) says nothing
+    # of the listener; the next round tries again.
+    failure = None if task.cancelled() else task.exception()
+    if failure is not None:
+        log.debug("notification check not sent", extra={"error": describe(failure)})

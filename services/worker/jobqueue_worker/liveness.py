@@ -24,6 +24,8 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from jobcore.notifications import OK, UNCHECKED, UNHEARD
+
 log = logging.getLogger("jobqueue.worker")
 
 BEAT = 0.5
@@ -34,16 +36,19 @@ REPORT_AFTER = 1.5
 OWN_LATENESS = 1.5
 
 STARTING, RUNNING, STOPPING, RECYCLING = 0, 1, 2, 3
-_BEAT, _STATE, _ABANDONED = 0, 1, 2
+_BEAT, _STATE, _ABANDONED, _NOTIFICATIONS = 0, 1, 2, 3
+# The notification check's verdicts (`jobcore.notifications`), as the beacon holds them.
+_VERDICTS = (UNCHECKED, OK, UNHEARD)
 _REPORT_BYTES = 4096
 
 
 class Beacon:
-    """One child's heartbeat, state, abandoned handlers and stall report, in shared memory."""
+    """One child's heartbeat, state, abandoned handlers, notification check and stall
+    report, in shared memory."""
 
     def __init__(self, context: BaseContext) -> None:
         # Unlocked: each value has one writer, and an aligned double is written whole.
-        self._values: Any = context.RawArray("d", 3)
+        self._values: Any = context.RawArray("d", 4)
         self._report: Any = context.RawArray("c", _REPORT_BYTES)
 
     # --- written by the child -------------------------------------------------------
@@ -56,6 +61,9 @@ class Beacon:
 
     def set_abandoned(self, count: int) -> None:
         self._values[_ABANDONED] = count
+
+    def set_notifications(self, verdict: str) -> None:
+        self._values[_NOTIFICATIONS] = _VERDICTS.index(verdict)
 
     def set_report(self, report: dict[str, Any] | None) -> None:
         data = b"" if report is None else json.dumps(report).encode()[: _REPORT_BYTES - 1]
@@ -75,6 +83,10 @@ class Beacon:
     @property
     def abandoned(self) -> int:
         return int(self._values[_ABANDONED])
+
+    @property
+    def notifications(self) -> str:
+        return _VERDICTS[int(self._values[_NOTIFICATIONS])]
 
     def report(self) -> dict[str, Any]:
         try:

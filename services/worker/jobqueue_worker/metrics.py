@@ -68,6 +68,11 @@ class _Series:
             ["outcome"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
+        self.NOTIFICATIONS_UNHEARD = Counter(
+            "jobs_notifications_unheard_total",
+            "Notification checks whose notification the worker's listener did not hear in time"
+            " (wake-ups and cancels then wait for the poll and the heartbeat).",
+        )
         self.JOBS_PRUNED = Counter(
             "jobs_pruned_total", "Finished jobs deleted by retention, by their status.", ["status"]
         )
@@ -137,6 +142,7 @@ def initialise() -> None:
         _series().JOB_DURATION.labels(outcome=op.outcome)
     for status in sorted(FINISHED):
         _series().JOBS_PRUNED.labels(status=status)
+    _series().NOTIFICATIONS_UNHEARD.inc(0)
 
 
 # Attempts finished in this turn of the event loop: (kind, applied, duration).
@@ -212,6 +218,10 @@ def job_unhandled(job_type: str) -> None:
 def lease_lost(n: int) -> None:
     """Count leases a heartbeat found lost (their attempts were stopped)."""
     _series().JOBS_LEASE_LOST.inc(n)
+
+
+def notifications_unheard() -> None:
+    _series().NOTIFICATIONS_UNHEARD.inc()
 
 
 def jobs_pruned(status: Status, n: int) -> None:

@@ -55,7 +55,10 @@ def listen(addr: Address) -> socket.socket:
 
 
 def build_app(
-    ready: Readiness, registry: CollectorRegistry, healthy: Readiness | None = None
+    ready: Readiness,
+    registry: CollectorRegistry,
+    healthy: Readiness | None = None,
+    notifications: Callable[[], str] | None = None,
 ) -> Starlette:
     async def healthz(request: Request) -> Response:
         ok, reason = (True, "ok") if healthy is None else await healthy()
@@ -63,7 +66,11 @@ def build_app(
 
     async def readyz(request: Request) -> Response:
         ok, reason = await ready()
-        return JSONResponse({"status": "ready" if ok else reason}, status_code=200 if ok else 503)
+        body = {"status": "ready" if ok else reason}
+        if notifications is not None:
+            # Not a reason to be unready: the worker claims by polling meanwhile.
+            body["notifications"] = notifications()
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     def metrics(request: Request) -> Response:
         # A plain def: Starlette runs it in a thread, and reading the metric files is file I/O.

@@ -40,6 +40,7 @@ from prometheus_client import multiprocess
 from jobcore.backoff import Retry
 from jobcore.db import check_schema, make_engine, probe_writable, session_name
 from jobcore.errors import ReadOnlyServer, SchemaNotAtHead, describe
+from jobcore.notifications import OK, UNCHECKED, UNHEARD
 from jobcore.settings import WorkerSettings
 from jobqueue_worker import launch, server
 from jobqueue_worker.liveness import BEAT, OWN_LATENESS, RUNNING, STARTING, Beacon
@@ -134,6 +135,18 @@ class Supervisor:
             return False, "worker process cannot start"
         return True, "ok"
 
+    def notifications(self) -> str:
+        """The running children's notification checks together: unheard if any child's
+        latest check heard nothing, ok once every one heard."""
+        verdicts = {
+            c.beacon.notifications
+            for c in self._children
+            if c.process and c.beacon and c.beacon.state == RUNNING
+        }
+        if UNHEARD in verdicts:
+            return UNHEARD
+        return OK if verdicts == {OK} else UNCHECKED
+
     async def ready(self) -> tuple[bool, str]:
         if self.shutting_down:
             return False, "shutting down"
@@ -166,7 +179,11 @@ class Supervisor:
         http_stopped = asyncio.Event()
         http = asyncio.create_task(
             server.serve(
-                server.build_app(self.ready, registry, healthy=self.healthy), sock, http_stopped
+                server.build_app(
+                    self.ready, registry, healthy=self.healthy, notifications=self.notifications
+                ),
+                sock,
+                http_stopped,
             )
         )
         try:

@@ -9,8 +9,9 @@ after the table it works on and what it does (`JOB_CLAIM`, `JOB_SET_OUTCOME[oper
 - `job_outcome`: the writes that end or extend an attempt, and recovery;
 - `job_types`: the types the workers serve, recorded by them and read by the submitters;
 - `jobcore.control`, `jobcore.bulk`, `jobcore.pauses`, `jobcore.search`,
-  `jobcore.maintenance`: an operator's actions (on one job, on many, on a queue), the lists
-  and depths, the maintenance leases, retention and table statistics.
+  `jobcore.maintenance`, `jobcore.notifications`: an operator's actions (on one job, on
+  many, on a queue), the lists and depths, the maintenance leases, retention and table
+  statistics, the listeners' notification check.
 
 `named()` lists them all by their SQL name (`job_claim`, `job_set_outcome_complete`, ...):
 `jobcore.compiled` compiles them once from there, and `queries.sql` beside this package is
@@ -106,7 +107,7 @@ __all__ = [
 
 def named() -> dict[str, Any]:
     """Every statement by its SQL name, in a stable order."""
-    from jobcore import bulk, control, maintenance, pauses, search
+    from jobcore import bulk, control, maintenance, notifications, pauses, search
 
     found: dict[str, Any] = {
         "job_submit": JOB_SUBMIT,
@@ -142,4 +143,5 @@ def named() -> dict[str, Any]:
     found.update(maintenance.NAMED)
     found.update(pauses.NAMED)
     found.update(bulk.NAMED)
+    found["notification_send"] = notifications.NOTIFICATION_SEND
     return found

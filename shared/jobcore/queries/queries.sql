@@ -1059,3 +1059,7 @@ WHERE jobqueue.queue_pauses.queue = $1::VARCHAR) AS paused;
 SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.concurrency_key, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at 
 FROM jobqueue.jobs 
 WHERE jobqueue.jobs.id = ANY ($1::UUID[]) ORDER BY jobqueue.jobs.id DESC;
+
+-- name: notification_send
+-- parameters: $1 token
+SELECT pg_notify('jobqueue_check', $1::VARCHAR) AS sent;

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import termios
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -228,7 +229,13 @@ def test_wait_shows_its_progress_on_a_terminal_only(jobqueue: Any, stack: Stack)
     quiet = jobqueue("wait", job["id"])
     assert quiet.code == 0 and "completed" in quiet.out and quiet.err == ""
 
-    job = jobqueue("submit", "sleep", '{"duration": "3s"}', "--json").json()
+    job = jobqueue("submit", "sleep", '{"duration": "8s"}', "--json").json()
+    # Processing before the command starts (its start takes seconds on a loaded machine):
+    # its first look shows it so.
+    deadline = time.monotonic() + 30
+    while jobqueue("get", job["id"], "--json").json()["status"] != "processing":
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
     main, terminal = pty.openpty()
     shown = bytearray()
 

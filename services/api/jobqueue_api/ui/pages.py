@@ -73,10 +73,16 @@ async def queues(request: Request) -> Response:
 
 async def _within_budget(conn: AsyncConnection, statement: Any) -> list[Any] | None:
     """A chart's rows, or None when counting them takes over CHART_BUDGET_MS: their range
-    read grows with the hour's throughput, and the queue depths must still be shown."""
-    await conn.execute(sa.text(f"SET statement_timeout = {CHART_BUDGET_MS}"))
+    read grows with the hour's throughput, and the queue depths must still be shown. The
+    budget is its transaction's own (`SET LOCAL`): the connection, once back in the pool,
+    or through a pooler another client's, keeps none of it."""
+    if conn.in_transaction():
+        await conn.commit()  # the page's reads so far, on a connection that autocommits
+    conn = await conn.execution_options(isolation_level="READ COMMITTED")
     try:
-        return list((await conn.execute(statement)).all())
+        async with conn.begin():
+            await conn.execute(sa.text(f"SET LOCAL statement_timeout = {CHART_BUDGET_MS}"))
+            return list((await conn.execute(statement)).all())
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) != QUERY_CANCELED:
             raise
@@ -84,18 +90,7 @@ async def _within_budget(conn: AsyncConnection, statement: Any) -> list[Any] | N
             "dashboard chart skipped: over its time budget",
             extra={"budget_ms": CHART_BUDGET_MS},
         )
-        # The cancelled statement aborted the transaction the page's reads opened.
-        if conn.in_transaction():
-            await conn.rollback()
         return None
-    finally:
-        # Back to the connection's own limit (the engine's STATEMENT_TIMEOUT). The RESET runs
-        # under the budget too: should even it run out, the connection keeps the budget and
-        # must serve nobody else.
-        try:
-            await conn.execute(sa.text("RESET statement_timeout"))
-        except DBAPIError:
-            await conn.invalidate()
 
 
 def _given(request: Request) -> list[tuple[str, str]]:
