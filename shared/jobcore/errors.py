@@ -71,8 +71,34 @@ class ReadOnlyServer(JobqueueError):
         super().__init__("the database server is read-only (a standby?): no writable primary")
 
 
+# SQLSTATEs duplicate_prepared_statement and invalid_sql_statement_name: asyncpg's prepared
+# statements meeting a pooler in transaction mode that does not keep them per client.
+_POOLED_STATEMENTS = frozenset({"42P05", "26000"})
+POOLER_HINT = (
+    "a pooler in transaction mode that does not keep prepared statements per client"
+    " (PgBouncer older than 1.21, or max_prepared_statements = 0): use PgBouncer 1.21 or"
+    " newer with max_prepared_statements > 0, or pool_mode = session"
+)
+
+
 def describe(exc: BaseException) -> str:
-    """`Type: message` (or the type alone) for logs and last_error."""
+    """`Type: message` (or the type alone) for logs and last_error; with what to do when
+    the error is a pooler's that an operator must fix (`POOLER_HINT`)."""
     text = str(exc).strip()
     name = type(exc).__name__
-    return f"{name}: {text}" if text else name
+    found = f"{name}: {text}" if text else name
+    return f"{found} ({POOLER_HINT})" if pooled_statements_lost(exc) else found
+
+
+def pooled_statements_lost(exc: BaseException) -> bool:
+    """Whether `exc` (asyncpg's error, or SQLAlchemy's wrapping it) is a prepared statement
+    of asyncpg's found missing or taken on the server: a pooler lent the session to
+    another client between its statements."""
+    seen: BaseException | None = exc
+    for _ in range(4):  # SQLAlchemy's error, its DBAPI adapter's, asyncpg's
+        if seen is None:
+            break
+        if getattr(seen, "sqlstate", None) in _POOLED_STATEMENTS and "__asyncpg_" in str(seen):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False

@@ -8,17 +8,22 @@ import inspect
 import pkgutil
 from types import ModuleType
 
+import asyncpg
 import pytest
+import sqlalchemy.exc as sa_exc
 
 import jobcore
 from jobcore import client, validation
+from jobcore.db import asyncpg_dsn
 from jobcore.errors import (
+    POOLER_HINT,
     ConfigError,
     IdempotencyConflict,
     InvalidRequest,
     JobqueueError,
     SchemaNotAtHead,
     describe,
+    pooled_statements_lost,
 )
 
 
@@ -123,3 +128,25 @@ def test_validation_errors_keep_their_builtin_bases():
     assert jobcore.InvalidRequest is InvalidRequest
     assert issubclass(client.Invalid, ValueError) and issubclass(client.NotFound, LookupError)
     assert issubclass(client.WaitTimeout, TimeoutError)
+
+
+async def test_a_prepared_statement_a_pooler_lost_is_described_with_what_to_do(database_url):
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await conn.execute("PREPARE __asyncpg_stmt_7__ AS SELECT 1")
+        with pytest.raises(asyncpg.PostgresError) as taken:
+            await conn.execute("PREPARE __asyncpg_stmt_7__ AS SELECT 1")
+        with pytest.raises(asyncpg.PostgresError) as missing:
+            await conn.execute("EXECUTE __asyncpg_stmt_8__")
+        with pytest.raises(asyncpg.PostgresError) as other:
+            await conn.execute("PREPARE mine AS SELECT 1; PREPARE mine AS SELECT 1")
+    finally:
+        await conn.close()
+    for exc in (taken.value, missing.value):
+        assert pooled_statements_lost(exc)
+        assert describe(exc).endswith(f"({POOLER_HINT})") and "1.21" in POOLER_HINT
+        wrapped = sa_exc.DBAPIError("SELECT 1", None, exc)  # as SQLAlchemy raises it
+        assert pooled_statements_lost(wrapped)
+    # A statement of the user's own, not asyncpg's: not the pooler's doing.
+    assert not pooled_statements_lost(other.value)
+    assert POOLER_HINT not in describe(other.value)

@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcore import environ, logs, naming, tracing
 from jobcore.db import check_schema
-from jobcore.errors import ConfigError, SchemaNotAtHead
+from jobcore.errors import ConfigError, SchemaNotAtHead, describe, pooled_statements_lost
 from jobcore.registry import load_handlers
 from jobcore.settings import ApiSettings, load_api_settings
 from jobqueue_api import processes
@@ -212,6 +212,9 @@ async def run(
             log.error(str(exc))
             return 1
         except Exception as exc:
+            if pooled_statements_lost(exc):
+                log.error(f"database unusable through its pooler: {describe(exc)}")
+                return 1
             if not is_unavailable(exc):
                 raise
             log.error(f"database unreachable at startup: {exc}")
