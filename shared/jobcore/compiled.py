@@ -67,11 +67,20 @@ def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
     return {"queues": list(wanted), "slots": list(wanted.values())}
 
 
-def _keyed(values: dict[str, Any], key_limits: Mapping[str, int]) -> list[str]:
-    """Add the claim's per-queue KEY_CONCURRENCY to `values`; the queues whose advisory
-    lock the claim must hold (`JOB_LOCK_KEYS`)."""
+def _keyed(
+    values: dict[str, Any],
+    key_limits: Mapping[str, int],
+    key_overruns: Mapping[tuple[str, str], int] | None,
+) -> list[str]:
+    """Add the claim's per-queue KEY_CONCURRENCY and the claimer's overrunning handlers per
+    (queue, key) to `values`; the queues whose advisory lock the claim must hold
+    (`JOB_LOCK_KEYS`)."""
     limits = [key_limits.get(queue) for queue in values["queues"]]
     values["key_limits"] = limits
+    overruns = sorted((key_overruns or {}).items())
+    values["overrun_queues"] = [queue for (queue, _), _ in overruns]
+    values["overrun_keys"] = [key for (_, key), _ in overruns]
+    values["overrun_counts"] = [n for _, n in overruns]
     return [queue for queue, limit in zip(values["queues"], limits, strict=True) if limit]
 
 
@@ -92,6 +101,12 @@ async def _fetch_keyed(
 # turns starts each priority's keys from the first (`jobcore.turns`).
 NO_FLOORS: Mapping[str, list[Any]] = {"floor_queues": [], "floor_priorities": [], "floors": []}
 NO_TURNS: Mapping[str, list[Any]] = {"turn_queues": [], "turn_priorities": [], "turns": []}
+# No handler of a keyed job outlived its attempt (`claim`'s `key_overruns`).
+NO_OVERRUNS: Mapping[str, list[Any]] = {
+    "overrun_queues": [],
+    "overrun_keys": [],
+    "overrun_counts": [],
+}
 
 
 async def claim(
@@ -103,12 +118,15 @@ async def claim(
     floors: Mapping[str, list[Any]] = NO_FLOORS,
     turns: Mapping[str, list[Any]] = NO_TURNS,
     key_limits: Mapping[str, int] | None = None,
+    key_overruns: Mapping[tuple[str, str], int] | None = None,
 ) -> list[Claimed]:
     """Lease up to `slots[queue]` due jobs of each queue, in claim order, skipping rows
     other claimers hold and jobs of the `limited` types; `claim_id` names this claim for
     `release_claim`, should its answer be lost. `floors` (`ClaimFloors.params`) says where
     each (queue, priority) is read from, none: from the head; `turns` (`KeyTurns.params`)
-    which key each starts after; `key_limits`, per queue, KEY_CONCURRENCY."""
+    which key each starts after; `key_limits`, per queue, KEY_CONCURRENCY; `key_overruns`,
+    per (queue, key), this process's handlers still running after their attempts were
+    recorded (each still holds a unit of its key's KEY_CONCURRENCY)."""
     values = {
         **_slots(slots),
         **floors,
@@ -117,7 +135,7 @@ async def claim(
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
     }
-    locked = _keyed(values, key_limits or {})
+    locked = _keyed(values, key_limits or {}, key_overruns)
     statement = _CLAIM
     if limited:
         statement = _CLAIM_UNLIMITED
@@ -246,10 +264,11 @@ async def complete_and_claim(
     floors: Mapping[str, list[Any]] = NO_FLOORS,
     turns: Mapping[str, list[Any]] = NO_TURNS,
     key_limits: Mapping[str, int] | None = None,
+    key_overruns: Mapping[tuple[str, str], int] | None = None,
 ) -> tuple[list[Lease], list[Claimed]]:
     """`record(COMPLETE, leases, results=results)` and `claim(slots, lease_seconds,
-    claim_id, limited, floors, turns, key_limits)` in one statement. Returns (the lost
-    leases, the claimed jobs)."""
+    claim_id, limited, floors, turns, key_limits, key_overruns)` in one statement. Returns
+    (the lost leases, the claimed jobs)."""
     values = {
         **floors,
         **turns,
@@ -261,7 +280,7 @@ async def complete_and_claim(
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
     }
-    locked = _keyed(values, key_limits or {})
+    locked = _keyed(values, key_limits or {}, key_overruns)
     statement = _COMPLETE_AND_CLAIM
     if limited:
         statement = _COMPLETE_AND_CLAIM_UNLIMITED

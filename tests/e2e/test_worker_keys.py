@@ -285,3 +285,27 @@ async def test_a_paused_queue_claims_none_of_its_keyed_jobs_until_resumed(
             if r.end is not None
         ]
         assert len(spans) == 3 and most_at_once(spans) == 1, (key, spans)
+
+
+async def test_a_handler_that_outlives_its_timeout_holds_its_keys_unit_until_it_returns(
+    database_url, engine, tmp_path
+):
+    """Plain def handlers of one key sleep 2.5 s under a 0.3 s timeout: each attempt is
+    recorded (timed out) after its grace, but its thread runs on, and with it the unit of
+    KEY_CONCURRENCY it holds: the key's next job waits until it returns."""
+    from tests.limits.test_limits_e2e import _most_at_once, _spans, _spans_at_least
+
+    keyed = [
+        NewJob(new_id(), "test.overrun", {"seconds": 2.5}, 1, concurrency_key="tenant-1")
+        for _ in range(3)
+    ]
+    ids = [job.id for job in await submit_jobs(engine, keyed)]
+    worker = start_worker(
+        database_url, tmp_path, WORKERS="4", JOB_TIMEOUT="0.3s", KEY_CONCURRENCY="*:1"
+    )
+    try:
+        await eventually(lambda: all_in(engine, ids, "dead_letter"), 40, "every attempt ended")
+        await eventually(_spans_at_least(worker.exec_log, 3), 20, "every handler returned")
+    finally:
+        assert worker.stop() == 0
+    assert _most_at_once(_spans(worker.exec_log)) == 1

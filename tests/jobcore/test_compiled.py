@@ -60,6 +60,7 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
         "key_limits",
         *compiled.NO_FLOORS,
         *compiled.NO_TURNS,
+        *compiled.NO_OVERRUNS,
     }
     args = claim.args(
         {
@@ -75,13 +76,16 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
             "turn_queues": ["tq"],
             "turn_priorities": [4],
             "turns": ["t"],
+            "overrun_queues": ["oq"],
+            "overrun_keys": ["ok"],
+            "overrun_counts": [5],
         }
     )
     # attempts + 1 and lease_token + 1 are the construct's own literals.
     assert sorted(map(str, args)) == sorted(
         [
             *("1", "1", "['q']", "[7]", "30.0", "c", "h", "[2]"),
-            *("['fq']", "[3]", "['f']", "['tq']", "[4]", "['t']"),
+            *("['fq']", "[3]", "['f']", "['tq']", "[4]", "['t']", "['oq']", "['ok']", "[5]"),
         ]
     )
     for position, value in enumerate(args, start=1):

@@ -180,6 +180,7 @@ async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
         "claim": new_id(),
         "holder": "floor-host:1",
         "key_limits": [],
+        **compiled.NO_OVERRUNS,
         **compiled.NO_TURNS,
     }
     count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_key_idx'::regclass)"

@@ -171,3 +171,21 @@ async def test_a_key_without_room_leaves_its_slots_to_other_keys(engine):
     keys = Counter(job.concurrency_key for job in first + second)
     assert keys == {"busy": 3, "idle": 3}, keys
     assert await _claim(engine, 10, turns, key_limits=limits) == []
+
+
+async def test_a_handler_that_outlived_its_attempt_still_holds_its_keys_unit(engine):
+    """Nothing of key A is processing in the database, but this claimer's handler of one
+    of A's jobs still runs (its attempt was recorded as timed out): A has one unit left of
+    KEY_CONCURRENCY 2, B both, and the other queue's A its own."""
+    await _add(engine, 10, "A", start=_ago(50))
+    await _add(engine, 10, "B", start=_ago(40))
+    limits = {"default": 2}
+    overruns = {("default", "A"): 1, ("other", "A"): 2}
+    got = await _claim(engine, 10, KeyTurns(), key_limits=limits, key_overruns=overruns)
+    assert Counter(job.concurrency_key for job in got) == {"A": 1, "B": 2}
+    # Under a limit of 3, with A's one and B's two claimed above still processing and two
+    # overrunning handlers of A: nothing more of A, one more of B.
+    more = await _claim(
+        engine, 10, KeyTurns(), key_limits={"default": 3}, key_overruns={("default", "A"): 2}
+    )
+    assert Counter(job.concurrency_key for job in more) == {"B": 1}

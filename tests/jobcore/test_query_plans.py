@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore import queries, store
-from jobcore.compiled import NO_FLOORS, NO_TURNS
+from jobcore.compiled import NO_FLOORS, NO_OVERRUNS, NO_TURNS
 from jobcore.ids import new_id
 from jobcore.rows import NewJob
 from jobcore.runner import Compiled
@@ -94,6 +94,7 @@ async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
             "claim": new_id(),
             "holder": "plan-host:1",
             "key_limits": [],
+            **NO_OVERRUNS,
             **NO_TURNS,
             **floors,
         },
@@ -159,6 +160,7 @@ async def test_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing(engine
                         "claim": new_id(),
                         "holder": "plan-host:1",
                         "key_limits": [],
+                        **NO_OVERRUNS,
                         **NO_TURNS,
                         **params,
                     }
@@ -229,6 +231,7 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "claim": new_id(),
         "holder": "plan-host:1",
         "key_limits": [],
+        **NO_OVERRUNS,
         **NO_TURNS,
         "limited": ["webhook"],
         **floors,
@@ -259,6 +262,7 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
             "claim": new_id(),
             "holder": "plan-host:1",
             "key_limits": [],
+            **NO_OVERRUNS,
             **NO_TURNS,
         },
         generic,
@@ -299,6 +303,7 @@ async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(en
         "claim": new_id(),
         "holder": "plan-host:1",
         "key_limits": [],
+        **NO_OVERRUNS,
         **NO_TURNS,
     }
     async with engine.connect() as conn:

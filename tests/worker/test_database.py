@@ -205,8 +205,12 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
 
 # The claims' floor parameters as literals, none: a claim from the head, as a sweep.
 _NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::timestamptz[]"
-# No key limits, then no floors and no turns: the claim's parameters after its slots.
-_NO_KEYS = f"'{{}}'::integer[], {_NO_FLOORS}, '{{}}'::text[], '{{}}'::smallint[], '{{}}'::text[]"
+# No key limits, then no floors, no turns and no overruns: the claim's parameters after
+# its slots.
+_NO_KEYS = (
+    f"'{{}}'::integer[], {_NO_FLOORS}, '{{}}'::text[], '{{}}'::smallint[], '{{}}'::text[],"
+    " '{}'::text[], '{}'::text[], '{}'::integer[]"
+)
 
 
 def _most_rows_from_one_scan(node: dict) -> int:

@@ -118,6 +118,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         limits=limits,
         synchronous_commit=settings.worker_synchronous_commit == "on",
         key_concurrency=settings.key_concurrency,
+        key_overruns=lambda: executor.key_overruns(),
     )
     recycle = _Recycle(beacon, sum(settings.queues.values()), stop)
     # The slots record through the completer, the completer claims for the dispatcher, the
@@ -131,7 +132,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         webhook_allow_private=settings.webhook_allow_private,
         on_slot_freed=lambda queue: dispatcher.slot_freed(queue),
         on_abandoned=recycle.abandoned_changed,
-        on_overrun_ended=lambda job_type: dispatcher.overrun_ended(job_type),
+        on_overrun_ended=lambda job: dispatcher.overrun_ended(job),
         max_result_bytes=settings.max_result_bytes,
         tracer=tracer,
     )

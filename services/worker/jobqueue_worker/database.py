@@ -174,6 +174,7 @@ class PgJobStore:
         *,
         synchronous_commit: bool = True,
         key_concurrency: Mapping[str, int] | None = None,
+        key_overruns: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self.engine = engine
         self._begin = _BEGIN if synchronous_commit else _BEGIN + _ASYNC_COMMIT
@@ -188,8 +189,10 @@ class PgJobStore:
         self._lost_claims: list[UUID] = []
         self.floors = ClaimFloors()
         self.turns = KeyTurns()
-        # KEY_CONCURRENCY: queue (or "*") -> n.
+        # KEY_CONCURRENCY: queue (or "*") -> n; and, per (queue, key), this process's
+        # handlers that outlived their recorded attempts (`Executor.key_overruns`).
         self._key_concurrency = dict(key_concurrency or {})
+        self._key_overruns = key_overruns
         # Recovery has no other read from the head: it sweeps by its cost alone.
         self._recovery_sweeps = Sweeps(max_interval=_RECOVERY_SWEEP_INTERVAL, cheap=math.inf)
         # When the last recovery run that took back every lease it saw expire started.
@@ -328,6 +331,7 @@ class PgJobStore:
                     floors,
                     turns,
                     self._key_limits(slots),
+                    self._key_overruns() if self._key_concurrency else None,
                 )
             ),
             lambda jobs: jobs,
@@ -405,6 +409,7 @@ class PgJobStore:
                     floors,
                     turns,
                     self._key_limits(slots),
+                    self._key_overruns() if self._key_concurrency else None,
                 )
             ),
             lambda result: result[1],

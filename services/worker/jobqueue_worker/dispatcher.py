@@ -234,11 +234,14 @@ class Dispatcher:
                 "job type held back by its limit", extra={"job_type": job_type, "limit": limit}
             )
 
-    def overrun_ended(self, job_type: str) -> None:
+    def overrun_ended(self, job: Claimed) -> None:
         """A handler that outlived its recorded attempt returned: if its type is limited, it
-        gave back a unit of TYPE_CONCURRENCY, so a limited claim is wanted."""
-        if self._limits is not None and job_type in self._limits.concurrency:
+        gave back a unit of TYPE_CONCURRENCY, so a limited claim is wanted; if its job has a
+        key, a unit of KEY_CONCURRENCY, so a claim is."""
+        if self._limits is not None and job.type in self._limits.concurrency:
             self._limited_ended = True
+            self._wake.set()
+        if job.concurrency_key is not None:
             self._wake.set()
 
     def _limited_wait(self) -> float | None:

@@ -27,7 +27,8 @@ end on its own, its result ignored. A thread cannot be cancelled at all: its
 handler has `cancel_grace` to see `ctx.cancelled` and return, then its attempt is
 recorded without it and the thread runs on. Such abandoned handlers are counted
 (`abandoned`, reported through `on_abandoned`; per type, `overruns`, which the limited
-claims count against TYPE_CONCURRENCY) until they return; they never hold a slot.
+claims count against TYPE_CONCURRENCY, and per key, `key_overruns`, which the claims count
+against KEY_CONCURRENCY) until they return; they never hold a slot.
 For a cancel the grace is at most CANCEL_GRACE, so a cancelled job is recorded within a
 second of its request even when its handler ignores it. The phases an attempt goes through
 on these paths, and the only moves between them, are declared in `jobqueue_worker.attempt`.
@@ -101,7 +102,7 @@ class Executor:
         webhook_allow_private: bool = False,
         on_slot_freed: Callable[[str], None] = lambda queue: None,
         on_abandoned: Callable[[int], None] = lambda n: None,
-        on_overrun_ended: Callable[[str], None] = lambda job_type: None,
+        on_overrun_ended: Callable[[Claimed], None] = lambda job: None,
         cancel_grace: float = 1.0,
         max_result_bytes: int = 65_536,
         clock: Callable[[], float] = time.monotonic,
@@ -120,8 +121,10 @@ class Executor:
         self.on_abandoned = on_abandoned
         self.on_overrun_ended = on_overrun_ended
         self.abandoned = 0
-        # Abandoned handlers still running, by job type (TYPE_CONCURRENCY counts them).
+        # Abandoned handlers still running, by job type and by (queue, key): TYPE_CONCURRENCY
+        # and KEY_CONCURRENCY count them.
         self._overruns: Counter[str] = Counter()
+        self._key_overruns: Counter[tuple[str, str]] = Counter()
         self._cancel_grace = cancel_grace
         self._clock = clock
         self._running: set[Attempt] = set()
@@ -163,6 +166,11 @@ class Executor:
         """Per job type, the handlers still running after their attempts were recorded
         without them (abandoned): each still holds what its type's TYPE_CONCURRENCY counts."""
         return {job_type: n for job_type, n in self._overruns.items() if n > 0}
+
+    def key_overruns(self) -> dict[tuple[str, str], int]:
+        """The same per (queue, concurrency key), for the jobs that have one: each still
+        holds what its key's KEY_CONCURRENCY counts."""
+        return {key: n for key, n in self._key_overruns.items() if n > 0}
 
     def leases(self) -> list[tuple[Lease, float]]:
         """The lease of every job in a slot, with when it runs out (monotonic), for the
@@ -398,9 +406,12 @@ class Executor:
     def _count_abandoned(self, attempt: Attempt, change: int) -> None:
         self.abandoned += change
         self._overruns[attempt.job.type] += change
+        job = attempt.job
+        if job.concurrency_key is not None:
+            self._key_overruns[job.queue, job.concurrency_key] += change
         self.on_abandoned(self.abandoned)
         if change < 0:
-            self.on_overrun_ended(attempt.job.type)
+            self.on_overrun_ended(job)
 
     def _time_out(self, tick: int) -> None:
         for attempt in list(self._deadlines.pop(tick, ())):

@@ -44,9 +44,10 @@ from jobcore.states import Operation, Status
 # key's jobs are read from the key's head (docs/pressure.md).
 #
 # KEY_CONCURRENCY (`key_limits`, per queue, NULL for none): a key's share is at most its
-# limit less its running jobs (`jobs_key_running_idx`); the claimer holds the queue's
-# advisory lock (`JOB_LOCK_KEYS`, earlier in the transaction), so the count sees every
-# claim committed before.
+# limit less its running jobs (`jobs_key_running_idx`) and less the claimer's own handlers
+# of the key that outlived their recorded attempts (`overrun_queues`, `overrun_keys`,
+# `overrun_counts`); the claimer holds the queue's advisory lock (`JOB_LOCK_KEYS`, earlier
+# in the transaction), so the count sees every claim committed before.
 (_CLAIMABLE,) = Operation.CLAIM.sources
 _PENDING = f"'{_CLAIMABLE.value}'"
 _RUNNING = f"'{Status.PROCESSING.value}'"
@@ -148,7 +149,12 @@ def _in_turn(skip: str) -> str:
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = {_RUNNING} AND queue = w.queue
-                                  AND concurrency_key = keys.k), 0)::integer
+                                  AND concurrency_key = keys.k) - coalesce((
+                                SELECT sum(o.n) FROM unnest(
+                                    CAST(:overrun_queues AS text[]),
+                                    CAST(:overrun_keys AS text[]),
+                                    CAST(:overrun_counts AS integer[])) AS o(q, k, n)
+                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (

@@ -84,7 +84,7 @@ WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 
 -- name: job_claim
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 overrun_queues, $16 overrun_keys, $17 overrun_counts
 WITH due AS MATERIALIZED 
 (
 SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
@@ -147,7 +147,12 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k), 0)::integer
+                                  AND concurrency_key = keys.k) - coalesce((
+                                SELECT sum(o.n) FROM unnest(
+                                    CAST($15 AS text[]),
+                                    CAST($16 AS text[]),
+                                    CAST($17 AS integer[])) AS o(q, k, n)
+                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
@@ -191,7 +196,7 @@ CROSS JOIN LATERAL (
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_claim_unlimited
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 limited
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 limited, $16 overrun_queues, $17 overrun_keys, $18 overrun_counts
 WITH due AS MATERIALIZED 
 (
 SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
@@ -254,7 +259,12 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k), 0)::integer
+                                  AND concurrency_key = keys.k) - coalesce((
+                                SELECT sum(o.n) FROM unnest(
+                                    CAST($16 AS text[]),
+                                    CAST($17 AS text[]),
+                                    CAST($18 AS integer[])) AS o(q, k, n)
+                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
@@ -298,7 +308,7 @@ CROSS JOIN LATERAL (
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_complete_and_claim
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 overrun_queues, $19 overrun_keys, $20 overrun_counts
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
@@ -363,7 +373,12 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k), 0)::integer
+                                  AND concurrency_key = keys.k) - coalesce((
+                                SELECT sum(o.n) FROM unnest(
+                                    CAST($18 AS text[]),
+                                    CAST($19 AS text[]),
+                                    CAST($20 AS integer[])) AS o(q, k, n)
+                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
@@ -411,7 +426,7 @@ FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.pa
 FROM claimed;
 
 -- name: job_complete_and_claim_unlimited
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 limited
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 limited, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
@@ -476,7 +491,12 @@ CROSS JOIN LATERAL (
                             ELSE greatest(w.key_limit - (
                                 SELECT count(*) FROM jobqueue.jobs
                                 WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k), 0)::integer
+                                  AND concurrency_key = keys.k) - coalesce((
+                                SELECT sum(o.n) FROM unnest(
+                                    CAST($19 AS text[]),
+                                    CAST($20 AS text[]),
+                                    CAST($21 AS integer[])) AS o(q, k, n)
+                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
             ) AS room
         ), first AS MATERIALIZED (
