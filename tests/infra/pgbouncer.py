@@ -100,15 +100,13 @@ class PgBouncer:
         if self._user is not None:
             for path in (self.root, *self.root.iterdir()):
                 os.chown(path, *self._user)
-        identity = (
-            {"user": self._user[0], "group": self._user[1], "extra_groups": []}
-            if self._user is not None
-            else {}
-        )
+        uid, gid = self._user if self._user is not None else (None, None)
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+            self.proc = subprocess.Popen(
                 [str(self.program), str(self.root / "pgbouncer.ini")],
-                **identity,  # type: ignore[arg-type]
+                user=uid,
+                group=gid,
+                extra_groups=None if uid is None else [],
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
