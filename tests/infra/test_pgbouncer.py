@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
+from jobcore.db import connect_args
 from tests.e2e.periodic_schedules import NAME as PERIODIC_NAME
 from tests.e2e.test_api_process import Api
 from tests.infra.pgbouncer import CURRENT, PgBouncer
@@ -325,3 +327,33 @@ def test_a_listen_through_a_transaction_pooler_is_reported_unheard_and_jobs_stil
     # Without the wake-ups, the worker's polling still runs every job.
     ids = [first] + [_submit(api, {"type": "test.record"}) for _ in range(5)]
     _all(api, ids, "completed", 30, "the jobs completed by polling")
+
+
+OPTIONS = "?options=-c%20lock_timeout%3D1234"
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["refused", "ignored"])
+async def test_options_in_database_url_are_refused_or_dropped_silently_by_pgbouncer(
+    database_url: str, ignored: bool
+) -> None:
+    """A user's `options=-c ...` in DATABASE_URL, connected as the services connect: PgBouncer
+    refuses the connection; with `ignore_startup_parameters = options` it connects, and the
+    setting is gone without a word."""
+    settings = {"ignore_startup_parameters": "options"} if ignored else None
+    with PgBouncer(CURRENT, "transaction", default_pool_size=2, settings=settings) as bouncer:
+        url = bouncer.url(database_url) + OPTIONS
+        if not ignored:
+            with pytest.raises(asyncpg.ProtocolViolationError, match="unsupported startup"):
+                await asyncpg.connect(**connect_args(url))
+            return
+        conn = await asyncpg.connect(**connect_args(url))
+        try:
+            assert await conn.fetchval("SELECT current_setting('lock_timeout')") == "0"
+        finally:
+            await conn.close()
+    # Straight to PostgreSQL the same URL's setting holds.
+    direct = await asyncpg.connect(**connect_args(database_url + OPTIONS))
+    try:
+        assert await direct.fetchval("SELECT current_setting('lock_timeout')") == "1234ms"
+    finally:
+        await direct.close()
