@@ -164,14 +164,16 @@ class PgBouncer:
             .render_as_string(hide_password=False)
         )
 
-    def connect(self, database: str, user: str = "root", **kwargs: Any) -> psycopg.Connection:
-        """A client connection through PgBouncer (autocommit)."""
+    def connect(
+        self, database: str, user: str = "root", autocommit: bool = True, **kwargs: Any
+    ) -> psycopg.Connection:
+        """A client connection through PgBouncer."""
         return psycopg.connect(
             host="127.0.0.1",
             port=self.port,
             user=user,
             dbname=database,
-            autocommit=True,
+            autocommit=autocommit,
             connect_timeout=5,
             **kwargs,
         )

@@ -258,22 +258,38 @@ def test_the_core_works_through_pgbouncer(
     _wait_notifications(worker, "ok")
 
 
+_SHOW = "SELECT " + ", ".join(f"current_setting('{name}')" for name in SETTINGS)
+
+
 def _settings(conn: psycopg.Connection) -> dict[str, str]:
-    """Each of SETTINGS as this connection's next transaction sees it (one statement: one
-    transaction, on whichever server connection the pooler lends)."""
-    query = "SELECT " + ", ".join(f"current_setting('{name}')" for name in SETTINGS)
-    row = conn.execute(query).fetchone()
+    """Each of SETTINGS as `conn` sees it now."""
+    row = conn.execute(_SHOW).fetchone()
     assert row is not None
     return dict(zip(SETTINGS, row, strict=True))
 
 
-def _leaks(bouncer: PgBouncer, database: str, defaults: dict[str, str], samples: int) -> list[Any]:
+def _leaks(bouncer: PgBouncer, database: str, defaults: dict[str, str], rounds: int) -> list[Any]:
+    """What differs from `defaults` on `rounds` × 2 transactions of other clients. Each round
+    opens a transaction on each of two client connections at once, so it holds both server
+    connections of the pool (its size is 2): every one of them is read, every round."""
     leaked = []
-    with bouncer.connect(database, application_name="settings-observer") as conn:
-        for _ in range(samples):
-            seen = _settings(conn)
-            if seen != defaults:
-                leaked.append({k: v for k, v in seen.items() if v != defaults[k]})
+    observers = [
+        bouncer.connect(database, application_name="settings-observer", autocommit=False)
+        for _ in range(POOL_SIZE["transaction"])
+    ]
+    try:
+        for _ in range(rounds):
+            seen = [_settings(conn) for conn in observers]
+            for conn in observers:
+                conn.rollback()
+            leaked += [
+                {k: v for k, v in one.items() if v != defaults[k]}
+                for one in seen
+                if one != defaults
+            ]
+    finally:
+        for conn in observers:
+            conn.close()
     return leaked
 
 
@@ -294,15 +310,15 @@ def test_in_transaction_mode_no_setting_of_the_services_reaches_another_client(
     )
     # Worker alone first: its sessions are opened, its claims and heartbeats run.
     wait_for(lambda: bouncer.stats(database).get("total_xact_count", 0) > 50, 30, "traffic")
-    leaked = _leaks(bouncer, database, defaults, 50)
+    leaked = _leaks(bouncer, database, defaults, 25)
     assert not leaked, f"{len(leaked)} of 50 transactions saw the worker's settings: {leaked[:3]}"
 
     api = stack.api(pooled, DATABASE_LISTEN_URL=database_url)
     ids = [_submit(api, {"type": "test.record", "payload": {"seconds": 0.05}}) for _ in range(30)]
     # Sampled while the jobs run, and after.
-    leaked = _leaks(bouncer, database, defaults, 50)
+    leaked = _leaks(bouncer, database, defaults, 25)
     _all(api, ids, "completed", 30, "the jobs completed")
-    leaked += _leaks(bouncer, database, defaults, 50)
+    leaked += _leaks(bouncer, database, defaults, 25)
     assert not leaked, f"{len(leaked)} of 100 transactions saw the services' settings: {leaked[:3]}"
     # Both services were the pooler's clients, sharing its two server connections.
     names = {row["application_name"] for row in bouncer.show("CLIENTS")}
