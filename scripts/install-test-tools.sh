@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The system tools some tests drive: Debian's Chromium (dashboard browser tests) and
-# Prometheus's promtool (alert-rule unit tests). Installs whichever is missing, without
-# starting any service the packages ship.
+# The system tools some tests drive: Debian's Chromium (dashboard browser tests),
+# Prometheus's promtool (alert-rule unit tests) and PgBouncer (pooler tests, its own
+# script). Installs whichever is missing, without starting any service the packages ship.
 set -euo pipefail
+
+bash "$(dirname "$0")/install-pgbouncer.sh"
 
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
