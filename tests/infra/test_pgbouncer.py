@@ -38,6 +38,7 @@ SETTINGS = (
     "lock_timeout",
     "enable_sort",
     "jit",
+    "jit_above_cost",
     "plan_cache_mode",
     "client_connection_check_interval",
 )

@@ -407,7 +407,8 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
 STORE_SETTINGS = {
     "plan_cache_mode": ("force_custom_plan", "auto"),
     "enable_sort": ("off", "on"),
-    "jit": ("off", "on"),
+    "jit_above_cost": ("-1", "100000"),
+    "jit": ("on", "on"),
     "statement_timeout": ("4s", "0"),
     "lock_timeout": ("2s", "0"),
     "client_connection_check_interval": ("1s", "0"),

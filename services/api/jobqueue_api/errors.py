@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from jobcore.errors import JobqueueError, describe
+from jobcore.errors import POOLER_HINT, JobqueueError, describe, pooled_statements_lost
 from jobqueue_api.database import is_unavailable
 from jobqueue_api.records import JSONBody
 
@@ -48,6 +48,10 @@ def response_for(exc: Exception) -> JSONResponse:
     if isinstance(exc, BodyTooLarge):
         # The rest of the body is never read, so the connection cannot be reused.
         return error_response(413, str(exc), {"Connection": "close"})
+    if pooled_statements_lost(exc):
+        # The deployment's to fix (describe() says how), not a bug of the request's.
+        log.error("database unusable through its pooler: %s (%s)", _first_line(exc), POOLER_HINT)
+        return error_response(503, "database unusable through its pooler")
     if is_unavailable(exc):
         log.warning("database unavailable: %s", _first_line(exc))
         return error_response(503, "database unavailable", {"Retry-After": "1"})

@@ -38,7 +38,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcore import environ, logs, naming, tracing
 from jobcore.db import check_schema
-from jobcore.errors import ConfigError, SchemaNotAtHead, describe, pooled_statements_lost
+from jobcore.errors import (
+    POOLER_HINT,
+    ConfigError,
+    SchemaNotAtHead,
+    describe,
+    pooled_statements_lost,
+)
 from jobcore.registry import load_handlers
 from jobcore.settings import ApiSettings, load_api_settings
 from jobqueue_api import processes
@@ -213,7 +219,8 @@ async def run(
             return 1
         except Exception as exc:
             if pooled_statements_lost(exc):
-                log.error(f"database unusable through its pooler: {describe(exc)}")
+                first = describe(exc).splitlines()[0][:300]
+                log.error(f"database unusable through its pooler: {first} ({POOLER_HINT})")
                 return 1
             if not is_unavailable(exc):
                 raise

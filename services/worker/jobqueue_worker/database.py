@@ -74,9 +74,13 @@ _NEVER_SENT_TRIES = 3
 _MAX_LOST_CLAIMS = 1000
 _BEGIN = (
     # JIT compiles a statement for tens of ms: never worth it for these short ones (and
-    # enable_sort = off makes the planner think some of them costly enough to try).
+    # enable_sort = off makes the planner think some of them costly enough to try). Off by
+    # its cost threshold, not by `jit` itself: asyncpg turns `jit` off for the session
+    # around its type introspection and turns it back on only if it found it on, so a
+    # transaction that had it off would leave the session (through a pooler, another
+    # client's) without JIT.
     "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_sort = off; "
-    "SET LOCAL jit = off; "
+    "SET LOCAL jit_above_cost = -1; "
     f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT * 1000)}; "
     f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
     f"SET LOCAL client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"

@@ -22,11 +22,13 @@ _PENDING = f"'{_CLAIMABLE.value}'"
 # claimers of the same types wait for each other; other types' claims never take the locks.
 
 # The same round trip sets, for the transaction only, what JOB_CLAIM_LIMITED's plan needs: its
-# window functions sort (a worker session turns sorts off, and their penalty in the cost
-# would bring in JIT compilation, 100s of ms per claim).
+# window functions sort (a worker transaction turns sorts off, and their penalty in the cost
+# would bring in JIT compilation, 100s of ms per claim; JIT is kept off by its cost threshold,
+# as in the worker's transactions, see jobqueue_worker.database).
 JOB_LOCK_TYPES = sa.text(
     """
-SELECT set_config('enable_sort', 'on', true) AS sort, set_config('jit', 'off', true) AS jit,
+SELECT set_config('enable_sort', 'on', true) AS sort,
+       set_config('jit_above_cost', '-1', true) AS jit,
        count(pg_advisory_xact_lock(k)) AS locked
 FROM (
     SELECT DISTINCT hashtextextended('jobqueue.type:' || t, 0) AS k

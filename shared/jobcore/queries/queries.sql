@@ -554,7 +554,8 @@ FROM (
 
 -- name: job_lock_types
 -- parameters: $1 types
-SELECT set_config('enable_sort', 'on', true) AS sort, set_config('jit', 'off', true) AS jit,
+SELECT set_config('enable_sort', 'on', true) AS sort,
+       set_config('jit_above_cost', '-1', true) AS jit,
        count(pg_advisory_xact_lock(k)) AS locked
 FROM (
     SELECT DISTINCT hashtextextended('jobqueue.type:' || t, 0) AS k
