@@ -48,11 +48,14 @@ async def drain_with_cpu(
     limit: float,
     env: dict[str, str],
     counter: Callable[[], Awaitable[float]] | None = None,
+    before_start: Callable[[], Awaitable[object]] | None = None,
 ) -> dict[str, Any]:
-    """A fresh database and a worker started with `env`, warmed up; then `jobs` drained.
-    Adds the worker processes' CPU per job and, given a `counter` (read before and after
-    the drain), its growth per job as `counted_per_job`."""
+    """A fresh database (`before_start` then runs on it) and a worker started with `env`,
+    warmed up; then `jobs` drained. Adds the worker processes' CPU per job and, given a
+    `counter` (read before and after the drain), its growth per job as `counted_per_job`."""
     await ours.prepare()
+    if before_start is not None:
+        await before_start()
     await ours.start_workers(processes, **env)
     await measure.warm_up(
         ours,

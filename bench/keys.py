@@ -8,6 +8,11 @@ keys taking turns and the running jobs counted per key). Its rate is set against
 key-less drain of the same process count in the same run, as is the worker processes'
 CPU per job (/proc).
 
+Paused queue: the regular key-less drain, by a worker that also serves queue `PAUSED_QUEUE`,
+paused before the worker starts with `PAUSED_BACKLOG` jobs due in it; set against the
+key-less drain of the same process count (what a paused queue's backlog costs the other
+queues' claims, which never read it).
+
 Fairness: one worker process of `SLOTS` slots (WORKERS), no KEY_CONCURRENCY; `backlog`
 jobs of key A (handlers of `SLEEP_SECONDS` each, so key A alone keeps every slot busy for
 backlog / SLOTS x SLEEP_SECONDS), inserted in one transaction; `DELAY` later, `B_JOBS`
@@ -32,6 +37,7 @@ from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE, SLEEP_SECONDS, SLEEP_TYPE
 from bench.beacon import Receiver
 from bench.stats import latency_ms, median
+from jobcore import pauses
 from jobcore.ids import new_id
 from jobcore.rows import NewJob
 
@@ -43,6 +49,9 @@ DELAY = 1.0  # seconds from key A's commit to key B's submission
 B_JOBS = 20
 WAIT_TARGET_MS = 2_000.0  # every B job started within this of its submission
 KEY_A, KEY_B = "A", "B"
+PAUSED_QUEUE = "held"
+PAUSED_BACKLOG = 20_000
+PAUSED_TARGET = 0.90  # the drain beside a paused backlog over the plain one, at least
 
 _markers = itertools.count()
 
@@ -74,6 +83,49 @@ async def drain_session(
         "jobs": n,
         "keys": min(KEYS, n),
         "key_concurrency": KEY_CONCURRENCY,
+        **figures,
+    }
+
+
+async def paused_session(
+    server: str, workdir: Path, rx: Receiver, workers: int, processes: int, n: int, limit: float
+) -> dict[str, Any]:
+    """The key-less drain of `n` jobs beside a paused queue holding `PAUSED_BACKLOG` due
+    jobs; a "keys_paused" row."""
+    ours = Ours(server, workdir, workers)
+    ours.held = PAUSED_QUEUE
+
+    async def hold() -> None:
+        await ours.insert(
+            [
+                NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS, queue=PAUSED_QUEUE)
+                for _ in range(PAUSED_BACKLOG)
+            ]
+        )
+        async with ours.engine.begin() as conn:
+            await pauses.pause(conn, PAUSED_QUEUE)
+
+    jobs = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(n)]
+    try:
+        figures = await costs.drain_with_cpu(
+            ours, rx, processes, jobs, limit, {"QUEUES": f"default,{PAUSED_QUEUE}"}, None, hold
+        )
+        still = int(
+            await ours.sql.value(
+                f"SELECT count(*) FROM jobqueue.jobs WHERE queue = '{PAUSED_QUEUE}'"
+                " AND status = 'pending'"
+            )
+        )
+    finally:
+        await to_the_end(ours.cleanup())
+    if still != PAUSED_BACKLOG:
+        raise RuntimeError(f"the paused queue lost {PAUSED_BACKLOG - still} of its jobs")
+    return {
+        "kind": "keys_paused",
+        "processes": processes,
+        "workers": workers,
+        "jobs": n,
+        "paused_backlog": PAUSED_BACKLOG,
         **figures,
     }
 
@@ -173,6 +225,21 @@ def summarize(results: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dic
             "keyless_worker_cpu_us_per_job": median(base_cpu) if base_cpu else None,
             "repeats": [r["drain_jobs_per_s"] for r in drains],
         }
+    held = [r for r in results if r["kind"] == "keys_paused"]
+    if held:
+        first = held[0]
+        rate = median([r["drain_jobs_per_s"] for r in held])
+        base = _base_rate(plain, first)
+        out["paused"] = {
+            "processes": first["processes"],
+            "workers": first["workers"],
+            "jobs": first["jobs"],
+            "paused_backlog": first["paused_backlog"],
+            "jobs_per_s": rate,
+            "plain_jobs_per_s": base,
+            "ratio": rate / base if base else None,
+            "repeats": [r["drain_jobs_per_s"] for r in held],
+        }
     fair = [r for r in results if r["kind"] == "keys_fairness"]
     if fair:
         first = fair[0]
@@ -186,6 +253,15 @@ def summarize(results: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dic
     return out
 
 
+def _base_rate(plain: list[dict[str, Any]], first: dict[str, Any]) -> float | None:
+    rows = [
+        r["drain_jobs_per_s"]
+        for r in plain
+        if r["processes"] == first["processes"] and r["workers"] == first["workers"]
+    ]
+    return median(rows) if rows else None
+
+
 def targets(section: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     drain = section.get("drain")
@@ -197,6 +273,16 @@ def targets(section: dict[str, Any]) -> list[dict[str, Any]]:
                 "goal": f">= {DRAIN_TARGET:.2f}",
                 "measured": drain["ratio"],
                 "met": drain["ratio"] >= DRAIN_TARGET,
+            }
+        )
+    held = section.get("paused")
+    if held and held["ratio"] is not None:
+        out.append(
+            {
+                "target": "drain beside a paused queue's backlog vs without (ratio)",
+                "goal": f">= {PAUSED_TARGET:.2f}",
+                "measured": held["ratio"],
+                "met": held["ratio"] >= PAUSED_TARGET,
             }
         )
     fair = section.get("fairness")
@@ -217,8 +303,8 @@ def targets(section: dict[str, Any]) -> list[dict[str, Any]]:
 
 def lines(section: dict[str, Any]) -> list[str]:
     """The section as text lines for the report."""
-    drain, fair = section.get("drain"), section.get("fairness")
-    if not drain and not fair:
+    drain, fair, held = section.get("drain"), section.get("fairness"), section.get("paused")
+    if not drain and not fair and not held:
         return []
     out = ["", "Concurrency keys"]
     if drain:
@@ -236,6 +322,18 @@ def lines(section: dict[str, Any]) -> list[str]:
             f"    worker CPU per job {drain['worker_cpu_us_per_job']:.0f} µs"
             + ("" if cpu is None else f" vs {cpu:.0f} µs without keys"),
         ]
+    if held:
+        base = held["plain_jobs_per_s"]
+        out.append(
+            f"  drain of {held['jobs']:,} no-op jobs beside queue {PAUSED_QUEUE}, paused with "
+            f"{held['paused_backlog']:,} jobs due, {held['processes']} process(es), WORKERS="
+            f"{held['workers']}: {held['jobs_per_s']:,.0f} jobs/s"
+            + (
+                f" vs without {base:,.0f} jobs/s: {held['ratio']:.2f}x"
+                if base
+                else " (no plain drain of that process count to compare)"
+            )
+        )
     if fair:
         out.append(
             f"  fairness: {fair['a_jobs']:,} jobs of key A, {fair['b_jobs']} of key B "

@@ -345,6 +345,14 @@ class Run:
         )
         self.results.append({**figures, "repeat": rep})
 
+    async def keys_paused_session(self, rep: int) -> None:
+        c = self.config
+        assert self.rx is not None
+        figures = await keys.paused_session(
+            c.server, self.workdir, self.rx, c.workers, max(c.processes), c.jobs, _timeout(c.jobs)
+        )
+        self.results.append({**figures, "repeat": rep})
+
     async def keys_fairness_session(self, rep: int) -> None:
         c = self.config
         assert self.rx is not None
@@ -567,6 +575,11 @@ class Run:
                         lambda r=rep: self.keys_drain_session(r),
                     )
                     await self.step(
+                        f"{rep + 1}/{c.repeat} jobqueue drain beside a paused queue of "
+                        f"{keys.PAUSED_BACKLOG:,} jobs: {max(c.processes)} process(es)",
+                        lambda r=rep: self.keys_paused_session(r),
+                    )
+                    await self.step(
                         f"{rep + 1}/{c.repeat} jobqueue fairness: {c.fair_jobs:,} jobs of key A, "
                         f"then {keys.B_JOBS} of key B",
                         lambda r=rep: self.keys_fairness_session(r),
@@ -669,7 +682,7 @@ def total_steps(c: Config) -> int:
     per_repeat += int(c.features)
     per_repeat += int(c.two_queues) + (len(c.schedule_polls) if c.schedule_samples else 0)
     per_repeat += 2 * len(COST_PAIRS) if c.costs else 0
-    per_repeat += 2 if c.keys else 0
+    per_repeat += 3 if c.keys else 0
     listed = 1 if c.list_rows else 0
     waited = 1 if c.wait_samples else 0
     waited += 1 if c.client_jobs else 0
@@ -739,7 +752,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument(
         "--no-keys",
         action="store_true",
-        help="skip the drain over concurrency keys and the fairness run",
+        help="skip the drain over concurrency keys, the drain beside a paused queue and the"
+        " fairness run",
     )
     parser.add_argument(
         "--fair-jobs",

@@ -339,6 +339,11 @@ EXPECTED = [
         f">= {keys.DRAIN_TARGET:.2f}",
     ),
     (
+        "drain beside a paused queue",
+        "drain beside a paused queue's backlog vs without (ratio)",
+        f">= {keys.PAUSED_TARGET:.2f}",
+    ),
+    (
         "fair dispatch:",
         f"fair dispatch: {keys.B_JOBS} jobs of a key submitted behind 10,000 of another start "
         f"within {keys.WAIT_TARGET_MS / 1000:g} s (longest wait, ms)",

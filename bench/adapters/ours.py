@@ -48,6 +48,8 @@ class Ours:
         self.api_port = 0
         self.api: Pool | None = None
         self.metrics_port = 0
+        # A queue a run keeps paused, whose jobs are not waited for (`remaining`).
+        self.held: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -197,10 +199,12 @@ class Ours:
         return sum(1 for item in results if item["status"] == "created")
 
     async def remaining(self) -> int:
-        # Two counts, so each reads its partial index instead of the whole table.
+        # Two counts, so each reads its partial index instead of the whole table; the jobs
+        # of a queue left paused on purpose (`held`) are not waited for.
+        held = f" AND queue <> '{self.held}'" if self.held else ""
         return int(
             await self.sql.value(
-                "SELECT (SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending')"
+                f"SELECT (SELECT count(*) FROM jobqueue.jobs WHERE status = 'pending'{held})"
                 " + (SELECT count(*) FROM jobqueue.jobs WHERE status = 'processing')"
             )
         )

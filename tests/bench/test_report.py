@@ -506,10 +506,39 @@ def test_fairness_is_met_only_if_every_b_job_started_within_2s_while_a_jobs_stil
     assert verdicts(overtook_nothing)[FAIRNESS] is False
 
 
-def test_no_keys_flag_skips_the_key_drain_and_the_fairness_run_of_each_repeat() -> None:
+def test_no_keys_flag_skips_the_key_paused_and_fairness_runs_of_each_repeat() -> None:
     config = parse_args(["--quick", "--server", "postgresql://unused"])
     skipped = parse_args(["--quick", "--no-keys", "--server", "postgresql://unused"])
     assert (config.keys, skipped.keys, config.fair_jobs) == (True, False, 2_000)
-    assert total_steps(config) - total_steps(skipped) == 2 * config.repeat
+    assert total_steps(config) - total_steps(skipped) == 3 * config.repeat
     with pytest.raises(SystemExit):
         parse_args(["--fair-jobs", "0", "--server", "postgresql://unused"])
+
+
+PAUSED = "drain beside a paused queue's backlog vs without (ratio)"
+
+
+def paused_row(drain: float) -> dict[str, Any]:
+    return {
+        "kind": "keys_paused",
+        "processes": 2,
+        "workers": 50,
+        "jobs": 20_000,
+        "paused_backlog": 20_000,
+        "drain_jobs_per_s": drain,
+        "worker_cpu_us_per_job": 50.0,
+    }
+
+
+def test_the_drain_beside_a_paused_backlog_is_set_against_the_plain_drain_of_its_run() -> None:
+    doc = document(
+        [session("jobqueue", 2, 10_000), session("jobqueue", 1, 6_000), paused_row(9_600)]
+    )
+    held = doc["summary"]["keys"]["paused"]
+    assert held["plain_jobs_per_s"] == 10_000 and held["ratio"] == pytest.approx(0.96)
+    assert verdicts(doc)[PAUSED] is True
+    assert (
+        "drain of 20,000 no-op jobs beside queue held, paused with 20,000 jobs due, 2 process(es),"
+        " WORKERS=50: 9,600 jobs/s vs without 10,000 jobs/s: 0.96x"
+    ) in render(doc)
+    assert verdicts(document([session("jobqueue", 2, 10_000), paused_row(8_000)]))[PAUSED] is False
