@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import time
+from pathlib import Path
 
 from tests.chaos.cluster import DATABASE, Cluster
 
@@ -104,3 +106,53 @@ class Pair:
             with contextlib.suppress(Exception):
                 cluster.cleanup()
             shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def cluster_pids(cluster: Cluster) -> list[int]:
+    """The postmaster of `cluster` (from postmaster.pid) and every process it started."""
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # The fields after the command (in parentheses, which may hold spaces): state, ppid.
+        if int(stat.rpartition(")")[2].split()[1]) == postmaster:
+            children.append(int(entry))
+    return [postmaster, *children]
+
+
+def freeze(cluster: Cluster) -> list[int]:
+    """SIGSTOP every process of `cluster`: its sockets stay open, nothing answers (a hung
+    machine, no RST). The postmaster first, so that it starts no process meanwhile."""
+    frozen: list[int] = []
+    while True:
+        fresh = [pid for pid in cluster_pids(cluster) if pid not in frozen]
+        if not fresh:
+            return frozen
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL `pids` (stopped or not) and wait until they are gone."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in pids):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes still alive after SIGKILL: {pids}")
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "Z"

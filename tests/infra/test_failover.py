@@ -5,10 +5,7 @@ reaches a standby is refused its writes, dropped, and answered 503."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ from jobcore.errors import ReadOnlyServer
 from jobqueue_api.database import is_unavailable, on_driver, open_engine
 from tests.e2e.test_api_process import Api
 from tests.infra.replication import Pair
-from tests.procs import BIN, Service, wait_for
+from tests.procs import Service, wait_for
 from tests.worker.support import Worker, read_log, start_worker
 
 pytestmark = pytest.mark.e2e
@@ -30,25 +27,6 @@ pytestmark = pytest.mark.e2e
 # The contract: submits and jobs work again within this many seconds of the promotion.
 RECOVERY = 30.0
 STARTUP = 60.0
-
-
-@pytest.fixture
-def pair() -> Iterator[Pair]:
-    pair = Pair()
-    try:
-        pair.start()
-        migrate = subprocess.run(
-            [str(BIN / "jobqueue"), "migrate"],
-            env={**os.environ, "DATABASE_URL": pair.url()},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-        yield pair
-    finally:
-        pair.cleanup()
 
 
 def _submit(api: Api, seconds: float = 0) -> Any:

@@ -43,6 +43,16 @@ async def record(payload: Any, ctx: JobContext) -> None:
     note("done", ctx)
 
 
+@handler("test.fenced")
+async def fenced(payload: Any, ctx: JobContext) -> None:
+    """As test.record, and append `<job_id> <lease_token> <pid>` to $WORKER_TEST_LOG.tokens
+    first: which claims ran, to tell an attempt run twice under one token."""
+    append(".tokens", f"{ctx.job_id} {ctx.lease_token} {os.getpid()}")
+    note("run", ctx)
+    await asyncio.sleep(float(payload.get("seconds", 0)))
+    note("done", ctx)
+
+
 @handler("test.block")
 async def block(payload: Any, ctx: JobContext) -> None:
     """Hang on the first `block_attempts` attempts (default 1); succeed after that."""

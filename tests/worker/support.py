@@ -157,6 +157,18 @@ def read_times(path: Path) -> list[tuple[str, int, float]]:
     return rows
 
 
+def read_tokens(path: Path) -> list[tuple[str, int, int]]:
+    """The claims that ran, from tests.worker.handlers' test.fenced: (job_id, lease_token, pid)."""
+    tokens = Path(str(path) + ".tokens")
+    if not tokens.exists():
+        return []
+    rows = []
+    for line in tokens.read_text().splitlines():
+        job_id, token, pid = line.split()
+        rows.append((job_id, int(token), int(pid)))
+    return rows
+
+
 async def submit_jobs(engine: AsyncEngine, jobs: list[NewJob]) -> list[Job]:
     """Submit each NewJob as given (queue, priority, run_at, delay, timeout)."""
     found = []
