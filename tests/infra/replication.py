@@ -15,6 +15,7 @@ from pathlib import Path
 from tests.chaos.cluster import DATABASE, Cluster
 
 STANDBY_NAME = "standby"
+REJOINED_NAME = "rejoined"
 
 
 class Standby(Cluster):
@@ -70,6 +71,12 @@ class Pair:
 
     def start(self) -> None:
         self.primary.init()
+        # What pg_rewind needs of both (the standby copies this configuration): hint-bit
+        # changes in the WAL, full pages after each checkpoint on the source it reads, and
+        # the target's WAL back to the last checkpoint before the two diverged (the
+        # checkpoint that ends its crash recovery would recycle it otherwise).
+        with open(self.primary.data / "postgresql.conf", "a") as conf:
+            conf.write("wal_log_hints = on\nfull_page_writes = on\nwal_keep_size = '256MB'\n")
         self.primary.start()
         self.primary.create_database()
         self.standby.init()
@@ -156,3 +163,37 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
         return "Z"
+
+
+def rejoin(old: Cluster, new: Cluster, name: str = REJOINED_NAME) -> None:
+    """Make `old`, a primary that failed (stopped, by any means) after `new` was promoted
+    in its place, a standby of `new`, and start it: pg_rewind takes back what `old` wrote
+    that `new` never received, and points it at `new` (standby.signal, primary_conninfo)."""
+    with new.connect() as conn:
+        # The promotion's timeline is in the control file only after a checkpoint: before
+        # it, pg_rewind sees both on one timeline and finds nothing to do.
+        conn.execute("CHECKPOINT")
+    source = f"host=127.0.0.1 port={new.port} user=postgres dbname=postgres"
+    # A target not shut down cleanly is first recovered in single-user mode, then rewound;
+    # -R: standby.signal, and primary_conninfo appended to postgresql.auto.conf.
+    old._run("pg_rewind", "-D", str(old.data), f"--source-server={source}", "-R", "--no-sync")
+    # The configuration came from `new` too: `old`'s own address and name again.
+    settings = {
+        "port": str(old.port),
+        "unix_socket_directories": f"'{old.socket_dir}'",
+        "cluster_name": f"'{name}'",
+        "hot_standby": "on",
+    }
+    with open(old.data / "postgresql.conf", "a") as conf:
+        conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+    old.start()
+
+
+def replication_state(primary: Cluster, name: str) -> tuple[str, str] | None:
+    """(state, sync_state) of the standby `name` streaming from `primary`, or None."""
+    with primary.connect() as conn:
+        row = conn.execute(
+            "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = %s",
+            (name,),
+        ).fetchone()
+    return (str(row[0]), str(row[1])) if row is not None else None
