@@ -1,7 +1,9 @@
 """A primary and a synchronous standby, each a throwaway cluster (`tests.chaos.cluster`), for
 tests that fail the primary over: `pg_basebackup -R` makes the standby, the primary waits
 for it at every commit (nothing it acknowledged is lost when it dies), and `promote` makes
-the standby the primary."""
+the standby the primary. `freeze` hangs a server instead of stopping it (every process
+stopped), `kill_all` ends it, and `rejoin` rewinds a failed primary (pg_rewind) into a
+standby of the promoted one."""
 
 from __future__ import annotations
 
@@ -18,12 +20,28 @@ STANDBY_NAME = "standby"
 REJOINED_NAME = "rejoined"
 
 
-class Standby(Cluster):
-    """A cluster whose data directory is a base backup of `primary`, streaming from it."""
+# What pg_rewind needs of both servers (a standby copies its primary's configuration):
+# hint-bit changes in the WAL, full pages after each checkpoint on the source it reads, and
+# the target's WAL back to the last checkpoint before the two diverged (the checkpoint that
+# ends its crash recovery would recycle it otherwise).
+REWIND_SETTINGS = {"wal_log_hints": "on", "full_page_writes": "on", "wal_keep_size": "'256MB'"}
 
-    def __init__(self, primary: Cluster) -> None:
-        super().__init__()
+
+def allow_rewind(cluster: Cluster) -> None:
+    """Configure `cluster` (initialised, not yet started) so pg_rewind can rewind it, and its
+    standbys, after a failover."""
+    with open(cluster.data / "postgresql.conf", "a") as conf:
+        conf.writelines(f"{key} = {value}\n" for key, value in REWIND_SETTINGS.items())
+
+
+class Standby(Cluster):
+    """A cluster whose data directory is a base backup of `primary`, streaming from it under
+    the name `name` (its cluster_name, what the primary's synchronous_standby_names names)."""
+
+    def __init__(self, primary: Cluster, name: str = STANDBY_NAME) -> None:
+        super().__init__(max_connections=primary.max_connections)
         self.primary = primary
+        self.name = name
 
     def init(self) -> None:
         self.socket_dir.mkdir()
@@ -46,19 +64,42 @@ class Standby(Cluster):
             "fast",
             "--no-sync",
         )
-        # The later lines win: its own port and socket, and the name the primary waits for
-        # (the WAL receiver reports cluster_name as its application_name).
-        settings = {
-            "port": str(self.port),
-            "unix_socket_directories": f"'{self.socket_dir}'",
-            "cluster_name": f"'{STANDBY_NAME}'",
-            "hot_standby": "on",
-        }
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+        _own_settings(self, self.name)
 
-    def promote(self) -> None:
-        self._ctl("promote", "-w", "-t", "60")
+
+def _own_settings(cluster: Cluster, name: str) -> None:
+    """After a copy of another server's configuration, `cluster`'s own lines (the later
+    lines win): its port and socket, and the name it streams under (the WAL receiver
+    reports cluster_name as its application_name)."""
+    settings = {
+        "port": str(cluster.port),
+        "unix_socket_directories": f"'{cluster.socket_dir}'",
+        "cluster_name": f"'{name}'",
+        "hot_standby": "on",
+    }
+    with open(cluster.data / "postgresql.conf", "a") as conf:
+        conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+
+
+def promote(cluster: Cluster) -> None:
+    """Promote the standby `cluster` and wait until it takes writes."""
+    cluster._ctl("promote", "-w", "-t", "60")
+
+
+def make_synchronous(primary: Cluster, name: str, timeout: float = 30) -> None:
+    """Have `primary` wait at every commit for its standby `name`, once that one streams:
+    set before, every commit would wait for it. With ALTER SYSTEM, on `primary` alone: a
+    standby copies postgresql.auto.conf only when it is made (pg_basebackup, pg_rewind),
+    before this, so once promoted it waits for no one until it is told."""
+    with primary.connect() as conn:
+        conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+        conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
+        conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + timeout
+    while (state := replication_state(primary, name)) != ("streaming", "sync"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the standby {name} is not synchronous after {timeout}s: {state}")
+        time.sleep(0.1)
 
 
 class Pair:
@@ -71,37 +112,12 @@ class Pair:
 
     def start(self) -> None:
         self.primary.init()
-        # What pg_rewind needs of both (the standby copies this configuration): hint-bit
-        # changes in the WAL, full pages after each checkpoint on the source it reads, and
-        # the target's WAL back to the last checkpoint before the two diverged (the
-        # checkpoint that ends its crash recovery would recycle it otherwise).
-        with open(self.primary.data / "postgresql.conf", "a") as conf:
-            conf.write("wal_log_hints = on\nfull_page_writes = on\nwal_keep_size = '256MB'\n")
+        allow_rewind(self.primary)
         self.primary.start()
         self.primary.create_database()
         self.standby.init()
         self.standby.start()
-        # Set only now: before the standby streams, every commit would wait for it. Not in
-        # the standby's copy of the configuration either, so once promoted it waits for none.
-        with self.primary.connect() as conn:
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
-            conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
-            conn.execute("SELECT pg_reload_conf()")
-        self.wait_sync()
-
-    def wait_sync(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            with self.primary.connect() as conn:
-                row = conn.execute(
-                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
-                    (STANDBY_NAME,),
-                ).fetchone()
-            if row is not None and row[0] == "sync":
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the standby is not synchronous after {timeout}s: {row}")
-            time.sleep(0.1)
+        make_synchronous(self.primary, self.standby.name)
 
     def url(self, query: str = "target_session_attrs=read-write") -> str:
         """The libpq multi-host URL naming both servers, the primary first."""
@@ -152,17 +168,35 @@ def kill_all(pids: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in pids):
+    while any(_alive(pid) for pid in pids):
         if time.monotonic() > deadline:
             raise AssertionError(f"processes still alive after SIGKILL: {pids}")
         time.sleep(0.05)
 
 
-def _state(pid: int) -> str:
+def kill_cluster(cluster: Cluster) -> None:
+    """SIGKILL every process of `cluster` at once, as a machine that fails: stopped first,
+    so that none notices the others die and exits on its own, nor any is started."""
+    kill_all(freeze(cluster))
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (dead, not yet reaped by whoever adopted it) does not."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return "Z"
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _clear_stale_locks(cluster: Cluster) -> None:
+    """Remove the lock files (data directory, socket) a killed server left. Its pid may
+    still be a zombie until whoever adopted it reaps it, and a server starting would take
+    that for a server running."""
+    for lock in (cluster.data / "postmaster.pid", *cluster.socket_dir.glob(".s.PGSQL.*.lock")):
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            if not _alive(int(lock.read_text().split()[0])):
+                lock.unlink()
 
 
 def rejoin(old: Cluster, new: Cluster, name: str = REJOINED_NAME) -> None:
@@ -173,19 +207,13 @@ def rejoin(old: Cluster, new: Cluster, name: str = REJOINED_NAME) -> None:
         # The promotion's timeline is in the control file only after a checkpoint: before
         # it, pg_rewind sees both on one timeline and finds nothing to do.
         conn.execute("CHECKPOINT")
+    _clear_stale_locks(old)
     source = f"host=127.0.0.1 port={new.port} user=postgres dbname=postgres"
     # A target not shut down cleanly is first recovered in single-user mode, then rewound;
     # -R: standby.signal, and primary_conninfo appended to postgresql.auto.conf.
     old._run("pg_rewind", "-D", str(old.data), f"--source-server={source}", "-R", "--no-sync")
-    # The configuration came from `new` too: `old`'s own address and name again.
-    settings = {
-        "port": str(old.port),
-        "unix_socket_directories": f"'{old.socket_dir}'",
-        "cluster_name": f"'{name}'",
-        "hot_standby": "on",
-    }
-    with open(old.data / "postgresql.conf", "a") as conf:
-        conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+    # The configuration came from `new` too.
+    _own_settings(old, name)
     old.start()
 
 

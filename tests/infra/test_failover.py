@@ -18,7 +18,7 @@ from jobcore.db import check_writable, connect_args, make_engine
 from jobcore.errors import ReadOnlyServer
 from jobqueue_api.database import is_unavailable, on_driver, open_engine
 from tests.e2e.test_api_process import Api
-from tests.infra.replication import Pair
+from tests.infra.replication import Pair, promote
 from tests.procs import Service, wait_for
 from tests.worker.support import Worker, read_log, start_worker
 
@@ -78,7 +78,7 @@ def test_the_services_find_the_promoted_standby_and_lose_no_acknowledged_job(
         refused = _submit(api)
         assert refused.status_code == 503, refused.text
 
-        pair.standby.promote()
+        promote(pair.standby)
         promoted = time.monotonic()
         first: list[str] = []
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_api_process import Api
-from tests.infra.replication import Pair, freeze, kill_all
+from tests.infra.replication import Pair, freeze, kill_all, promote
 from tests.infra.traffic import Traffic, all_completed, states
 from tests.procs import wait_for
 from tests.worker.support import Worker, read_tokens, start_worker
@@ -57,7 +57,7 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
         wait_for(lambda: worker.status_of("/readyz") == 503, 20, "the worker's /readyz 503")
         noticed = time.monotonic() - hung
 
-        pair.standby.promote()
+        promote(pair.standby)
         promoted = time.monotonic()
         wait_for(lambda: traffic.acknowledged(promoted), RECOVERY, "a submit answered 201")
         first_201 = time.monotonic() - promoted

@@ -12,7 +12,15 @@ import pytest
 
 from tests.chaos.cluster import Cluster
 from tests.e2e.test_api_process import Api
-from tests.infra.replication import REJOINED_NAME, Pair, rejoin, replication_state
+from tests.infra.replication import (
+    REJOINED_NAME,
+    Pair,
+    kill_cluster,
+    make_synchronous,
+    promote,
+    rejoin,
+    replication_state,
+)
 from tests.infra.traffic import Traffic, all_completed, states
 from tests.procs import wait_for
 from tests.worker.support import Worker, read_tokens, start_worker
@@ -49,8 +57,8 @@ def test_the_failed_primary_rejoins_as_a_standby_of_the_promoted_one(
 
         traffic = Traffic(api.base).start()
         wait_for(lambda: len(read_tokens(worker.exec_log)) >= 10, 30, "jobs running")
-        old.stop("immediate")
-        new.promote()
+        kill_cluster(old)  # no shutdown at all
+        promote(new)
         promoted = time.monotonic()
         wait_for(lambda: traffic.acknowledged(promoted), RECOVERY, "a submit answered 201")
         wait_for(
@@ -70,15 +78,7 @@ def test_the_failed_primary_rejoins_as_a_standby_of_the_promoted_one(
             "the rejoined standby streaming",
             interval=0.2,
         )
-        with new.connect() as conn:
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{REJOINED_NAME}'")
-            conn.execute("SELECT pg_reload_conf()")
-        wait_for(
-            lambda: replication_state(new, REJOINED_NAME) == ("streaming", "sync"),
-            30,
-            "the rejoined standby synchronous",
-            interval=0.2,
-        )
+        make_synchronous(new, REJOINED_NAME)
         synchronous = time.monotonic() - rejoined
         with old.connect() as conn:
             assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
