@@ -260,6 +260,42 @@ def test_api_tokens_reach_only_the_api(default_manifests: list[Manifest]) -> Non
     assert "API_TOKENS" not in names("-worker")
 
 
+LISTEN_URL = "postgresql://jobqueue:pw@db1:5432,db2:5432/jobqueue?target_session_attrs=read-write"
+
+
+def _listen_urls(manifests: list[Manifest]) -> dict[str, str]:
+    """Per service: DATABASE_LISTEN_URL as the pods would see it, from the chart's Secret
+    (an optional reference to a key that is absent: empty)."""
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in find(manifests, "Secret")}
+    urls = {}
+    for suffix in ("-api", "-worker"):
+        env = {e["name"]: e for e in container(only(manifests, "Deployment", suffix))["env"]}
+        ref = env["DATABASE_LISTEN_URL"]["valueFrom"]["secretKeyRef"]
+        # From the Secret of DATABASE_URL, and optional: a Secret of one's own need not have it.
+        assert ref["name"] == env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"]
+        assert ref["key"] == "DATABASE_LISTEN_URL" and ref["optional"] is True
+        urls[suffix] = secrets.get(ref["name"], {}).get(ref["key"], "")
+    return urls
+
+
+def test_both_services_take_database_listen_url_from_the_secret_defaulting_to_database_url(
+    default_manifests: list[Manifest],
+) -> None:
+    assert _listen_urls(default_manifests) == {"-api": "", "-worker": ""}
+    manifests = render({"secret": {"databaseListenUrl": LISTEN_URL}})
+    assert _listen_urls(manifests) == {"-api": LISTEN_URL, "-worker": LISTEN_URL}
+    for suffix, load in (("-api", load_api_settings), ("-worker", load_worker_settings)):
+        env = {"DATABASE_URL": "postgresql://pooler:6432/jobqueue", "DATABASE_LISTEN_URL": ""}
+        assert load(env).listen_url == "postgresql://pooler:6432/jobqueue", suffix
+        env["DATABASE_LISTEN_URL"] = _listen_urls(manifests)[suffix]
+        assert load(env).listen_url == LISTEN_URL, suffix
+
+
+def test_a_listen_url_that_is_not_postgres_stops_the_render() -> None:
+    with pytest.raises(helm.HelmError, match="databaseListenUrl"):
+        render({"secret": {"databaseListenUrl": "mysql://db/jobqueue"}})
+
+
 def test_integer_settings_are_not_written_in_exponent_form(
     production_manifests: list[Manifest],
 ) -> None:

@@ -106,3 +106,16 @@ def test_settings_can_be_overridden_from_the_shell() -> None:
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pw"
     for name in ("migrate", "api", "worker"):
         assert services[name]["environment"]["DATABASE_URL"].startswith("postgresql://jobqueue:pw@")
+
+
+def test_both_services_take_database_listen_url_defaulting_to_database_url() -> None:
+    url = "postgresql://jobqueue:pw@db1:5432,db2:5432/jobqueue?target_session_attrs=read-write"
+    default = validate_deploy.compose_config({})["services"]
+    chosen = validate_deploy.compose_config({"DATABASE_LISTEN_URL": url})["services"]
+    for name, load in (("api", load_api_settings), ("worker", load_worker_settings)):
+        env = default[name]["environment"]
+        assert env["DATABASE_LISTEN_URL"] == ""
+        assert load(env).listen_url == env["DATABASE_URL"]
+        env = chosen[name]["environment"]
+        assert env["DATABASE_LISTEN_URL"] == url
+        assert load(env).listen_url == url

@@ -111,8 +111,10 @@ securityContext:
 {{- end -}}
 
 {{/*
-Environment of the API or the worker: the ConfigMap, DATABASE_URL from the
-Secret, and what only that component needs. Pass (dict "root" $ "component" "api").
+Environment of the API or the worker: the ConfigMap, DATABASE_URL and
+DATABASE_LISTEN_URL from the Secret (the latter optional: empty or absent, the
+LISTEN connections use DATABASE_URL), and what only that component needs. Pass
+(dict "root" $ "component" "api").
 */}}
 {{- define "jobqueue.env" -}}
 {{- $root := .root -}}
@@ -125,6 +127,12 @@ env:
       secretKeyRef:
         name: {{ include "jobqueue.secretName" $root }}
         key: DATABASE_URL
+  - name: DATABASE_LISTEN_URL
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "jobqueue.secretName" $root }}
+        key: DATABASE_LISTEN_URL
+        optional: true
 {{- if eq .component "api" }}
   - name: API_TOKENS
     valueFrom:
