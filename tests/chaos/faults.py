@@ -30,6 +30,12 @@ A locked row disturbs only its own job's holder (`evidence.Fault.locked_jobs`): 
 bystander that loses its lease meanwhile lost it undisturbed, a violation. A cut listener
 disturbs no lease, so the cancels must stop their jobs within the usual bound.
 
+`failover` needs a replicated system (`tests.chaos.system`): the primary's whole cluster is
+killed (SIGKILL, no shutdown) and its synchronous standby promoted; the services, whose URL
+names both servers, must find it on their own. Once they have recovered, the old primary
+is rewound (pg_rewind) into the new one's synchronous standby, so the next failover goes
+the other way.
+
 `held_horizon` is not one of the schedule's kinds: `HeldHorizon` holds the MVCC
 horizon back (`tests.chaos.horizon`) in a thread of its own, for a long stretch of the
 fault phase while the schedule injects the others, and records it as a fault at its end.
@@ -68,6 +74,13 @@ from tests.chaos.evidence import (
 )
 from tests.chaos.load import LONG_SECONDS, LONG_TIMEOUT, Load
 from tests.chaos.system import LEASE_SECONDS, Service, System, wait_until
+from tests.infra.replication import (
+    kill_cluster,
+    make_synchronous,
+    promote,
+    rejoin,
+    wait_synchronous,
+)
 
 RECOVERY_LIMIT = 90.0
 # A graceful stop takes SHUTDOWN_TIMEOUT, a release write, and a margin for a loaded machine.
@@ -94,6 +107,7 @@ KINDS = (
     "lock_rows",
     "lock_enqueue",
     "cut_listener",
+    "failover",
 )
 # A handler blocking its event loop for longer than the supervisor's stall limit (10 s):
 # each attempt costs a process; two attempts, then recovery dead-letters the job.
@@ -188,6 +202,9 @@ class Injected:
     partitioned_pids: tuple[int, ...] = ()  # worker processes cut off from the database
     locked_jobs: tuple[str, ...] = ()  # jobs whose rows were locked (target ROWS)
     detail: Mapping[str, Any] = field(default_factory=dict)
+    # Run once the system recovered, outside the time measured (`failover`'s rejoin): what
+    # it measured, merged into the fault's detail.
+    then: Callable[[], Mapping[str, Any]] | None = None
 
 
 # --- injectors ----------------------------------------------------------------------
@@ -252,9 +269,44 @@ def kill_api(c: Chaos) -> Injected:
 def _pg_restart(mode: str) -> Callable[[Chaos], Injected]:
     def restart(c: Chaos) -> Injected:
         c.system.cluster.restart(mode)
+        name = c.system.standby_name
+        if name is not None:
+            # Every commit waits for the synchronous standby, which reconnects only after
+            # its retry interval: the database takes writes again once it streams.
+            wait_synchronous(c.system.cluster, name, RECOVERY_LIMIT)
         return Injected("postgres", time.time())
 
     return restart
+
+
+def failover(c: Chaos) -> Injected:
+    system = c.system
+    old, new = system.cluster, system.standby
+    if new is None:
+        raise RuntimeError("failover needs a replicated system (a standby)")
+    killed_at = time.time()
+    kill_cluster(old)
+    promote(new)
+    system.cluster, system.standby, system.standby_name = new, old, None
+    system.failovers += 1
+    healed_at = time.time()
+    name = f"node{old.port}"
+
+    def rejoin_old() -> Mapping[str, Any]:
+        began = time.monotonic()
+        rejoin(old, new, name)
+        make_synchronous(new, name)
+        system.standby_name = name
+        return {"rejoined_seconds": round(time.monotonic() - began, 2)}
+
+    return Injected(
+        "postgres",
+        healed_at,
+        note=f"{old.port} killed, {new.port} promoted",
+        stopped_at=killed_at,
+        detail={"promoted_seconds": round(healed_at - killed_at, 2)},
+        then=rejoin_old,
+    )
 
 
 def terminate_backends(c: Chaos) -> Injected:
@@ -755,6 +807,7 @@ INJECTORS: dict[str, Callable[[Chaos], Injected]] = {
     "lock_rows": lock_rows,
     "lock_enqueue": lock_enqueue,
     "cut_listener": cut_listener,
+    "failover": failover,
 }
 
 
@@ -802,6 +855,12 @@ def inject(c: Chaos, kind: str) -> Fault:
         return missing[0] is None
 
     recovered_at = wait_until(recovered, RECOVERY_LIMIT)
+    detail = dict(done.detail)
+    if done.then is not None:
+        try:
+            detail.update(done.then())
+        except Exception as exc:
+            c.problems.append(f"{kind}: after the recovery: {type(exc).__name__}: {exc}")
     fault = Fault(
         kind,
         done.target,
@@ -814,7 +873,7 @@ def inject(c: Chaos, kind: str) -> Fault:
         done.stopped_at,
         done.partitioned_pids,
         locked_jobs=done.locked_jobs,
-        detail=done.detail,
+        detail=detail,
     )
     c.faults.append(fault)
     c.log(fault_line(fault, since, missing[1]))

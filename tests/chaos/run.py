@@ -39,7 +39,7 @@ from typing import Any
 
 from tests.chaos import audit, faults, horizon, rollout
 from tests.chaos.checker import Report, check
-from tests.chaos.evidence import JobRow, Rollout
+from tests.chaos.evidence import Fault, JobRow, Rollout
 from tests.chaos.load import Load
 from tests.chaos.system import (
     DEFAULT_RETENTION,
@@ -78,7 +78,7 @@ def run_chaos(
     started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="jobqueue-chaos-"))
     release = rollout.checkout(previous, run_dir / "previous") if previous else None
-    system = System(run_dir, retention=retention, previous=release)
+    system = System(run_dir, retention=retention, previous=release, replicated="failover" in kinds)
     rolled: Rollout | None = None
     load: Load | None = None
     held: faults.HeldHorizon | None = None
@@ -163,6 +163,7 @@ def run_chaos(
                 "submission_retries": dict(sorted(load.stats.retried.items())),
                 "unacknowledged": load.stats.unacknowledged,
                 "error_log_lines": _errors(entries),
+                "failovers": [_failover(f) for f in chaos.faults if f.kind == "failover"],
                 "duration_seconds": round(time.time() - started, 1),
                 "seed": seed,
             }
@@ -179,6 +180,19 @@ def run_chaos(
             log(f"service logs and execution records kept in {run_dir}")
         else:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _failover(fault: Fault) -> dict[str, Any]:
+    """A failover's figures: the promotion after the kill, the services' recovery after the
+    promotion, the old primary's rejoin after that (as a synchronous standby)."""
+    recovered = fault.recovered_at
+    healed = fault.healed_at
+    return {
+        **fault.detail,
+        "recovered_seconds": (
+            None if recovered is None or healed is None else round(recovered - healed, 2)
+        ),
+    }
 
 
 def _unsettled(system: System, ids: list[str]) -> int:
@@ -304,6 +318,12 @@ def table(report: Report) -> str:
         lines.append(f"| recovery after {kind} (p50 / max) | {t['p50']}s / {t['max']}s |")
     lines += [_horizon_line(h) for h in s.get("held_horizon", [])]
     lines += [_cut_line(x) for x in s.get("listener_cuts", [])]
+    lines += [
+        "| failover: promoted after the kill / services recovered after the promotion / "
+        f"old primary rejoined, synchronous | {f.get('promoted_seconds')}s / "
+        f"{f.get('recovered_seconds')}s / {f.get('rejoined_seconds')}s |"
+        for f in s.get("failovers", [])
+    ]
     if s.get("rollout"):
         lines += _rollout_lines(s["rollout"])
     if s.get("server_errors"):

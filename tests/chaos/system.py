@@ -1,7 +1,11 @@
 """The system under test in a chaos run: the cluster, a fault proxy per service, 2 APIs, 3 workers.
 
 Every service reaches PostgreSQL through a `FaultProxy` of its own, so a
-network fault can hit one service while the others keep working. The workers
+network fault can hit one service while the others keep working. A replicated system
+(`replicated=True`, for the `failover` fault) has a synchronous standby too: each service
+gets a proxy to each server, both in its multi-host `DATABASE_URL` with
+`target_session_attrs=read-write`, and a network fault hits both; `cluster` is whichever
+server is the primary, `standby` the other. The workers
 delete finished jobs after a short retention, so pruning runs during the faults;
 the database keeps a copy of every row they delete (`tests.chaos.audit`). Each service
 incarnation (a restart makes a new one) writes its stdout to its own file
@@ -32,8 +36,9 @@ import psycopg
 from alembic import command
 
 from tests.chaos import audit
-from tests.chaos.cluster import Cluster
+from tests.chaos.cluster import DATABASE, Cluster
 from tests.faultproxy import FaultProxy
+from tests.infra.replication import STANDBY_NAME, Standby, allow_rewind, make_synchronous
 from tests.pg import alembic_config
 from tests.procs import BIN, free_port
 
@@ -157,6 +162,42 @@ class Process:
             return None
 
 
+class Proxies:
+    """A service's fault proxies, one per server of its URL: each fault applies to all."""
+
+    def __init__(self, clusters: list[Cluster]) -> None:
+        self.proxies = [FaultProxy(("127.0.0.1", cluster.port)) for cluster in clusters]
+
+    def database_url(self) -> str:
+        hosts = ",".join(f"{proxy.host}:{proxy.port}" for proxy in self.proxies)
+        query = "?target_session_attrs=read-write" if len(self.proxies) > 1 else ""
+        return f"postgresql://postgres@{hosts}/{DATABASE}{query}"
+
+    def pass_through(self) -> None:
+        for proxy in self.proxies:
+            proxy.pass_through()
+
+    def add_latency(self, seconds: float) -> None:
+        for proxy in self.proxies:
+            proxy.add_latency(seconds)
+
+    def refuse(self) -> None:
+        for proxy in self.proxies:
+            proxy.refuse()
+
+    def blackhole(self) -> None:
+        for proxy in self.proxies:
+            proxy.blackhole()
+
+    def cut(self) -> None:
+        for proxy in self.proxies:
+            proxy.cut()
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()
+
+
 @dataclass(eq=False)
 class Service:
     """A named service slot (`api-0`, `worker-2`): its proxy, port and incarnations."""
@@ -164,7 +205,7 @@ class Service:
     name: str
     command: str
     port: int
-    proxy: FaultProxy
+    proxy: Proxies
     env: dict[str, str]
     incarnations: list[Process] = field(default_factory=list)
     argv: list[str] | None = None  # how to start it, if not the head's console script
@@ -195,6 +236,7 @@ class System:
         previous: Release | None = None,
         previous_apis: int = 1,
         previous_workers: int = 2,
+        replicated: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.retention = retention
@@ -205,7 +247,11 @@ class System:
         self.logs_dir = run_dir / "logs"
         self.exec_dir.mkdir(parents=True)
         self.logs_dir.mkdir()
-        self.cluster = Cluster()
+        self.cluster = Cluster()  # the primary
+        self.standby: Cluster | None = Standby(self.cluster) if replicated else None
+        # The name `cluster` waits for at every commit; None while no standby streams.
+        self.standby_name: str | None = STANDBY_NAME if replicated else None
+        self.failovers = 0
         self.services: list[Service] = []  # in service: the faults, readiness and the stop
         self.staged: list[Service] = []  # the head's, waiting for the rollout to start them
         self.retired: list[Service] = []  # stopped for good (a previous release's)
@@ -217,8 +263,14 @@ class System:
 
     def start(self) -> None:
         self.cluster.init()
+        if self.standby is not None:
+            allow_rewind(self.cluster)
         self.cluster.start()
         self.cluster.create_database()
+        if self.standby is not None:
+            self.standby.init()
+            self.standby.start()
+            make_synchronous(self.cluster, STANDBY_NAME)
         if self.previous is None:
             command.upgrade(alembic_config(self.cluster.url()), "head")
         else:
@@ -275,11 +327,11 @@ class System:
         return service
 
     def _add(self, name: str, command: str, addr_var: str, env: dict[str, str]) -> Service:
-        proxy = FaultProxy(("127.0.0.1", self.cluster.port))
+        proxy = Proxies([self.cluster] if self.standby is None else [self.cluster, self.standby])
         port = free_port()
         env = {
             **env,
-            "DATABASE_URL": proxy.database_url(self.cluster.url()),
+            "DATABASE_URL": proxy.database_url(),
             addr_var: f"127.0.0.1:{port}",
         }
         return Service(name, command, port, proxy, env)
@@ -325,8 +377,10 @@ class System:
         if self._observer is not None:
             with contextlib.suppress(Exception):
                 self._observer.close()
-        with contextlib.suppress(Exception):
-            self.cluster.cleanup()
+        for cluster in (self.cluster, self.standby):
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster.cleanup()
 
     # --- observation ------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The short chaos run inside `make test`: real processes, real faults, every invariant checked.
 
 `make chaos` runs the long version with every fault kind; this one injects
-one fault of each kind below, and holds the MVCC horizon for the middle half of its
-20 s of faults (`tests.chaos.horizon`), while ~400 jobs (the routed mix: several queues,
+one fault of each kind below (on a primary with a synchronous standby, for the
+failover), and holds the MVCC horizon for the middle half of its 20 s of faults
+(`tests.chaos.horizon`), while ~400 jobs (the routed mix: several queues,
 priorities, some due seconds later, a few long jobs of 2-3 leases) are submitted
 and about 5 % of them cancelled, some running, some pending, with the workers
 deleting finished jobs 2 s after they finish, then checks.
@@ -28,6 +29,7 @@ SHORT_KINDS = [
     "terminate_backends",
     "proxy_blackhole",
     "hang_threads",
+    "failover",
 ]
 # Finished jobs are deleted 2 s after they finish, by the retention leader's rounds (every
 # 30 s): the second comes about when the faults end. If that leader was killed, its lease
@@ -79,5 +81,9 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     assert cancels["answers"].get("200", 0) >= 1, context
     assert cancels["answers"].get("202", 0) >= 1, context
     assert cancels["ended_cancelled"] >= 1, context
+    # The primary was killed and its synchronous standby promoted; the old primary came
+    # back as the new one's synchronous standby.
+    (failover,) = summary["failovers"]
+    assert failover["recovered_seconds"] is not None and "rejoined_seconds" in failover, context
     # Retention deleted acknowledged jobs, and the checker accounted for each of them.
     assert summary["retention"]["acknowledged_pruned"] >= 1, context

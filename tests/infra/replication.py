@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+import psycopg
+
 from tests.chaos.cluster import DATABASE, Cluster
 
 STANDBY_NAME = "standby"
@@ -70,12 +72,17 @@ class Standby(Cluster):
 def _own_settings(cluster: Cluster, name: str) -> None:
     """After a copy of another server's configuration, `cluster`'s own lines (the later
     lines win): its port and socket, and the name it streams under (the WAL receiver
-    reports cluster_name as its application_name)."""
+    reports cluster_name as its application_name).
+
+    A restarted primary holds every commit until its synchronous standby streams again,
+    and the standby tries again only every wal_retrieve_retry_interval (5 s by default,
+    more than a short lease): here twice a second."""
     settings = {
         "port": str(cluster.port),
         "unix_socket_directories": f"'{cluster.socket_dir}'",
         "cluster_name": f"'{name}'",
         "hot_standby": "on",
+        "wal_retrieve_retry_interval": "'500ms'",
     }
     with open(cluster.data / "postgresql.conf", "a") as conf:
         conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
@@ -87,16 +94,34 @@ def promote(cluster: Cluster) -> None:
 
 
 def make_synchronous(primary: Cluster, name: str, timeout: float = 30) -> None:
-    """Have `primary` wait at every commit for its standby `name`, once that one streams:
-    set before, every commit would wait for it. With ALTER SYSTEM, on `primary` alone: a
-    standby copies postgresql.auto.conf only when it is made (pg_basebackup, pg_rewind),
-    before this, so once promoted it waits for no one until it is told."""
+    """Have `primary` wait at every commit for its standby `name`, once that one streams
+    (caught up: `streaming`, not `catchup`): set before, every commit would wait for it.
+    With ALTER SYSTEM, on `primary` alone: a standby copies postgresql.auto.conf only when
+    it is made (pg_basebackup, pg_rewind), before this, so once promoted it waits for no one
+    until it is told."""
+    deadline = time.monotonic() + timeout
+    while (state := replication_state(primary, name)) is None or state[0] != "streaming":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the standby {name} is not streaming after {timeout}s: {state}")
+        time.sleep(0.05)
     with primary.connect() as conn:
         conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
         conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
         conn.execute("SELECT pg_reload_conf()")
+    wait_synchronous(primary, name, timeout)
+
+
+def wait_synchronous(primary: Cluster, name: str, timeout: float = 30) -> None:
+    """Wait until the standby `name` streams from `primary` as its synchronous standby: until
+    then (after a restart of either, say) every commit on `primary` waits for it."""
     deadline = time.monotonic() + timeout
-    while (state := replication_state(primary, name)) != ("streaming", "sync"):
+    while True:
+        try:
+            state = replication_state(primary, name)
+        except psycopg.OperationalError:
+            state = None  # not accepting connections yet
+        if state == ("streaming", "sync"):
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"the standby {name} is not synchronous after {timeout}s: {state}")
         time.sleep(0.1)
