@@ -42,6 +42,7 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
         wait_for(lambda: worker.status_of("/readyz") == 200, STARTUP, "the worker ready")
         api_pid, worker_pid, children = api.service.proc.pid, worker.proc.pid, worker.child_pids()
 
+        listens = len(wait_for(lambda: worker.messages("listening for wake-ups"), 10, "listening"))
         traffic = Traffic(api.base).start()
         # Under load: jobs acknowledged, some done, some running, when the primary hangs.
         wait_for(lambda: len(read_tokens(worker.exec_log)) >= 10, 30, "jobs running")
@@ -69,6 +70,13 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
             interval=0.2,
         )
         back = time.monotonic() - promoted
+        # The LISTEN connection, silent since the hang, was given up: wake-ups are heard
+        # from the new primary.
+        wait_for(
+            lambda: len(worker.messages("listening for wake-ups")) > listens,
+            RECOVERY - (time.monotonic() - promoted),
+            "the worker listening again",
+        )
         # More load on the new primary, then the run settles.
         wait_for(lambda: len(traffic.acknowledged(promoted)) >= 30, 30, "submits after")
         traffic.stop()
