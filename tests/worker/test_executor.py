@@ -184,6 +184,42 @@ async def test_base_exceptions_from_handlers_are_retried_and_never_kill_the_loop
     assert store.status(after) is Status.COMPLETED  # the loop went on
 
 
+class LateClaims(FakeStore):
+    """Answers its first claim only after `late` seconds, as a claim whose commit waited (on
+    a synchronous standby that was away, say) is answered."""
+
+    def __init__(self, late: float) -> None:
+        super().__init__()
+        self.late = late
+
+    async def claim(self, slots: Any, lease_seconds: float) -> Any:
+        claimed = await super().claim(slots, lease_seconds)
+        if claimed:
+            await asyncio.sleep(self.late)
+            self.late = 0.0
+        return claimed
+
+
+async def test_a_claim_answered_after_its_lease_ran_out_runs_nothing(caplog):
+    # The lease ran out before the answer came: the job may be taken back and run elsewhere
+    # at any moment, so the handler must not start (the next heartbeat would only stop it).
+    seen.pop("ctx", None)
+    store = LateClaims(late=0.3)
+    job = store.add("unit.exec.ok")
+    stopped = "lease lost, attempt stopped"
+    with caplog.at_level(logging.WARNING, logger="jobqueue.worker"):
+        async with Stack(store, lease_seconds=0.2) as stack:
+
+            def settled() -> bool:
+                ended = "ctx" in seen or stopped in [r.getMessage() for r in caplog.records]
+                return ended and stack.executor.running == 0
+
+            await until(settled, 5, "the attempt run or dropped")
+    assert "ctx" not in seen
+    assert store.status(job) is Status.PROCESSING  # recovery's to take back; nothing written
+    assert [r.getMessage() for r in caplog.records] == [stopped]
+
+
 async def test_slot_is_freed_only_after_the_outcome_is_recorded():
     store = FakeStore()
     store.write_gate = asyncio.Event()

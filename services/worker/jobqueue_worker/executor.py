@@ -286,7 +286,11 @@ class Executor:
         if self._shutting_down:
             self._settle(attempt, Operation.RELEASE, "interrupted by shutdown")
             return
-        if attempt.interrupted is Interruption.LEASE_LOST:
+        # Or the claim was answered after the lease it took ran out (its commit waited, on a
+        # synchronous standby that was away, say): by this process's clock, as the heartbeat
+        # judges, the job may be taken back and run elsewhere at any moment.
+        ran_out = self._clock() >= attempt.lease_deadline
+        if attempt.interrupted is Interruption.LEASE_LOST or ran_out:
             self._drop(attempt)
             return
         handler = get_handler(job.type)
