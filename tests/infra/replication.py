@@ -201,8 +201,10 @@ def kill_all(pids: list[int]) -> None:
 
 def kill_cluster(cluster: Cluster) -> None:
     """SIGKILL every process of `cluster` at once, as a machine that fails: stopped first,
-    so that none notices the others die and exits on its own, nor any is started."""
+    so that none notices the others die and exits on its own, nor any is started. Its
+    lock files go too: `cleanup` or `rejoin` finds a server that is not running."""
     kill_all(freeze(cluster))
+    _clear_stale_locks(cluster)
 
 
 def _alive(pid: int) -> bool:

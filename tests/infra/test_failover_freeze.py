@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_api_process import Api
-from tests.infra.replication import Pair, freeze, kill_all, promote
+from tests.infra.replication import Pair, freeze, kill_cluster, promote
 from tests.infra.traffic import Traffic, all_completed, states
 from tests.procs import wait_for
 from tests.worker.support import Worker, read_tokens, start_worker
@@ -35,7 +35,7 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
     api = Api(url, JOB_TYPES="test.fenced")
     worker: Worker | None = None
     traffic: Traffic | None = None
-    frozen: list[int] = []
+    frozen = False
     try:
         worker = start_worker(url, tmp_path, WORKERS="4")
         api.wait_ready()
@@ -46,7 +46,8 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
         traffic = Traffic(api.base).start()
         # Under load: jobs acknowledged, some done, some running, when the primary hangs.
         wait_for(lambda: len(read_tokens(worker.exec_log)) >= 10, 30, "jobs running")
-        frozen = freeze(pair.primary)
+        freeze(pair.primary)
+        frozen = True
         hung = time.monotonic()
         # What the standby (readable) holds of the jobs acknowledged so far: some not done.
         held = states(pair.standby, traffic.acknowledged())
@@ -107,8 +108,8 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
 
         # The hung machine is gone for good: its connections reset at last, and the
         # services go on.
-        kill_all(frozen)
-        frozen = []
+        kill_cluster(pair.primary)
+        frozen = False
         after = Traffic(api.base, threads=1).start()
         wait_for(lambda: len(after.acknowledged()) >= 5, 10, "submits after the kill")
         after.stop()
@@ -123,7 +124,8 @@ def test_a_hung_primary_is_left_for_the_promoted_standby_under_load(
     finally:
         if traffic is not None:
             traffic.stop()
-        kill_all(frozen)
+        if frozen:
+            kill_cluster(pair.primary)
         for service in (api.service, worker):
             if service is not None and service.proc.poll() is None:
                 service.kill()
