@@ -14,6 +14,7 @@ import uuid
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
 from jobcore import compiled
 from jobcore.db import make_engine
@@ -402,17 +403,26 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
     assert rows == [("pending", 0)] * 3
 
 
-# The settings the store's transactions run under, with the server's defaults as this
-# suite's PostgreSQL has them.
-STORE_SETTINGS = {
-    "plan_cache_mode": ("force_custom_plan", "auto"),
-    "enable_sort": ("off", "on"),
-    "jit_above_cost": ("-1", "100000"),
-    "jit": ("on", "on"),
-    "statement_timeout": ("4s", "0"),
-    "lock_timeout": ("2s", "0"),
-    "client_connection_check_interval": ("1s", "0"),
+# The server's defaults of the store's settings, as this suite's PostgreSQL has them.
+DEFAULTS = {
+    "plan_cache_mode": "auto",
+    "enable_sort": "on",
+    "jit_above_cost": "100000",
+    "statement_timeout": "0",
+    "lock_timeout": "0",
+    "client_connection_check_interval": "0",
+    "synchronous_commit": "on",
 }
+
+
+async def _show(driver) -> dict[str, str]:
+    return {name: await driver.fetchval(f"SHOW {name}") for name in DEFAULTS}
+
+
+async def _one_transaction(driver) -> bool:
+    """Whether two statements of a call share a transaction."""
+    first = await driver.fetchval("SELECT txid_current()")
+    return bool(first == await driver.fetchval("SELECT txid_current()"))
 
 
 @pytest.mark.parametrize(("synchronous_commit", "expected"), [(True, "on"), (False, "off")])
@@ -420,23 +430,49 @@ async def test_the_store_settings_are_its_transactions_own_never_the_sessions(
     engine, synchronous_commit, expected
 ):
     """Every setting of the store's (WORKER_SYNCHRONOUS_COMMIT=off's included) holds in its
-    transactions, and in nothing else run on the same session: through a pooler in
+    calls' transactions, and in nothing else run on the same session: through a pooler in
     transaction mode, that session serves other clients next (the API's submits)."""
     store = PgJobStore(engine, synchronous_commit=synchronous_commit)
-    names = [*STORE_SETTINGS, "synchronous_commit"]
-
-    async def show(driver) -> list[str]:
-        return [await driver.fetchval(f"SHOW {name}") for name in names]
-
     try:
         assert await store.recover_expired() == []
-        inside = await store._run("test", show)
+        inside = await store._run("test", _show)
+        assert await store._run("test", _one_transaction)
         (held,) = store._idle
-        after = await show(held[1])
+        after = await _show(held[1])
     finally:
         await store.close()
-    assert inside == [*(value for value, _ in STORE_SETTINGS.values()), expected]
-    assert after == [*(default for _, default in STORE_SETTINGS.values()), "on"]
+    assert inside == {**DEFAULTS, **database.SETTINGS, "synchronous_commit": expected}
+    assert after == DEFAULTS
+
+
+async def test_a_session_that_has_the_settings_already_runs_its_calls_as_they_are(
+    database_url, engine
+):
+    """The settings given to the worker's role (or, here, its database): its calls need no
+    transaction of their own, two round trips fewer. WORKER_SYNCHRONOUS_COMMIT=off, which
+    the database does not have, still gets one."""
+    name = make_url(database_url).database
+    async with engine.connect() as conn:
+        for setting, value in database.SETTINGS.items():
+            await conn.execute(sa.text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
+        await conn.commit()
+    preset = make_engine(database_url, pool_size=2, isolation_level="AUTOCOMMIT")
+    try:
+        for synchronous_commit, wrapped in ((True, False), (False, True)):
+            store = PgJobStore(preset, synchronous_commit=synchronous_commit)
+            try:
+                assert await store.claim({"default": 1}, 60) == []
+                assert await store._run("test", _one_transaction) is wrapped
+                shown = await store._run("test", _show)
+            finally:
+                await store.close()
+            assert shown == {
+                **DEFAULTS,
+                **database.SETTINGS,
+                "synchronous_commit": "on" if synchronous_commit else "off",
+            }
+    finally:
+        await preset.dispose()
 
 
 async def test_the_store_recovers_every_expired_lease_in_time_windowed_or_swept(engine):

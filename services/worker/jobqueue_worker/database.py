@@ -11,10 +11,12 @@ asyncpg connection, the hot path's cost being the driver's alone. For the same
 reason a connection stays checked out of the engine's pool between calls; one
 that failed in any way is closed and replaced, so a broken one is never reused.
 Statements are planned at every run, for the table as it is, and bounded by the server.
-Those settings (`_BEGIN`) are the transaction's own, `SET LOCAL` in the round trip of its
-BEGIN, never the session's: through a pooler in transaction mode the session is shared
+Those settings (`SETTINGS`) are a call's transaction's own, `SET LOCAL` in the round trip of
+its BEGIN, never the session's: through a pooler in transaction mode the session is shared
 with other clients (the API's submits must not commit asynchronously because the worker
-does), and a pooler refuses settings sent as startup parameters.
+does), and a pooler refuses settings sent as startup parameters. A session that has them
+already (its role's, `ALTER ROLE ... SET`, which a pooler keeps to that role's server
+connections) runs its calls as they are, two round trips fewer.
 
 Claims and recovery start their index reads past what this process already took
 (`jobcore.floors`): the dead entries a held MVCC horizon keeps in the indexes are read
@@ -29,6 +31,7 @@ import contextlib
 import logging
 import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 from uuid import UUID, uuid4
@@ -72,24 +75,40 @@ _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
 # claim not handed back is recovered, attempt counted, once its lease runs out).
 _MAX_LOST_CLAIMS = 1000
-_BEGIN = (
-    # JIT compiles a statement for tens of ms: never worth it for these short ones (and
-    # enable_sort = off makes the planner think some of them costly enough to try). Off by
-    # its cost threshold, not by `jit` itself: asyncpg turns `jit` off for the session
-    # around its type introspection and turns it back on only if it found it on, so a
-    # transaction that had it off would leave the session (through a pooler, another
-    # client's) without JIT.
-    "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_sort = off; "
-    "SET LOCAL jit_above_cost = -1; "
-    f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT * 1000)}; "
-    f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT * 1000)}; "
-    f"SET LOCAL client_connection_check_interval = {int(CONNECTION_CHECK * 1000)}"
-)
+# The settings every store call runs under, as `current_setting()` shows them. JIT compiles
+# a statement for tens of ms: never worth it for these short ones (and enable_sort = off
+# makes the planner think some of them costly enough to try). Off by its cost threshold,
+# not by `jit` itself: asyncpg turns `jit` off for the session around its type
+# introspection and turns it back on only if it found it on, so a transaction that had it
+# off would leave the session (through a pooler, another client's) without JIT.
+SETTINGS = {
+    "plan_cache_mode": "force_custom_plan",
+    "enable_sort": "off",
+    "jit_above_cost": "-1",
+    "statement_timeout": f"{STATEMENT_TIMEOUT:g}s",
+    "lock_timeout": f"{LOCK_TIMEOUT:g}s",
+    "client_connection_check_interval": f"{CONNECTION_CHECK:g}s",
+}
 # WORKER_SYNCHRONOUS_COMMIT=off (docs/worker.md, "Commit latency"): the store's commits
 # (claims, outcomes, heartbeats, recovery, maintenance) return before their WAL is flushed.
-# The store's transactions only: the periodic scheduler's submits, which share the engine,
-# stay synchronous like every other submit.
-_ASYNC_COMMIT = "; SET LOCAL synchronous_commit = off"
+# The store's calls only: the periodic scheduler's submits, which share the engine, stay
+# synchronous like every other submit.
+ASYNC_COMMIT = {"synchronous_commit": "off"}
+
+
+def _begin(settings: Mapping[str, str]) -> str:
+    """BEGIN and the settings, SET LOCAL: one round trip."""
+    return "BEGIN; " + "; ".join(f"SET LOCAL {name} = '{v}'" for name, v in settings.items())
+
+
+def _has(settings: Mapping[str, str]) -> str:
+    """Whether a session has every one of `settings` already (its role's or its database's,
+    `ALTER ROLE ... SET`): then its calls need no transaction of their own for them."""
+    return "SELECT " + " AND ".join(
+        f"current_setting('{name}') = '{value}'" for name, value in settings.items()
+    )
+
+
 # Recovery reads leases that ran out since its last complete run started, and this much
 # before: the later run's statement may start up to a call's time after it was asked for.
 _RECOVERY_SLACK = CALL_TIMEOUT + 1.0
@@ -181,7 +200,11 @@ class PgJobStore:
         key_overruns: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self.engine = engine
-        self._begin = _BEGIN if synchronous_commit else _BEGIN + _ASYNC_COMMIT
+        settings = SETTINGS if synchronous_commit else {**SETTINGS, **ASYNC_COMMIT}
+        self._begin = _begin(settings)
+        self._has_settings = _has(settings)
+        # Per connection: whether its session has the settings already (None: not known yet).
+        self._preset: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.availability = availability or Availability()
         # TYPE_CONCURRENCY / TYPE_RATE: the ordinary claims skip these types, which only
         # `claim_limited` takes. Empty: the claims are exactly those of a worker without limits.
@@ -247,8 +270,15 @@ class PgJobStore:
     async def _transaction(
         self, driver: Any, statement: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
-        """`statement` in a transaction under the store's settings. On any failure the
-        connection is discarded (`_run`), which rolls back whatever was not committed."""
+        """`statement` under the store's settings: in a transaction that SETs them LOCAL,
+        unless the session has them already (then as it is: two round trips fewer). On any
+        failure the connection is discarded (`_run`), which rolls back whatever was not
+        committed."""
+        preset = self._preset.get(driver)
+        if preset is None:
+            preset = self._preset[driver] = bool(await driver.fetchval(self._has_settings))
+        if preset:
+            return await statement(driver, *args)
         await driver.execute(self._begin)
         result = await statement(driver, *args)
         await driver.execute("COMMIT")
