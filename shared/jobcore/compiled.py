@@ -48,6 +48,13 @@ _COMPLETE_AND_CLAIM = STATEMENTS["job_complete_and_claim"]
 # With TYPE_CONCURRENCY or TYPE_RATE set: the same claims, skipping the limited types.
 _CLAIM_UNLIMITED = STATEMENTS["job_claim_unlimited"]
 _COMPLETE_AND_CLAIM_UNLIMITED = STATEMENTS["job_complete_and_claim_unlimited"]
+# Where no key has jobs: the same claims in claim order alone, keys not taking turns.
+_PLAIN = {
+    _CLAIM: STATEMENTS["job_claim_plain"],
+    _CLAIM_UNLIMITED: STATEMENTS["job_claim_plain_unlimited"],
+    _COMPLETE_AND_CLAIM: STATEMENTS["job_complete_and_claim_plain"],
+    _COMPLETE_AND_CLAIM_UNLIMITED: STATEMENTS["job_complete_and_claim_plain_unlimited"],
+}
 _LOCK_TYPES = STATEMENTS["job_lock_types"]
 _LOCK_KEYS = STATEMENTS["job_lock_keys"]
 _CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
@@ -119,6 +126,7 @@ async def claim(
     turns: Mapping[str, list[Any]] = NO_TURNS,
     key_limits: Mapping[str, int] | None = None,
     key_overruns: Mapping[tuple[str, str], int] | None = None,
+    plain: bool = False,
 ) -> list[Claimed]:
     """Lease up to `slots[queue]` due jobs of each queue, in claim order, skipping rows
     other claimers hold and jobs of the `limited` types; `claim_id` names this claim for
@@ -126,7 +134,8 @@ async def claim(
     each (queue, priority) is read from, none: from the head; `turns` (`KeyTurns.params`)
     which key each starts after; `key_limits`, per queue, KEY_CONCURRENCY; `key_overruns`,
     per (queue, key), this process's handlers still running after their attempts were
-    recorded (each still holds a unit of its key's KEY_CONCURRENCY)."""
+    recorded (each still holds a unit of its key's KEY_CONCURRENCY). `plain`: in claim order
+    alone, keys not taking turns (no key limits then), for queues where no key has jobs."""
     values = {
         **_slots(slots),
         **floors,
@@ -140,7 +149,15 @@ async def claim(
     if limited:
         statement = _CLAIM_UNLIMITED
         values["limited"] = list(limited)
+    if plain:
+        statement = _plain(statement, locked)
     return [claimed_from_row(row) for row in await _fetch_keyed(conn, statement, values, locked)]
+
+
+def _plain(statement: Compiled, locked: list[str]) -> Compiled:
+    if locked:
+        raise ValueError(f"a plain claim cannot apply KEY_CONCURRENCY (queues {locked})")
+    return _PLAIN[statement]
 
 
 async def claim_limited(
@@ -265,10 +282,11 @@ async def complete_and_claim(
     turns: Mapping[str, list[Any]] = NO_TURNS,
     key_limits: Mapping[str, int] | None = None,
     key_overruns: Mapping[tuple[str, str], int] | None = None,
+    plain: bool = False,
 ) -> tuple[list[Lease], list[Claimed]]:
     """`record(COMPLETE, leases, results=results)` and `claim(slots, lease_seconds,
-    claim_id, limited, floors, turns, key_limits, key_overruns)` in one statement. Returns
-    (the lost leases, the claimed jobs)."""
+    claim_id, limited, floors, turns, key_limits, key_overruns, plain)` in one statement.
+    Returns (the lost leases, the claimed jobs)."""
     values = {
         **floors,
         **turns,
@@ -285,6 +303,8 @@ async def complete_and_claim(
     if limited:
         statement = _COMPLETE_AND_CLAIM_UNLIMITED
         values["limited"] = list(limited)
+    if plain:
+        statement = _plain(statement, locked)
     rows = await _fetch_keyed(conn, statement, values, locked)
     applied = set()
     claimed = []

@@ -1,10 +1,11 @@
-"""Key turns: where a process's next claim at a queue and priority starts among the keys."""
+"""Key turns: where a process's next claim at a queue and priority starts among the keys; and
+which claims need keys in turn at all."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from jobcore.turns import KeyTurns
+from jobcore.turns import KEYED_FOR, KEYED_PROBE, KeyedQueues, KeyTurns
 
 
 class _Job(NamedTuple):
@@ -43,3 +44,21 @@ def test_turns_are_kept_per_queue_and_priority_and_in_byte_order():
     # "é" (U+00E9) sorts after "z" in byte order, as in the claim index (collation C).
     assert (turns.last("q", 0), turns.last("q", 5), turns.last("r", 0)) == ("é", "a", "k")
     assert turns.params(["r"]) == {"turn_queues": ["r"], "turn_priorities": [0], "turns": ["k"]}
+
+
+def test_claims_are_plain_between_probes_until_a_queue_takes_a_keyed_job():
+    now = [0.0]
+    keyed = KeyedQueues(clock=lambda: now[0])
+    assert keyed.plain(["a"]) is False  # the first claim looks for keys
+    now[0] = KEYED_PROBE / 2
+    assert keyed.plain(["a", "b"]) is True
+    keyed.learn([_Job("a", 0, None), _Job("b", 0, None)])  # key-less jobs teach nothing
+    assert keyed.plain(["a"]) is True
+    now[0] = KEYED_PROBE
+    assert keyed.plain(["a"]) is False  # the next probe
+    assert keyed.plain(["a"]) is True
+    keyed.learn([_Job("b", 0, "tenant-1")])
+    assert keyed.plain(["a"]) is True and keyed.plain(["a", "b"]) is False
+    now[0] += KEYED_PROBE / 2 + KEYED_FOR  # b's keyed job long ago; a probe done just now
+    keyed.plain(["a"])
+    assert keyed.plain(["a", "b"]) is True

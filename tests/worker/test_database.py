@@ -10,6 +10,7 @@ import json
 import logging
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -18,9 +19,11 @@ from sqlalchemy.engine import make_url
 
 from jobcore import compiled
 from jobcore.db import make_engine
+from jobcore.ids import new_id
 from jobcore.rows import Lease
 from jobcore.schema import jobs
 from jobcore.states import Operation, Status
+from jobcore.turns import KeyedQueues
 from jobqueue_worker import database
 from jobqueue_worker.database import Availability, PgJobStore
 from tests.faultproxy import FaultProxy
@@ -377,8 +380,12 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
     with FaultProxy.to_database(database_url) as proxy:
         proxied = make_engine(proxy.database_url(database_url), pool_size=2, connect_timeout=2)
         pg = PgJobStore(proxied)
+        # Its clock stands still: after the first claim (which looks for keys), every claim
+        # is the plain one.
+        pg.keyed = KeyedQueues(clock=lambda: 0.0)
         try:
             # A connection open before the fault, with the claim prepared on it.
+            assert await pg.claim({"default": 3}, 60) == []
             assert await pg.claim({"default": 3}, 60) == []
             ids = await submit(engine, "sleep", {"duration": "0s"}, max_attempts=1, count=3)
             proxy.add_latency(0.5)  # the claim commits; the answer comes too late
@@ -499,3 +506,64 @@ async def test_the_store_recovers_every_expired_lease_in_time_windowed_or_swept(
         assert len(set(recovered)) == 3
     finally:
         await pg.close()
+
+
+async def _backlog(engine, count: int, key: str | None, seconds_ago: float) -> list[uuid.UUID]:
+    ids = [new_id() for _ in range(count)]
+    start = datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.insert(jobs),
+            [
+                {
+                    "id": job_id,
+                    "type": "sleep",
+                    "payload": {},
+                    "max_attempts": 3,
+                    "concurrency_key": key,
+                    "run_at": start + timedelta(milliseconds=n),
+                }
+                for n, job_id in enumerate(ids)
+            ],
+        )
+    return ids
+
+
+async def test_claims_are_plain_where_no_key_has_jobs_and_a_probe_finds_a_key_behind_a_backlog(
+    engine,
+):
+    """The plain claim takes claim order alone; a key submitted behind a key-less backlog is
+    not reached by it, but by the next claim with keys in turn (a probe, every KEYED_PROBE),
+    and from then on the queue is claimed with keys in turn."""
+    now = [0.0]
+    store = PgJobStore(engine)
+    store.keyed = KeyedQueues(clock=lambda: now[0])
+    try:
+        assert await store.claim({"default": 4}, 60) == []  # the first probe: nothing
+        backlog = set(await _backlog(engine, 200, None, 60))
+        keyed = set(await _backlog(engine, 3, "tenant-1", 30))
+        now[0] = 0.5
+        plain = await store.claim({"default": 4}, 60)
+        assert {job.id for job in plain} <= backlog and len(plain) == 4  # claim order
+        now[0] = 1.0  # the next probe: the key gets its turn
+        probe = await store.claim({"default": 4}, 60)
+        assert {job.id for job in probe} & keyed
+        now[0] = 1.5  # keys in turn since: the key's others come before the backlog's
+        after = await store.claim({"default": 4}, 60)
+        assert keyed <= {job.id for job in probe + after}
+    finally:
+        await store.close()
+
+
+async def test_under_key_concurrency_every_claim_has_keys_in_turn(engine):
+    store = PgJobStore(engine, key_concurrency={"*": 1})
+    store.keyed = KeyedQueues(clock=lambda: 0.0)
+    try:
+        assert await store.claim({"default": 4}, 60) == []
+        await _backlog(engine, 20, None, 60)
+        await _backlog(engine, 5, "tenant-1", 30)
+        taken = await store.claim({"default": 8}, 60) + await store.claim({"default": 8}, 60)
+    finally:
+        await store.close()
+    # Never two of the key at once, however many claims.
+    assert [job.concurrency_key for job in taken].count("tenant-1") == 1

@@ -48,7 +48,7 @@ from jobcore.runner import Driver
 from jobcore.search import QueueDepth
 from jobcore.settings.parsing import key_limits_of
 from jobcore.states import Operation, Status
-from jobcore.turns import KeyTurns
+from jobcore.turns import KeyedQueues, KeyTurns
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -216,6 +216,7 @@ class PgJobStore:
         self._lost_claims: list[UUID] = []
         self.floors = ClaimFloors()
         self.turns = KeyTurns()
+        self.keyed = KeyedQueues()
         # KEY_CONCURRENCY: queue (or "*") -> n; and, per (queue, key), this process's
         # handlers that outlived their recorded attempts (`Executor.key_overruns`).
         self._key_concurrency = dict(key_concurrency or {})
@@ -346,12 +347,18 @@ class PgJobStore:
         jobs = taken(result)
         self.floors.learn([job for job in jobs if job.concurrency_key is None], sweep=sweep)
         self.turns.learn(jobs)
+        self.keyed.learn(jobs)
         return result
+
+    def _plain(self, slots: Mapping[str, int], key_limits: Mapping[str, int]) -> bool:
+        """Whether this claim may be the plain one (`jobcore.turns.KeyedQueues`)."""
+        return not key_limits and self.keyed.plain(q for q, n in slots.items() if n > 0)
 
     def _key_limits(self, slots: Mapping[str, int]) -> dict[str, int]:
         return key_limits_of(self._key_concurrency, slots)
 
     async def claim(self, slots: Mapping[str, int], lease_seconds: float) -> list[Claimed]:
+        limits = self._key_limits(slots)
         return await self._floored(
             slots,
             lambda floors, turns: self._claiming(
@@ -364,8 +371,9 @@ class PgJobStore:
                     self._limited,
                     floors,
                     turns,
-                    self._key_limits(slots),
+                    limits,
                     self._key_overruns() if self._key_concurrency else None,
+                    self._plain(slots, limits),
                 )
             ),
             lambda jobs: jobs,
@@ -428,6 +436,7 @@ class PgJobStore:
         lease_seconds: float,
         results: Sequence[str | None] = (),
     ) -> tuple[list[Lease], list[Claimed]]:
+        limits = self._key_limits(slots)
         return await self._floored(
             slots,
             lambda floors, turns: self._claiming(
@@ -442,8 +451,9 @@ class PgJobStore:
                     results,
                     floors,
                     turns,
-                    self._key_limits(slots),
+                    limits,
                     self._key_overruns() if self._key_concurrency else None,
+                    self._plain(slots, limits),
                 )
             ),
             lambda result: result[1],

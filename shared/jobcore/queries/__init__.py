@@ -4,7 +4,7 @@ after the table it works on and what it does (`JOB_CLAIM`, `JOB_SET_OUTCOME[oper
 
 - `job_submit`: writing new jobs (one, a batch, a group) and reading back replays;
 - `job_read`: one job, the capped queues' pending counts, stored keys, the wake-up;
-- `job_claim`: the claims (from the floors, keys in turn, with completions);
+- `job_claim`: the claims (from the floors, keys in turn or plain, with completions);
 - `job_claim_limited`: the claim under per-type limits;
 - `job_outcome`: the writes that end or extend an attempt, and recovery;
 - `job_types`: the types the workers serve, recorded by them and read by the submitters;
@@ -34,8 +34,12 @@ from jobcore.queries.common import (
 from jobcore.queries.job_claim import (
     JOB_CLAIM,
     JOB_CLAIM_HEADS,
+    JOB_CLAIM_PLAIN,
+    JOB_CLAIM_PLAIN_UNLIMITED,
     JOB_CLAIM_UNLIMITED,
     JOB_COMPLETE_AND_CLAIM,
+    JOB_COMPLETE_AND_CLAIM_PLAIN,
+    JOB_COMPLETE_AND_CLAIM_PLAIN_UNLIMITED,
     JOB_COMPLETE_AND_CLAIM_UNLIMITED,
     JOB_LOCK_KEYS,
     JOB_NEXT_DUE,
@@ -68,9 +72,13 @@ __all__ = [
     "JOB_CLAIM",
     "JOB_CLAIM_HEADS",
     "JOB_CLAIM_LIMITED",
+    "JOB_CLAIM_PLAIN",
+    "JOB_CLAIM_PLAIN_UNLIMITED",
     "JOB_CLAIM_UNLIMITED",
     "JOB_COLUMNS",
     "JOB_COMPLETE_AND_CLAIM",
+    "JOB_COMPLETE_AND_CLAIM_PLAIN",
+    "JOB_COMPLETE_AND_CLAIM_PLAIN_UNLIMITED",
     "JOB_COMPLETE_AND_CLAIM_UNLIMITED",
     "JOB_COUNT_PENDING",
     "JOB_FIND_KEYS",
@@ -125,6 +133,10 @@ def named() -> dict[str, Any]:
         "job_claim_unlimited": JOB_CLAIM_UNLIMITED,
         "job_complete_and_claim": JOB_COMPLETE_AND_CLAIM,
         "job_complete_and_claim_unlimited": JOB_COMPLETE_AND_CLAIM_UNLIMITED,
+        "job_claim_plain": JOB_CLAIM_PLAIN,
+        "job_claim_plain_unlimited": JOB_CLAIM_PLAIN_UNLIMITED,
+        "job_complete_and_claim_plain": JOB_COMPLETE_AND_CLAIM_PLAIN,
+        "job_complete_and_claim_plain_unlimited": JOB_COMPLETE_AND_CLAIM_PLAIN_UNLIMITED,
         "job_lock_keys": JOB_LOCK_KEYS,
         "job_lock_types": JOB_LOCK_TYPES,
         "job_claim_limited": JOB_CLAIM_LIMITED,

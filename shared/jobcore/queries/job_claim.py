@@ -212,6 +212,30 @@ CROSS JOIN LATERAL ({PRIORITIES}
     )
 
 
+def _due_in_order(skip: str) -> Any:
+    """The jobs a claim takes in claim order alone, keys or not (`jobs_claim_queue_idx`):
+    the plain claim, for queues where no key has jobs (`jobcore.turns.KeyedQueues`). Planned
+    and run in about a third of the time of the claim with keys in turn."""
+    return (
+        sa.text(
+            f"""
+SELECT j.id FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
+CROSS JOIN LATERAL ({PRIORITIES}
+    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT id FROM jobqueue.jobs
+        WHERE {_AT} AND run_at >= {FLOOR} AND run_at <= now(){skip}
+        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+    ) AS d
+    WHERE priorities.p IS NOT NULL
+    LIMIT w.n
+) AS j"""
+        )
+        .columns(sa.column("id", pg.UUID(as_uuid=True)))
+        .cte("due")
+        .prefix_with("MATERIALIZED")
+    )
+
+
 # The rows `due` locked are pending and stay so until the statement ends (nobody else
 # can change a locked row), so the UPDATE finds them by id alone. Testing the status
 # again here would let the planner reach them through the claim index instead, which it
@@ -238,6 +262,7 @@ def _claim(due: Any) -> Any:
 
 
 JOB_CLAIM = _claim(_due_jobs(""))
+JOB_CLAIM_PLAIN = _claim(_due_in_order(""))
 
 # KEY_CONCURRENCY's serialisation: a transaction-scoped advisory lock per queue with a key
 # limit (in key order, so two claimers cannot deadlock), taken before the claim statement
@@ -324,8 +349,12 @@ def _complete_and_claim(claim: Any) -> Any:
 
 
 JOB_COMPLETE_AND_CLAIM = _complete_and_claim(JOB_CLAIM)
+JOB_COMPLETE_AND_CLAIM_PLAIN = _complete_and_claim(JOB_CLAIM_PLAIN)
 
 # With per-type limits configured, the claims above skip the limited types (`:limited`);
 # those are claimed by `job_claim_limited.JOB_CLAIM_LIMITED` only.
-JOB_CLAIM_UNLIMITED = _claim(_due_jobs(" AND type <> ALL(CAST(:limited AS text[]))"))
+_UNLIMITED = " AND type <> ALL(CAST(:limited AS text[]))"
+JOB_CLAIM_UNLIMITED = _claim(_due_jobs(_UNLIMITED))
 JOB_COMPLETE_AND_CLAIM_UNLIMITED = _complete_and_claim(JOB_CLAIM_UNLIMITED)
+JOB_CLAIM_PLAIN_UNLIMITED = _claim(_due_in_order(_UNLIMITED))
+JOB_COMPLETE_AND_CLAIM_PLAIN_UNLIMITED = _complete_and_claim(JOB_CLAIM_PLAIN_UNLIMITED)

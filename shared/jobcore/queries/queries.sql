@@ -543,6 +543,178 @@ FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payloa
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
 FROM claimed;
 
+-- name: job_claim_plain
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors
+WITH due AS MATERIALIZED 
+(
+SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
+CROSS JOIN LATERAL (
+    WITH RECURSIVE known(p, f) AS (
+        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
+                                    CAST($9 AS smallint[]),
+                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p) AS (
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               )
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known ))
+        UNION ALL
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               WHERE known.p < priorities.p)
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
+        FROM priorities WHERE priorities.p IS NOT NULL
+    )
+    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT id FROM jobqueue.jobs
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
+        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+    ) AS d
+    WHERE priorities.p IS NOT NULL
+    LIMIT w.n
+) AS j)
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
+
+-- name: job_claim_plain_unlimited
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors, $11 limited
+WITH due AS MATERIALIZED 
+(
+SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
+CROSS JOIN LATERAL (
+    WITH RECURSIVE known(p, f) AS (
+        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
+                                    CAST($9 AS smallint[]),
+                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p) AS (
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               )
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known ))
+        UNION ALL
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               WHERE known.p < priorities.p)
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
+        FROM priorities WHERE priorities.p IS NOT NULL
+    )
+    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT id FROM jobqueue.jobs
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($11 AS text[]))
+        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+    ) AS d
+    WHERE priorities.p IS NOT NULL
+    LIMIT w.n
+) AS j)
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
+
+-- name: job_complete_and_claim_plain
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 floor_queues, $12 floor_priorities, $13 floors
+WITH done AS 
+(UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
+due AS MATERIALIZED 
+(
+SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
+CROSS JOIN LATERAL (
+    WITH RECURSIVE known(p, f) AS (
+        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
+                                    CAST($12 AS smallint[]),
+                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p) AS (
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               )
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known ))
+        UNION ALL
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               WHERE known.p < priorities.p)
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
+        FROM priorities WHERE priorities.p IS NOT NULL
+    )
+    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT id FROM jobqueue.jobs
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
+        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+    ) AS d
+    WHERE priorities.p IS NOT NULL
+    LIMIT w.n
+) AS j), 
+claimed AS 
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) COLLATE "C" AS concurrency_key 
+FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
+FROM claimed;
+
+-- name: job_complete_and_claim_plain_unlimited
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 floor_queues, $12 floor_priorities, $13 floors, $14 limited
+WITH done AS 
+(UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
+due AS MATERIALIZED 
+(
+SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
+CROSS JOIN LATERAL (
+    WITH RECURSIVE known(p, f) AS (
+        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
+                                    CAST($12 AS smallint[]),
+                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p) AS (
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               )
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known ))
+        UNION ALL
+        SELECT coalesce(
+            (SELECT priority FROM jobqueue.jobs
+             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
+                               WHERE known.p < priorities.p)
+             ORDER BY priority DESC LIMIT 1),
+            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
+        FROM priorities WHERE priorities.p IS NOT NULL
+    )
+    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT id FROM jobqueue.jobs
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($14 AS text[]))
+        ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
+    ) AS d
+    WHERE priorities.p IS NOT NULL
+    LIMIT w.n
+) AS j), 
+claimed AS 
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) COLLATE "C" AS concurrency_key 
+FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
+FROM claimed;
+
 -- name: job_lock_keys
 -- parameters: $1 locked_queues
 SELECT count(pg_advisory_xact_lock(k)) AS locked
