@@ -24,6 +24,7 @@ release's sessions from the previous release's, whose names had no revision, by
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import urllib.parse
@@ -38,8 +39,10 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from jobcore import naming
-from jobcore.errors import ReadOnlyServer, SchemaNotAtHead
+from jobcore.errors import ReadOnlyServer, SchemaNotAtHead, describe
 from jobcore.schema import ACCEPTED_REVISIONS, SCHEMA_REVISION
+
+log = logging.getLogger("jobqueue")
 
 _SCHEME = re.compile(r"postgres(?:ql)?(?:\+asyncpg)?://")
 
@@ -208,10 +211,19 @@ async def connect(**kwargs: Any) -> asyncpg.Connection:
         return await asyncpg.connect(**kwargs)
     userinfo, rest = hosts.pop(0), hosts.pop()
     failure: BaseException | None = None
-    for host in hosts:
+    for n, host in enumerate(hosts, start=1):
         try:
             return await asyncpg.connect(**{**kwargs, "dsn": f"{userinfo}{host}{rest}"})
         except _NEXT_HOST as exc:
+            # Which host failed, and why: what a failover's logs must say.
+            log.warning(
+                "database host skipped",
+                extra={
+                    "host": host,
+                    "error": describe(exc),
+                    "next_host": hosts[n] if n < len(hosts) else None,
+                },
+            )
             # As asyncpg reports it: a host that could not be reached over one that could,
             # but is a standby.
             if failure is None or not isinstance(exc, asyncpg.TargetServerAttributeNotMatched):

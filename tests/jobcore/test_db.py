@@ -7,6 +7,7 @@ the worker's LISTEN connection and migrations. These tests connect both ways.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -147,7 +148,7 @@ async def test_connect_timeout_from_the_url_bounds_the_connect(silent_server):
 
 
 async def test_a_silent_first_host_leaves_the_next_host_a_connect_timeout_of_its_own(
-    database_url, silent_server
+    database_url, silent_server, caplog
 ):
     # A failed primary whose machine drops every packet, listed before the live server.
     parts = make_url(database_url)
@@ -155,8 +156,13 @@ async def test_a_silent_first_host_leaves_the_next_host_a_connect_timeout_of_its
     live = f"{parts.host or '127.0.0.1'}:{parts.port or 5432}"
     listed = f"postgresql://{user}127.0.0.1:{silent_server},{live}/{name}?connect_timeout=2"
     started = time.monotonic()
-    assert await engine_value(listed, "SELECT inet_server_port()") == (parts.port or 5432)
+    with caplog.at_level(logging.WARNING, logger="jobqueue"):
+        assert await engine_value(listed, "SELECT inet_server_port()") == (parts.port or 5432)
     assert 1.5 < time.monotonic() - started < 10
+    # The log says which host was skipped, why, and which one was tried next.
+    (skipped,) = [r for r in caplog.records if r.getMessage() == "database host skipped"]
+    assert skipped.host == f"127.0.0.1:{silent_server}" and skipped.next_host == live
+    assert "TimeoutError" in skipped.error
     # The LISTEN connections connect the same way.
     conn = await connect(**connect_args(listed, timeout=30))
     try:
