@@ -24,6 +24,7 @@ from jobcore.schema import jobs
 from tests.worker.support import (
     all_in,
     eventually,
+    most_at_once,
     read_times,
     start_worker,
     submit_jobs,
@@ -148,15 +149,6 @@ def read_runs(exec_log: Path) -> dict[str, list[Run]]:
     for (job_id, _, _), run in runs.items():
         by_job[job_id].append(run)
     return {job_id: sorted(found, key=lambda r: r.attempt) for job_id, found in by_job.items()}
-
-
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    most = running = 0
-    for _, change in events:  # an end sorts before a start at the same instant
-        running += change
-        most = max(most, running)
-    return most
 
 
 async def test_key_concurrency_holds_across_three_services_through_a_killed_service(
@@ -293,7 +285,7 @@ async def test_a_handler_that_outlives_its_timeout_holds_its_keys_unit_until_it_
     """Plain def handlers of one key sleep 2.5 s under a 0.3 s timeout: each attempt is
     recorded (timed out) after its grace, but its thread runs on, and with it the unit of
     KEY_CONCURRENCY it holds: the key's next job waits until it returns."""
-    from tests.limits.test_limits_e2e import _most_at_once, _spans, _spans_at_least
+    from tests.limits.test_limits_e2e import _spans, _spans_at_least
 
     keyed = [
         NewJob(new_id(), "test.overrun", {"seconds": 2.5}, 1, concurrency_key="tenant-1")
@@ -308,4 +300,4 @@ async def test_a_handler_that_outlives_its_timeout_holds_its_keys_unit_until_it_
         await eventually(_spans_at_least(worker.exec_log, 3), 20, "every handler returned")
     finally:
         assert worker.stop() == 0
-    assert _most_at_once(_spans(worker.exec_log)) == 1
+    assert most_at_once(_spans(worker.exec_log)) == 1

@@ -1,11 +1,12 @@
 """The replicated pair the failover tests run on: a primary and its synchronous standby,
-migrated, removed after the test."""
+migrated, removed after the test; and the services the pooler tests start (`stack`)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,3 +35,16 @@ def pair() -> Iterator[Pair]:
         yield pair
     finally:
         pair.cleanup()
+
+
+@pytest.fixture
+def stack() -> Iterator[Any]:
+    """The API and worker services a test starts (`tests.infra.test_pgbouncer.Stack`),
+    killed at its end if still alive."""
+    from tests.infra.test_pgbouncer import Stack
+
+    started = Stack()
+    try:
+        yield started
+    finally:
+        started.kill()

@@ -93,15 +93,6 @@ class Stack:
                 service.kill()
 
 
-@pytest.fixture
-def stack() -> Iterator[Stack]:
-    stack = Stack()
-    try:
-        yield stack
-    finally:
-        stack.kill()
-
-
 def _ready(worker: Worker) -> bool:
     assert worker.proc.poll() is None, worker.output()
     return worker.status_of("/readyz") == 200

@@ -38,15 +38,6 @@ def cluster() -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture
-def stack() -> Iterator[Stack]:
-    stack = Stack()
-    try:
-        yield stack
-    finally:
-        stack.kill()
-
-
 def test_no_acknowledged_submit_is_lost_in_a_crash_behind_a_transaction_pooler(
     cluster: Cluster, stack: Stack, tmp_path: Path
 ) -> None:

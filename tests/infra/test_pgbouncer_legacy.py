@@ -6,7 +6,6 @@ statements fail with asyncpg's `prepared statement "__asyncpg_stmt_…__" does n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,6 @@ def _hinted(service: Service) -> list[dict[str, Any]]:
 def _legacy(mode: str, pool_size: int) -> PgBouncer:
     bouncer = PgBouncer(LEGACY, mode, default_pool_size=pool_size)
     return bouncer
-
-
-@pytest.fixture
-def stack() -> Iterator[Stack]:
-    stack = Stack()
-    try:
-        yield stack
-    finally:
-        stack.kill()
 
 
 def test_in_session_mode_the_services_run_through_pgbouncer_1_18_a_server_connection_each(

@@ -14,6 +14,7 @@ from jobcore.rows import NewJob
 from tests.worker.support import (
     all_in,
     eventually,
+    most_at_once,
     read_times,
     start_worker,
     submit,
@@ -38,15 +39,6 @@ def _spans_at_least(exec_log: Path, n: int) -> Callable[[], Awaitable[bool]]:
         return len(_spans(exec_log)) >= n
 
     return enough
-
-
-def _most_at_once(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    most = running = 0
-    for _, change in events:  # an end sorts before a start at the same instant
-        running += change
-        most = max(most, running)
-    return most
 
 
 async def test_three_worker_services_never_run_more_jobs_of_a_type_than_its_concurrency(
@@ -75,7 +67,7 @@ async def test_three_worker_services_never_run_more_jobs_of_a_type_than_its_conc
             assert worker.stop() == 0
     spans = _spans(workers[0].exec_log)
     assert len(spans) == 36
-    assert _most_at_once(spans) == 2
+    assert most_at_once(spans) == 2
     # 36 half-second jobs two at a time take 9 s at best; a unit of concurrency freed in one
     # process is taken again at once (by that process), not at the next poll.
     elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
@@ -140,7 +132,7 @@ async def test_a_handler_that_outlives_its_timeout_holds_its_unit_until_it_retur
         await eventually(_spans_at_least(worker.exec_log, 3), 20, "every handler returned")
     finally:
         assert worker.stop() == 0
-    assert _most_at_once(_spans(worker.exec_log)) == 1
+    assert most_at_once(_spans(worker.exec_log)) == 1
 
 
 async def test_a_limited_backlog_does_not_hold_up_a_job_of_higher_priority(

@@ -177,3 +177,13 @@ async def submit_jobs(engine: AsyncEngine, jobs: list[NewJob]) -> list[Job]:
             job, _created = await store.submit(conn, new, notify=True)
             found.append(job)
     return found
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most (start, end) spans open at one instant."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = running = 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        running += change
+        most = max(most, running)
+    return most
