@@ -46,7 +46,9 @@ async def healthz(request: Request) -> Response:
 
 
 def _notifications(waiters: Waiters) -> dict[str, str]:
-    # Not a reason to be unready: a wait reads its job by polling meanwhile.
+    # Not a reason to be unready: a wait reads its job by polling meanwhile. Asked for, the
+    # listener starts (if no wait started it): the check it runs is what readiness shows.
+    waiters.start()
     check = waiters.notifications
     return {} if check is None else {"notifications": check.state}
 

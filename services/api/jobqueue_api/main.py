@@ -50,7 +50,6 @@ from jobcore.settings import ApiSettings, load_api_settings
 from jobqueue_api import processes
 from jobqueue_api.app import close, create_app, shut_down
 from jobqueue_api.database import is_unavailable, open_engine
-from jobqueue_api.state import state_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -227,8 +226,6 @@ async def run(
             log.error(f"database unreachable at startup: {exc}")
             return 1
         app = create_app(settings, engine, tracer)
-        # Listening from the start: the notification check, which /readyz shows, runs early.
-        state_of(app).waiters.start()
         signalled = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -306,6 +306,18 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
         "Payload": _PAYLOAD,
         "Error": _object({"error": {"type": "string"}}),
         "Health": _object({"status": {"type": "string"}}),
+        "Ready": {
+            **_object({"status": {"type": "string"}}),
+            "properties": {
+                "status": {"type": "string"},
+                "notifications": {
+                    "type": "string",
+                    "enum": ["ok", "unheard", "unchecked"],
+                    "description": "The latest notification check's verdict: whether this "
+                    "process's LISTEN connection hears what it sends itself.",
+                },
+            },
+        },
     }
 
 
@@ -606,7 +618,7 @@ def _paths(auth: bool, admission: bool) -> dict[str, Any]:
                 "operationId": "ready",
                 "summary": "Readiness: the database takes writes and no shutdown has begun",
                 "responses": {
-                    "200": _response("Ready.", "Health"),
+                    "200": _response("Ready.", "Ready"),
                     "503": _error("Not ready (database unavailable or read-only, shutting down)."),
                 },
             }

@@ -9,7 +9,7 @@ is missed: one that commits before the mark is seen by the mark itself (it retur
 False: nothing to wait for), one that commits after it notifies a channel already
 listened on.
 
-The listening connection is opened at startup (`start`; else on the first wait) and
+The listening connection is opened on the first wait or readiness probe (`start`) and
 kept, checked every few seconds (`SELECT 1` under a short timeout, which also catches a
 half-open socket), and re-established with backoff when it breaks. Notifications sent
 while nobody listened are lost, so after every reconnection each waiter is woken to mark
