@@ -41,6 +41,7 @@ SETTINGS = (
     "jit_above_cost",
     "plan_cache_mode",
     "client_connection_check_interval",
+    "idle_in_transaction_session_timeout",
 )
 # Session mode binds a server connection to each client connection for its lifetime: the
 # pool must hold every connection of the services (API 10, worker process 8, supervisor 1)

@@ -189,3 +189,15 @@ async def test_a_handler_that_outlived_its_attempt_still_holds_its_keys_unit(eng
         engine, 10, KeyTurns(), key_limits={"default": 3}, key_overruns={("default", "A"): 2}
     )
     assert Counter(job.concurrency_key for job in more) == {"B": 1}
+
+
+async def test_key_concurrency_holds_across_the_priorities_of_one_claim(engine):
+    """A key's jobs at three priorities, none running, KEY_CONCURRENCY 2: one claim of many
+    slots takes two of them, the higher priorities' first, not two at each priority."""
+    for priority in (5, 0, -5):
+        await _add(engine, 3, "A", start=_ago(50 - priority), priority=priority)
+    await _add(engine, 3, "B", start=_ago(10))
+    got = await _claim(engine, 16, KeyTurns(), key_limits={"default": 2})
+    a = [job for job in got if job.concurrency_key == "A"]
+    assert len(a) == 2 and {job.priority for job in a} == {5}, [(j.priority) for j in a]
+    assert Counter(job.concurrency_key for job in got)["B"] == 2

@@ -418,6 +418,7 @@ DEFAULTS = {
     "statement_timeout": "0",
     "lock_timeout": "0",
     "client_connection_check_interval": "0",
+    "idle_in_transaction_session_timeout": "0",
     "synchronous_commit": "on",
 }
 

@@ -63,6 +63,12 @@ T = TypeVar("T")
 STATEMENT_TIMEOUT = 4.0
 LOCK_TIMEOUT = 2.0
 CONNECTION_CHECK = 1.0
+# A process stopped (SIGSTOP, a frozen machine) inside one of its transactions would keep
+# its locks (the rows a claim took, a queue's KEY_CONCURRENCY lock, which every other
+# claimer of the queue waits for) as long as it stays stopped: its session ends after this
+# long idle in the transaction, which is rolled back (a store call's statements follow each
+# other at once).
+IDLE_IN_TRANSACTION = 5.0
 CALL_TIMEOUT = STATEMENT_TIMEOUT + 2.0
 # Connections per child: one each for the dispatcher, the completer, recovery, the heartbeat and
 # the check of the claim floors, plus one for the periodic scheduler (at its ticks only), plus
@@ -88,6 +94,7 @@ SETTINGS = {
     "statement_timeout": f"{STATEMENT_TIMEOUT:g}s",
     "lock_timeout": f"{LOCK_TIMEOUT:g}s",
     "client_connection_check_interval": f"{CONNECTION_CHECK:g}s",
+    "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION:g}s",
 }
 # WORKER_SYNCHRONOUS_COMMIT=off (docs/worker.md, "Commit latency"): the store's commits
 # (claims, outcomes, heartbeats, recovery, maintenance) return before their WAL is flushed.

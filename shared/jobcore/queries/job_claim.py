@@ -176,8 +176,8 @@ def _in_turn(skip: str) -> str:
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
-            SELECT m.id FROM filled CROSS JOIN LATERAL (
-                SELECT id FROM jobqueue.jobs
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
                 WHERE {_AT} AND {KEY} = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now(){skip}
@@ -189,22 +189,33 @@ def _in_turn(skip: str) -> str:
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
         )
-        SELECT id FROM first UNION ALL SELECT id FROM more"""
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more"""
 
 
 def _due_jobs(skip: str) -> Any:
-    """The jobs a claim takes; `skip` is a further condition on them ("" for none)."""
+    """The jobs a claim takes; `skip` is a further condition on them ("" for none). Each
+    priority's turn sees the room its key's KEY_CONCURRENCY leaves (`k_left`) but not what
+    the higher priorities' took of the same key in this claim: of a key's jobs, only the
+    first `k_left` in claim order across the priorities are kept (the others, locked
+    meanwhile, stay pending)."""
     return (
         sa.text(
             f"""
-SELECT j.id FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[]),
-                        CAST(:key_limits AS integer[])) AS w(queue, n, key_limit)
-CROSS JOIN LATERAL ({PRIORITIES}
-    SELECT d.id FROM priorities CROSS JOIN LATERAL ({_in_turn(skip)}
-    ) AS d
-    WHERE priorities.p IS NOT NULL
-    LIMIT w.n
-) AS j"""
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[]),
+                CAST(:key_limits AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL ({PRIORITIES}
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL ({_in_turn(skip)}
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left"""
         )
         .columns(sa.column("id", pg.UUID(as_uuid=True)))
         .cte("due")

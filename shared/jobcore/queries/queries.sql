@@ -87,9 +87,12 @@ SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 -- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 overrun_queues, $16 overrun_keys, $17 overrun_counts
 WITH due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
-                        CAST($8 AS integer[])) AS w(queue, n, key_limit)
-CROSS JOIN LATERAL (
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
         SELECT k.p, k.f FROM unnest(CAST($9 AS text[]),
                                     CAST($10 AS smallint[]),
@@ -113,7 +116,8 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
         WITH RECURSIVE last_turn AS MATERIALIZED (
             SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
                                            CAST($13 AS smallint[]),
@@ -174,8 +178,8 @@ CROSS JOIN LATERAL (
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
-            SELECT m.id FROM filled CROSS JOIN LATERAL (
-                SELECT id FROM jobqueue.jobs
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now()
@@ -187,11 +191,14 @@ CROSS JOIN LATERAL (
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
         )
-        SELECT id FROM first UNION ALL SELECT id FROM more
-    ) AS d
-    WHERE priorities.p IS NOT NULL
-    LIMIT w.n
-) AS j)
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left)
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
@@ -199,9 +206,12 @@ FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payloa
 -- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 limited, $16 overrun_queues, $17 overrun_keys, $18 overrun_counts
 WITH due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
-                        CAST($8 AS integer[])) AS w(queue, n, key_limit)
-CROSS JOIN LATERAL (
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
         SELECT k.p, k.f FROM unnest(CAST($9 AS text[]),
                                     CAST($10 AS smallint[]),
@@ -225,7 +235,8 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
         WITH RECURSIVE last_turn AS MATERIALIZED (
             SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
                                            CAST($13 AS smallint[]),
@@ -286,8 +297,8 @@ CROSS JOIN LATERAL (
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
-            SELECT m.id FROM filled CROSS JOIN LATERAL (
-                SELECT id FROM jobqueue.jobs
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
@@ -299,11 +310,14 @@ CROSS JOIN LATERAL (
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
         )
-        SELECT id FROM first UNION ALL SELECT id FROM more
-    ) AS d
-    WHERE priorities.p IS NOT NULL
-    LIMIT w.n
-) AS j)
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left)
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
@@ -313,9 +327,12 @@ WITH done AS
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
-                        CAST($11 AS integer[])) AS w(queue, n, key_limit)
-CROSS JOIN LATERAL (
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
+                CAST($11 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
         SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
                                     CAST($13 AS smallint[]),
@@ -339,7 +356,8 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
         WITH RECURSIVE last_turn AS MATERIALIZED (
             SELECT (SELECT t.k FROM unnest(CAST($15 AS text[]),
                                            CAST($16 AS smallint[]),
@@ -400,8 +418,8 @@ CROSS JOIN LATERAL (
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
-            SELECT m.id FROM filled CROSS JOIN LATERAL (
-                SELECT id FROM jobqueue.jobs
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now()
@@ -413,11 +431,14 @@ CROSS JOIN LATERAL (
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
         )
-        SELECT id FROM first UNION ALL SELECT id FROM more
-    ) AS d
-    WHERE priorities.p IS NOT NULL
-    LIMIT w.n
-) AS j), 
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left), 
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
@@ -431,9 +452,12 @@ WITH done AS
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
 (
-SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
-                        CAST($11 AS integer[])) AS w(queue, n, key_limit)
-CROSS JOIN LATERAL (
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
+                CAST($11 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
         SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
                                     CAST($13 AS smallint[]),
@@ -457,7 +481,8 @@ CROSS JOIN LATERAL (
             (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
         FROM priorities WHERE priorities.p IS NOT NULL
     )
-    SELECT d.id FROM priorities CROSS JOIN LATERAL (
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
         WITH RECURSIVE last_turn AS MATERIALIZED (
             SELECT (SELECT t.k FROM unnest(CAST($15 AS text[]),
                                            CAST($16 AS smallint[]),
@@ -518,8 +543,8 @@ CROSS JOIN LATERAL (
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
-            SELECT m.id FROM filled CROSS JOIN LATERAL (
-                SELECT id FROM jobqueue.jobs
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
@@ -531,11 +556,14 @@ CROSS JOIN LATERAL (
             ) AS m
             LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
         )
-        SELECT id FROM first UNION ALL SELECT id FROM more
-    ) AS d
-    WHERE priorities.p IS NOT NULL
-    LIMIT w.n
-) AS j), 
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left), 
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
