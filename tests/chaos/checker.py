@@ -43,6 +43,8 @@ The guarantees checked:
   succeeded and reached its newest revision, no service turned unready while it
   should serve, every old service exited 0 on SIGTERM, no API answered 5xx (503
   included) while the phase went on, and both releases acknowledged and ran jobs;
+- no more than the workers' KEY_CONCURRENCY of one (queue, key) ran at once
+  (`tests.chaos.check_keys`);
 - a held MVCC horizon (`tests.chaos.horizon`) was held: pg_stat_activity showed its idle
   transaction's xid and its repeatable-read reader's xmin, both at once for a while. It
   touches no process of the system, so it explains no lost lease.
@@ -59,6 +61,7 @@ from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
 from tests.chaos.check_cancels import CANCEL_MARGIN, check_cancels
+from tests.chaos.check_keys import check_key_concurrency
 from tests.chaos.check_retention import accounted_as_pruned, check_pruned
 from tests.chaos.evidence import (
     HELD_HORIZON,
@@ -76,6 +79,7 @@ from tests.chaos.evidence import (
     cancel_paths,
     disturbances,
     executions,
+    lease_valid_until,
     pruned_logged,
     writes,
 )
@@ -125,10 +129,12 @@ def check(
     retention: Mapping[str, float] | None = None,
     rollout: Rollout | None = None,
     server_errors: Sequence[ServerError] = (),
+    key_limit: int = 0,
 ) -> Report:
     """Every invariant over one run; see the module docstring. `retention`: the age in
     seconds at which each finished status is deleted (missing or 0: kept). `rollout`: the
-    rollout phase's record, if it had one; `server_errors`: every 5xx the client got."""
+    rollout phase's record, if it had one; `server_errors`: every 5xx the client got;
+    `key_limit`: the workers' KEY_CONCURRENCY per (queue, key) (0: none)."""
     report = Report()
     bad = report.violations
     entries = list(log_entries)
@@ -166,6 +172,11 @@ def check(
         cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad
     )
     holds = _check_holds(faults, bad)
+    keys = (
+        check_key_concurrency(acks, per_job, logged, hits, lease_duration, key_limit, bad)
+        if key_limit
+        else None
+    )
     cuts = _check_listener_cuts(
         faults, cancels, per_job, logged, cancel_paths(entries), lease_duration, bad
     )
@@ -212,6 +223,7 @@ def check(
         "long_jobs": _long_jobs(finals, per_job, logged),
         "claims_without_execution_record": _token_gaps(finals, per_job),
         "cancels": cancelled,
+        "keys": keys,
         "retention": {
             **retained,
             "acknowledged_pruned": sum(j in acked and j not in live for j in gone),
@@ -387,23 +399,6 @@ def _check_overlaps(
                         f"job {job_id}: lease {b.lease_token} started {overlap:.2f}s before "
                         f"lease {a.lease_token} ended or expired"
                     )
-
-
-def lease_valid_until(
-    a: Execution, end: float | None, hits: Sequence[Disturbance], lease: float
-) -> float:
-    """Until when execution `a` surely held a valid lease.
-
-    Its holder renews the lease every lease / RENEWALS_PER_LEASE while it runs, so an
-    undisturbed holder keeps it until its attempt ends. A fault that stopped the holder or
-    cut it off from the database stops the renewals: the last one may have come up to a
-    renewal interval before the fault, so the lease is sure only until then plus the lease.
-    """
-    valid = end if end is not None else float("inf")
-    for d in hits:
-        if d.hits(a.pid, a.start, valid, a.job_id):
-            valid = min(valid, max(a.start, d.since) + lease - lease / RENEWALS_PER_LEASE)
-    return valid
 
 
 def _explain_reruns(

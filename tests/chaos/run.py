@@ -43,6 +43,7 @@ from tests.chaos.evidence import Fault, JobRow, Rollout
 from tests.chaos.load import Load
 from tests.chaos.system import (
     DEFAULT_RETENTION,
+    KEY_LIMIT,
     LEASE_SECONDS,
     System,
     retention_ages,
@@ -99,10 +100,12 @@ def run_chaos(
             seed=seed,
             run_id=f"chaos-{uuid.uuid4().hex[:8]}",
             cancels=cancels,
+            keys=release is None,
         )
         load.start()
         if release is not None:
             rolled = rollout.run(system, load, log)
+            load.open_keys()
             if wait_until(system.all_ready, START_LIMIT) is None:
                 problems.append("not every service was ready after the rollout")
         chaos = faults.Chaos(system, load, random.Random(seed), log=log)
@@ -152,6 +155,7 @@ def run_chaos(
             retention=retention_ages(retention),
             rollout=rolled,
             server_errors=load.stats.server_errors,
+            key_limit=KEY_LIMIT,
         )
         if non_json:
             problems.append(f"{non_json} service log lines were not JSON")
@@ -310,6 +314,7 @@ def table(report: Report) -> str:
         f"| long jobs (2–3 leases): completed / cancelled / run once / longest execution | "
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
+        *_key_lines(s.get("keys")),
         *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
@@ -410,6 +415,16 @@ def _cancel_lines(c: dict[str, Any]) -> list[str]:
         f"{c['ended_cancelled']} / {c['lost_races']} |",
         f"| running attempts stopped by a cancel, from its request (p50 / max) | "
         f"{_late(c['stop_seconds'])} |",
+    ]
+
+
+def _key_lines(k: dict[str, Any] | None) -> list[str]:
+    if not k:
+        return []
+    return [
+        f"| keyed jobs (attempts) / most running of one key at once (limit) | "
+        f"{k['keyed_jobs']} ({k['keyed_attempts']}) / {k['max_running']} ({k['limit']}) "
+        f"{_pairs(k['max_running_by_key'])} |"
     ]
 
 

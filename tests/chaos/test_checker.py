@@ -1132,3 +1132,60 @@ def test_a_rollout_that_broke_anything_is_a_violation() -> None:
         "rollout: the previous release's API acknowledged no job",
         "rollout: the previous release's workers ran no job",
     ]
+
+
+# --- concurrency keys ----------------------------------------------------------------
+
+
+def keyed_acks(*ids: str, key: str = "tenant-a", queue: str = "bulk") -> list[Ack]:
+    return [Ack(f"key-{i}", i, 201, queue=queue, concurrency_key=key) for i in ids]
+
+
+def checked_keys(rows: list[JobRow], acks_: list[Ack], records: list[Any], faults: Any = ()) -> Any:
+    return check(rows, acks_, records, [], list(faults), lease_duration=LEASE, key_limit=2)
+
+
+def test_more_attempts_of_one_key_at_once_than_its_limit_is_a_violation() -> None:
+    ids = ["k1", "k2", "k3"]
+    records = [*run("k1", 1, 0, 5, "ok"), *run("k2", 1, 1, 5, "ok"), *run("k3", 1, 2, 3, "ok")]
+    report = checked_keys([row(i, "completed") for i in ids], keyed_acks(*ids), records)
+    assert any("3 attempts ran at once (limit 2)" in v for v in report.violations)
+    assert report.summary["keys"]["max_running"] == 3
+    # The same attempts under two keys, or one after another, are within the limit.
+    split = keyed_acks("k1", "k2") + keyed_acks("k3", key="tenant-b")
+    report = checked_keys([row(i, "completed") for i in ids], split, records)
+    assert report.violations == []
+    assert report.summary["keys"]["max_running_by_key"] == {"bulk/tenant-a": 2, "bulk/tenant-b": 1}
+    handed_on = [*run("k1", 1, 0, 2, "ok"), *run("k2", 1, 1, 5, "ok"), *run("k3", 1, 2, 3, "ok")]
+    report = checked_keys([row(i, "completed") for i in ids], keyed_acks(*ids), handed_on)
+    assert report.violations == []
+    # Key-less jobs are not limited.
+    report = checked_keys([row(i, "completed") for i in ids], acks(*ids), records)
+    assert report.violations == [] and report.summary["keys"]["keyed_jobs"] == 0
+
+
+def test_a_killed_holder_counts_against_its_key_until_its_lease_ran_out() -> None:
+    ids = ["k1", "k2", "k3"]
+    kill = Fault("kill_worker", "worker-0", T0 + 1, T0 + 2, T0 + 3, killed_pids=(100,))
+    rows = [
+        row("k1", "completed", attempts=2, token=2),
+        row("k2", "completed"),
+        row("k3", "completed"),
+    ]
+    # k1's holder (pid 100) was killed at 1 s: its lease held until 1 + 8 - 8/3 s at least.
+    after_expiry = [
+        *run("k1", 1, 0, None, None),
+        *run("k1", 2, 10, 11, "ok", pid=200),
+        *run("k2", 1, 2, 12, "ok", pid=200),
+        *run("k3", 1, 8, 9, "ok", pid=200),
+    ]
+    report = checked_keys(rows, keyed_acks(*ids), after_expiry, [kill])
+    assert not [v for v in report.violations if "key tenant-a" in v]
+    within_lease = [
+        *run("k1", 1, 0, None, None),
+        *run("k1", 2, 10, 11, "ok", pid=200),
+        *run("k2", 1, 2, 12, "ok", pid=200),
+        *run("k3", 1, 5, 6, "ok", pid=200),
+    ]
+    report = checked_keys(rows, keyed_acks(*ids), within_lease, [kill])
+    assert any("3 attempts ran at once" in v and "k1 lease 1" in v for v in report.violations)
