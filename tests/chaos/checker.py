@@ -45,6 +45,8 @@ The guarantees checked:
   included) while the phase went on, and both releases acknowledged and ran jobs;
 - no more than the workers' KEY_CONCURRENCY of one (queue, key) ran at once
   (`tests.chaos.check_keys`);
+- queue pauses (`tests.chaos.check_admin`): no attempt of a paused queue starts a second
+  after the pause's answer;
 - a held MVCC horizon (`tests.chaos.horizon`) was held: pg_stat_activity showed its idle
   transaction's xid and its repeatable-read reader's xmin, both at once for a while. It
   touches no process of the system, so it explains no lost lease.
@@ -60,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
+from tests.chaos.check_admin import check_pauses
 from tests.chaos.check_cancels import CANCEL_MARGIN, check_cancels
 from tests.chaos.check_keys import check_key_concurrency
 from tests.chaos.check_retention import accounted_as_pruned, check_pruned
@@ -72,6 +75,7 @@ from tests.chaos.evidence import (
     Fault,
     JobRow,
     Pruned,
+    QueuePause,
     Rollout,
     ServerError,
     Write,
@@ -130,11 +134,13 @@ def check(
     rollout: Rollout | None = None,
     server_errors: Sequence[ServerError] = (),
     key_limit: int = 0,
+    pauses: Sequence[QueuePause] = (),
 ) -> Report:
     """Every invariant over one run; see the module docstring. `retention`: the age in
     seconds at which each finished status is deleted (missing or 0: kept). `rollout`: the
     rollout phase's record, if it had one; `server_errors`: every 5xx the client got;
-    `key_limit`: the workers' KEY_CONCURRENCY per (queue, key) (0: none)."""
+    `key_limit`: the workers' KEY_CONCURRENCY per (queue, key) (0: none); `pauses`: the
+    operator's queue pauses (`tests.chaos.admin`)."""
     report = Report()
     bad = report.violations
     entries = list(log_entries)
@@ -171,6 +177,7 @@ def check(
     cancelled = check_cancels(
         cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad
     )
+    paused_queues = check_pauses(pauses, by_id, per_job, hits, bad)
     holds = _check_holds(faults, bad)
     keys = (
         check_key_concurrency(acks, per_job, logged, hits, lease_duration, key_limit, bad)
@@ -224,6 +231,7 @@ def check(
         "claims_without_execution_record": _token_gaps(finals, per_job),
         "cancels": cancelled,
         "keys": keys,
+        "pauses": paused_queues,
         "retention": {
             **retained,
             "acknowledged_pruned": sum(j in acked and j not in live for j in gone),

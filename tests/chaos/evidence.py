@@ -105,6 +105,18 @@ class CancelRequest:
 
 
 @dataclass(frozen=True)
+class QueuePause:
+    """One pause of a queue (`POST /queues/{queue}/pause`) and its resume, as the operator
+    (`tests.chaos.admin`) asked them: sent, and answered 200."""
+
+    queue: str
+    paused_sent_at: float
+    paused_at: float  # the pause's 200 answer
+    resume_sent_at: float  # the resume's first request: the queue may serve again from then
+    resumed_at: float | None  # its 200 answer; None: never got one
+
+
+@dataclass(frozen=True)
 class Hold:
     """The MVCC horizon held back while the faults went on (`tests.chaos.horizon`): an idle
     transaction with an xid and a repeatable-read reader, as pg_stat_activity showed them."""

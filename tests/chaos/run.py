@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos import audit, faults, horizon, rollout
+from tests.chaos.admin import Operator
 from tests.chaos.checker import Report, check
 from tests.chaos.evidence import Fault, JobRow, Rollout
 from tests.chaos.load import Load
@@ -83,6 +84,7 @@ def run_chaos(
     rolled: Rollout | None = None
     load: Load | None = None
     held: faults.HeldHorizon | None = None
+    operator: Operator | None = None
     problems: list[str] = []
     try:
         system.start()
@@ -113,7 +115,12 @@ def run_chaos(
         if held_for is not None:
             held = faults.HeldHorizon(chaos, *held_for)
             held.start()
+        current = load
+        operator = Operator(lambda: current.api_urls, duration, log)
+        operator.start()
         faults.run_schedule(chaos, list(kinds), until=time.time() + duration, gap=gap)
+        operator.finish()
+        problems += operator.failures
         if held is not None:
             fault = held.finish()
             if fault is None:
@@ -156,6 +163,7 @@ def run_chaos(
             rollout=rolled,
             server_errors=load.stats.server_errors,
             key_limit=KEY_LIMIT,
+            pauses=operator.pauses,
         )
         if non_json:
             problems.append(f"{non_json} service log lines were not JSON")
@@ -174,6 +182,8 @@ def run_chaos(
         )
         return report
     finally:
+        if operator is not None:
+            operator.close()
         if held is not None:
             held.stop()
         if load is not None:
@@ -315,6 +325,7 @@ def table(report: Report) -> str:
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
         *_key_lines(s.get("keys")),
+        *_pause_lines(s.get("pauses")),
         *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
@@ -425,6 +436,18 @@ def _key_lines(k: dict[str, Any] | None) -> list[str]:
         f"| keyed jobs (attempts) / most running of one key at once (limit) | "
         f"{k['keyed_jobs']} ({k['keyed_attempts']}) / {k['max_running']} ({k['limit']}) "
         f"{_pairs(k['max_running_by_key'])} |"
+    ]
+
+
+def _pause_lines(p: dict[str, Any] | None) -> list[str]:
+    if not p:
+        return []
+    return [
+        f"| queue pauses (seconds paused) / attempts started within the second / by "
+        f"disturbed workers / first start after resume (p50 / max) | {p['pauses']} "
+        f"({p['paused_seconds']}s) / {p['started_within_the_limit']} / "
+        f"{p['started_by_disturbed_workers']} / "
+        f"{_late(p['first_start_after_resume_seconds'])} |"
     ]
 
 

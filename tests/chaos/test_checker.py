@@ -17,6 +17,7 @@ from tests.chaos.evidence import (
     Hold,
     JobRow,
     Pruned,
+    QueuePause,
     Rollout,
     ServerError,
 )
@@ -1189,3 +1190,37 @@ def test_a_killed_holder_counts_against_its_key_until_its_lease_ran_out() -> Non
     ]
     report = checked_keys(rows, keyed_acks(*ids), within_lease, [kill])
     assert any("3 attempts ran at once" in v and "k1 lease 1" in v for v in report.violations)
+
+
+# --- queue pauses --------------------------------------------------------------------
+
+
+def checked_admin(
+    rows: list[JobRow], records: list[Any], logs: list[Any], faults: Any = (), **kw: Any
+) -> Any:
+    return check(
+        rows, acks(*(r.id for r in rows)), records, logs, list(faults), lease_duration=LEASE, **kw
+    )
+
+
+def test_an_attempt_of_a_paused_queue_started_a_second_after_the_pause_is_a_violation() -> None:
+    # Paused (answered) at 1 s, resumed at 6 s: a start at 1.8 s is a claim made within the
+    # second, one at 4 s broke the pause, one at 6.5 s came after the resume.
+    pause = QueuePause("bulk", T0 + 0.98, T0 + 1.0, T0 + 6.0, T0 + 6.02)
+    rows = [row(i, "completed", queue="bulk") for i in ("a", "b", "c")]
+    records = [*run("a", 1, 1.8, 2, "ok"), *run("b", 1, 4, 4.1, "ok"), *run("c", 1, 6.5, 7, "ok")]
+    report = checked_admin(rows, records, [], pauses=[pause])
+    assert report.violations == [
+        "queue bulk: job b lease 1 started 3.00s after the pause was answered, "
+        "2.00s before the resume was sent"
+    ]
+    summary = report.summary["pauses"]
+    assert summary["pauses"] == 1 and summary["started_within_the_limit"] == 1
+    assert summary["first_start_after_resume_seconds"] == {"p50": 0.5, "max": 0.5}
+    # Another queue is not paused; a worker a fault cut off meanwhile may not have heard.
+    other = [row(i, "completed", queue="default") for i in ("a", "b", "c")]
+    assert checked_admin(other, records, [], pauses=[pause]).violations == []
+    cut = Fault("proxy_blackhole", "worker-0", T0 + 2, T0 + 3, T0 + 5, partitioned_pids=(100,))
+    report = checked_admin(rows, records, [], [cut], pauses=[pause])
+    assert report.violations == []
+    assert report.summary["pauses"]["started_by_disturbed_workers"] == 1
