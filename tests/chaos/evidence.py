@@ -117,6 +117,32 @@ class QueuePause:
 
 
 @dataclass(frozen=True)
+class BulkAction:
+    """One `POST /jobs/cancel` or `POST /jobs/retry` with a filter, and its 200 answer (a
+    request sent again after no answer or a 503 is one of its own: it may have applied)."""
+
+    action: str  # cancel | retry
+    filter: Mapping[str, Any]
+    sent_at: float
+    answered_at: float | None = None
+    status_code: int | None = None
+    answer: Mapping[str, Any] = field(default_factory=dict)
+
+    def matches(self, job_id: str, job_type: str, queue: str, status: str | None = None) -> bool:
+        """Whether the filter selects the job (its status as given, if any)."""
+        f = self.filter
+        statuses = f.get("status")
+        if isinstance(statuses, str):
+            statuses = statuses.split(",")
+        return (
+            ("ids" not in f or job_id in f["ids"])
+            and ("type" not in f or f["type"] == job_type)
+            and ("queue" not in f or f["queue"] == queue)
+            and (statuses is None or status is None or status in statuses)
+        )
+
+
+@dataclass(frozen=True)
 class Hold:
     """The MVCC horizon held back while the faults went on (`tests.chaos.horizon`): an idle
     transaction with an xid and a repeatable-read reader, as pg_stat_activity showed them."""

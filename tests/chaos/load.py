@@ -52,6 +52,7 @@ MIX: list[tuple[str, int]] = [
     ("flaky", 12),
     ("permanent", 5),
     ("long", 3),
+    ("bulk", 4),
 ]
 # Long jobs run 2-3 leases, under a timeout of their own (JOB_TIMEOUT is much shorter).
 LONG_SECONDS = (2 * LEASE_SECONDS, 3 * LEASE_SECONDS)
@@ -129,6 +130,9 @@ def job_body(kind: str, rng: random.Random) -> dict[str, Any]:
         return {"type": "chaos-long", "payload": {"seconds": seconds}, "timeout": LONG_TIMEOUT}
     if kind == "flaky":
         return {"type": "chaos-flaky", "payload": {"fail_times": rng.randint(1, 2)}}
+    if kind == "bulk":
+        # The type the operator cancels in bulk (tests.chaos.admin).
+        return {"type": "chaos-bulk", "payload": {"seconds": round(rng.uniform(0.2, 1.5), 2)}}
     if kind == "permanent":
         return {"type": "chaos-permanent", "payload": {}}
     raise ValueError(kind)
@@ -146,6 +150,8 @@ class LoadStats:
     # Every answer of 500 or more (503 included), submissions and cancels, by API and time:
     # retried, but none is allowed while the rollout phase goes on (tests.chaos.rollout).
     server_errors: list[ServerError] = field(default_factory=list)
+    # Acknowledged jobs a bulk retry of dead letters may name (tests.chaos.admin).
+    retryable: list[str] = field(default_factory=list)
 
 
 class Load:
@@ -255,6 +261,7 @@ class Load:
             weights = [w for _, w in MIX]
             short_weights = [0 if k == "long" else w for k, w in MIX]
             bodies: list[tuple[dict[str, Any], Schedule, Plan]] = []
+            retryable: list[bool] = []  # dead-lettered by design, and not cancelled one by one
             made: Counter[str] = Counter()
             for i in range(self.jobs):
                 mix = weights if i < self.jobs * LONG_UNTIL else short_weights
@@ -264,6 +271,7 @@ class Load:
                 made[kind] += 1
                 body = keyed(body, self.key_rng)
                 bodies.append((body, schedule, cancel if self.cancels else None))
+                retryable.append(kind == "slow-past-lease" and bodies[-1][2] is None)
             queue: asyncio.Queue[tuple[int, tuple[dict[str, Any], Schedule, Plan]]]
             queue = asyncio.Queue()
             for item in enumerate(bodies):
@@ -277,6 +285,8 @@ class Load:
                     due = started + self.spread * i / max(1, self.jobs)
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
                     job_id = await self._submit_one(body, schedule)
+                    if job_id is not None and retryable[i]:
+                        self.stats.retryable.append(job_id)
                     if job_id is not None and cancel is not None:
                         ask = self.canceller.cancel(job_id, *cancel)
                         cancels.append(asyncio.create_task(ask))

@@ -116,7 +116,9 @@ def run_chaos(
             held = faults.HeldHorizon(chaos, *held_for)
             held.start()
         current = load
-        operator = Operator(lambda: current.api_urls, duration, log)
+        operator = Operator(
+            lambda: current.api_urls, lambda: list(current.stats.retryable), duration, log
+        )
         operator.start()
         faults.run_schedule(chaos, list(kinds), until=time.time() + duration, gap=gap)
         operator.finish()
@@ -164,6 +166,7 @@ def run_chaos(
             server_errors=load.stats.server_errors,
             key_limit=KEY_LIMIT,
             pauses=operator.pauses,
+            bulk=operator.actions,
         )
         if non_json:
             problems.append(f"{non_json} service log lines were not JSON")
@@ -325,7 +328,7 @@ def table(report: Report) -> str:
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
         *_key_lines(s.get("keys")),
-        *_pause_lines(s.get("pauses")),
+        *_admin_lines(s.get("pauses"), s.get("bulk")),
         *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
@@ -439,16 +442,25 @@ def _key_lines(k: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def _pause_lines(p: dict[str, Any] | None) -> list[str]:
-    if not p:
-        return []
-    return [
-        f"| queue pauses (seconds paused) / attempts started within the second / by "
-        f"disturbed workers / first start after resume (p50 / max) | {p['pauses']} "
-        f"({p['paused_seconds']}s) / {p['started_within_the_limit']} / "
-        f"{p['started_by_disturbed_workers']} / "
-        f"{_late(p['first_start_after_resume_seconds'])} |"
-    ]
+def _admin_lines(p: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    lines = []
+    if p:
+        lines.append(
+            f"| queue pauses (seconds paused) / attempts started within the second / by "
+            f"disturbed workers / first start after resume (p50 / max) | {p['pauses']} "
+            f"({p['paused_seconds']}s) / {p['started_within_the_limit']} / "
+            f"{p['started_by_disturbed_workers']} / "
+            f"{_late(p['first_start_after_resume_seconds'])} |"
+        )
+    if b:
+        lines.append(
+            f"| bulk cancels (requests): cancelled at once / cancel requested; jobs of the type "
+            f"ended cancelled / of / bulk retries (requests): retried | {b['cancel_requests']}: "
+            f"{b['cancelled_at_once']} / {b['cancel_requested']}; "
+            f"{b['bulk_type_ended_cancelled']} / {b['bulk_type_jobs']} / "
+            f"{b['retry_requests']}: {b['retried']} |"
+        )
+    return lines
 
 
 def _retention_lines(r: dict[str, Any]) -> list[str]:

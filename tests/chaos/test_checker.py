@@ -12,6 +12,7 @@ from tests.chaos.evidence import (
     LISTENERS,
     ROWS,
     Ack,
+    BulkAction,
     CancelRequest,
     Fault,
     Hold,
@@ -1192,7 +1193,7 @@ def test_a_killed_holder_counts_against_its_key_until_its_lease_ran_out() -> Non
     assert any("3 attempts ran at once" in v and "k1 lease 1" in v for v in report.violations)
 
 
-# --- queue pauses --------------------------------------------------------------------
+# --- queue pauses and bulk actions ----------------------------------------------------
 
 
 def checked_admin(
@@ -1224,3 +1225,67 @@ def test_an_attempt_of_a_paused_queue_started_a_second_after_the_pause_is_a_viol
     report = checked_admin(rows, records, [], [cut], pauses=[pause])
     assert report.violations == []
     assert report.summary["pauses"]["started_by_disturbed_workers"] == 1
+
+
+def bulk_cancel(sent: float, cancelled: int = 1, **filter_: Any) -> BulkAction:
+    answer = {"cancelled": cancelled, "cancel_requested": 0, "more": False}
+    return BulkAction("cancel", filter_, T0 + sent, T0 + sent + 0.02, 200, answer)
+
+
+def test_a_bulk_cancelled_job_that_starts_again_is_a_violation() -> None:
+    rows = [row("x", "cancelled", type="chaos-bulk", finished_at=ended(2.01))]
+    again = run("x", 1, 3, 3.5, "ok")
+    report = checked_admin(rows, again, [], bulk=[bulk_cancel(2.0, type="chaos-bulk")])
+    assert report.violations == ["job x: lease 1 started 0.99s after the job was cancelled"]
+    # Before its cancel it may have run, and failed; and a holder paused since its claim
+    # may log its start late.
+    before = run("x", 1, 1, 1.5, "error")
+    assert (
+        checked_admin(rows, before, [], bulk=[bulk_cancel(2.0, type="chaos-bulk")]).violations == []
+    )
+    report = checked_admin(
+        rows, again, [], [paused(100)], bulk=[bulk_cancel(2.0, type="chaos-bulk")]
+    )
+    assert report.violations == []
+    assert report.summary["bulk"]["stale_starts_after_cancel"] == 1
+
+
+def test_a_job_cancelled_with_no_cancel_matching_it_or_also_completed_is_a_violation() -> None:
+    rows = [row("x", "cancelled", type="chaos-bulk", finished_at=ended(2.01))]
+    # A bulk cancel of another type (or queue) did not ask for it.
+    report = checked_admin(rows, [], [], bulk=[bulk_cancel(2.0, cancelled=0, type="chaos-fast")])
+    assert "job x ended cancelled, but no cancel was asked before it finished" in report.violations
+    report = checked_admin(rows, [], [], bulk=[bulk_cancel(2.0, queue="default")])
+    assert report.violations == []
+    # Both a cancelled and a completed outcome applied for one job.
+    done = [row("y", "completed", type="chaos-bulk", token=2, attempts=2)]
+    records = [*run("y", 1, 0, 1, "cancelled"), *run("y", 2, 3, 4, "ok")]
+    logs = [finished("y", 1, 1.1, "cancelled"), finished("y", 2, 4.1, "completed")]
+    report = checked_admin(
+        done, records, logs, bulk=[bulk_cancel(0.5, cancelled=0, type="chaos-bulk")]
+    )
+    assert "job y was both cancelled and completed" in report.violations
+    # More jobs answered cancelled than ended so.
+    report = checked_admin(rows, [], [], bulk=[bulk_cancel(2.0, cancelled=3, type="chaos-bulk")])
+    assert any("answered 3 jobs cancelled, but only 1" in v for v in report.violations)
+
+
+def test_a_dead_letter_runs_again_only_after_a_bulk_retry_naming_it() -> None:
+    rows = [row("d", "dead_letter", attempts=1, token=2, max_attempts=1)]
+    records = [*run("d", 1, 0, 1, "error"), *run("d", 2, 5, 6, "error")]
+    records[-2]["attempt"] = records[-1]["attempt"] = 1  # a fresh budget: attempt 1 again
+    logs = [finished("d", 1, 1.1, "dead_letter"), finished("d", 2, 6.1, "dead_letter")]
+    unexplained = checked_admin(rows, records, logs)
+    assert any(
+        "ran again (lease 2) after lease 1 wrote dead_letter" in v for v in unexplained.violations
+    )
+    retry = BulkAction(
+        "retry", {"ids": ["d"], "status": "dead_letter"}, T0 + 4, T0 + 4.02, 200, {"retried": 1}
+    )
+    report = checked_admin(rows, records, logs, bulk=[retry])
+    assert report.violations == []
+    assert report.summary["duplicate_causes"] == {"bulk retry": 1}
+    assert report.summary["bulk"]["retried"] == 1
+    # A retry sent only after the re-run explains nothing.
+    late = BulkAction("retry", {"ids": ["d"], "status": "dead_letter"}, T0 + 5.5)
+    assert checked_admin(rows, records, logs, bulk=[late]).violations != []
