@@ -107,6 +107,8 @@ CUT_MODE = "listener_cut"
 RECONNECT_LIMIT = 30.0
 # The faults that lock job rows.
 LOCK_KINDS = ("lock_rows", "lock_enqueue")
+# The cause of a dead letter's re-run after an operator's bulk retry named it.
+BULK_RETRY = "bulk retry"
 # What a worker logs when a renewal skipped a job whose row another transaction held.
 NOT_RENEWED = "lease not renewed"
 
@@ -201,7 +203,7 @@ def check(
 
     acked = {a.job_id for a in acks}
     statuses = Counter(row.status for row in finals if row.id in acked)
-    duplicates = {cause: n for cause, n in causes.items() if cause != "retry"}
+    duplicates = {cause: n for cause, n in causes.items() if cause not in ("retry", BULK_RETRY)}
     report.summary = {
         "jobs_submitted": len(acked),
         "completed": statuses["completed"],
@@ -216,6 +218,7 @@ def check(
         "jobs_by_queue": dict(sorted(Counter(row.queue for row in finals).items())),
         "executions": len(execs),
         "retries": causes.get("retry", 0),
+        "runs_after_a_bulk_retry": causes.get(BULK_RETRY, 0),
         "duplicate_executions": sum(duplicates.values()),
         "duplicate_causes": dict(sorted(duplicates.items())),
         "duplicates_after_success": after_success,
@@ -448,7 +451,7 @@ def _explain_reruns(
             elif (
                 w is not None and w.applied and w.outcome in AT_REST and _retried_before(retried, b)
             ):
-                cause = "bulk retry"
+                cause = BULK_RETRY
             elif a.pid in killed and (w is None or w.outcome is None):
                 cause = "crash"
             elif a.pid in paused:

@@ -328,7 +328,7 @@ def table(report: Report) -> str:
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
         *_key_lines(s.get("keys")),
-        *_admin_lines(s.get("pauses"), s.get("bulk")),
+        *_admin_lines(s.get("pauses"), s.get("bulk"), s.get("runs_after_a_bulk_retry", 0)),
         *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
@@ -442,7 +442,7 @@ def _key_lines(k: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def _admin_lines(p: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+def _admin_lines(p: dict[str, Any] | None, b: dict[str, Any] | None, reruns: int) -> list[str]:
     lines = []
     if p:
         lines.append(
@@ -458,7 +458,8 @@ def _admin_lines(p: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str
             f"ended cancelled / of / bulk retries (requests): retried | {b['cancel_requests']}: "
             f"{b['cancelled_at_once']} / {b['cancel_requested']}; "
             f"{b['bulk_type_ended_cancelled']} / {b['bulk_type_jobs']} / "
-            f"{b['retry_requests']}: {b['retried']} |"
+            f"{b['retry_requests']}: {b['retried']} (runs after them: "
+            f"{reruns}) |"
         )
     return lines
 

@@ -1284,7 +1284,8 @@ def test_a_dead_letter_runs_again_only_after_a_bulk_retry_naming_it() -> None:
     )
     report = checked_admin(rows, records, logs, bulk=[retry])
     assert report.violations == []
-    assert report.summary["duplicate_causes"] == {"bulk retry": 1}
+    assert report.summary["duplicate_causes"] == {}
+    assert report.summary["runs_after_a_bulk_retry"] == 1
     assert report.summary["bulk"]["retried"] == 1
     # A retry sent only after the re-run explains nothing.
     late = BulkAction("retry", {"ids": ["d"], "status": "dead_letter"}, T0 + 5.5)
