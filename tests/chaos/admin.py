@@ -70,7 +70,10 @@ class Operator:
             self.failures.append("operator: its schedule did not finish")
             self._stop.set()
             return
-        self._bulk("retry")
+        try:
+            self._bulk("retry")
+        except Exception as exc:  # as in the schedule
+            self.failures.append(f"operator: {exc!r}")
 
     def close(self) -> None:
         self._stop.set()
