@@ -18,7 +18,8 @@ row (in the table, or as retention deleted it).
   returned (or raised PermanentError) to an undisturbed holder has its outcome stand;
 - 409 (finished already): the job ends `completed`, `failed` or `cancelled`;
 - 404: only once retention has deleted the job;
-- a job that ended `cancelled` was asked to be before it finished, and no `completed`,
+- a job that ended `cancelled` was asked to be before it finished (by a request of its own,
+  or a bulk cancel whose filter matches it), and no `completed`,
   `failed` or `dead_letter` write was applied for it.
 
 "No claim after the cancel" is read from attempt numbers: a 200 or 202 answer carries the
@@ -36,6 +37,7 @@ from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
 from tests.chaos.evidence import (
+    BulkAction,
     CancelRequest,
     Disturbance,
     Execution,
@@ -62,8 +64,10 @@ def check_cancels(
     pruned_at: Mapping[str, float],
     lease: float,
     bad: list[str],
+    bulk: Sequence[BulkAction] = (),
 ) -> dict[str, Any]:
-    """Every rule above; the cancels' summary."""
+    """Every rule above; the cancels' summary. `bulk`: the bulk actions, whose cancels
+    count as asked of every job their filter matches."""
     asked: dict[str, list[CancelRequest]] = defaultdict(list)
     for r in sorted(cancels, key=lambda r: r.sent_at):
         asked[r.job_id].append(r)
@@ -95,7 +99,12 @@ def check_cancels(
         written[w.job_id].append(w)
     for job_id, final in finals.items():
         if final.status == "cancelled":
-            _ended_cancelled(final, asked.get(job_id, []), written.get(job_id, []), bad)
+            times = [r.sent_at for r in asked.get(job_id, [])] + [
+                a.sent_at
+                for a in bulk
+                if a.action == "cancel" and a.matches(job_id, final.type, final.queue)
+            ]
+            _ended_cancelled(final, times, written.get(job_id, []), bad)
 
     answers = Counter(_answer(requests) for requests in asked.values())
     return {
@@ -234,12 +243,12 @@ def _holder_stopped(
 
 
 def _ended_cancelled(
-    final: JobRow, requests: Sequence[CancelRequest], written: Sequence[Write], bad: list[str]
+    final: JobRow, asked_at: Sequence[float], written: Sequence[Write], bad: list[str]
 ) -> None:
     """A job that ended cancelled was asked to be first, and nothing else was recorded as
     its outcome."""
     before = final.finished_at if final.finished_at is not None else float("inf")
-    if not any(r.sent_at <= before + CLOCK_MARGIN for r in requests):
+    if not any(at <= before + CLOCK_MARGIN for at in asked_at):
         bad.append(f"job {final.id} ended cancelled, but no cancel was asked before it finished")
     for w in written:
         if w.applied and w.outcome in RACE_WINNERS:

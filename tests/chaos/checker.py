@@ -43,6 +43,10 @@ The guarantees checked:
   succeeded and reached its newest revision, no service turned unready while it
   should serve, every old service exited 0 on SIGTERM, no API answered 5xx (503
   included) while the phase went on, and both releases acknowledged and ran jobs;
+- no more than the workers' KEY_CONCURRENCY of one (queue, key) ran at once
+  (`tests.chaos.check_keys`);
+- queue pauses and bulk cancels and retries (`tests.chaos.check_admin`): no attempt of a
+  paused queue starts a second after the pause's answer; no cancelled job starts again;
 - a held MVCC horizon (`tests.chaos.horizon`) was held: pg_stat_activity showed its idle
   transaction's xid and its repeatable-read reader's xmin, both at once for a while. It
   touches no process of the system, so it explains no lost lease.
@@ -58,17 +62,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
+from tests.chaos.check_admin import check_bulk, check_pauses, retries_of
 from tests.chaos.check_cancels import CANCEL_MARGIN, check_cancels
+from tests.chaos.check_keys import check_key_concurrency
 from tests.chaos.check_retention import accounted_as_pruned, check_pruned
 from tests.chaos.evidence import (
     HELD_HORIZON,
     Ack,
+    BulkAction,
     CancelRequest,
     Disturbance,
     Execution,
     Fault,
     JobRow,
     Pruned,
+    QueuePause,
     Rollout,
     ServerError,
     Write,
@@ -76,6 +84,7 @@ from tests.chaos.evidence import (
     cancel_paths,
     disturbances,
     executions,
+    lease_valid_until,
     pruned_logged,
     writes,
 )
@@ -98,6 +107,8 @@ CUT_MODE = "listener_cut"
 RECONNECT_LIMIT = 30.0
 # The faults that lock job rows.
 LOCK_KINDS = ("lock_rows", "lock_enqueue")
+# The cause of a dead letter's re-run after an operator's bulk retry named it.
+BULK_RETRY = "bulk retry"
 # What a worker logs when a renewal skipped a job whose row another transaction held.
 NOT_RENEWED = "lease not renewed"
 
@@ -125,10 +136,15 @@ def check(
     retention: Mapping[str, float] | None = None,
     rollout: Rollout | None = None,
     server_errors: Sequence[ServerError] = (),
+    key_limit: int = 0,
+    pauses: Sequence[QueuePause] = (),
+    bulk: Sequence[BulkAction] = (),
 ) -> Report:
     """Every invariant over one run; see the module docstring. `retention`: the age in
     seconds at which each finished status is deleted (missing or 0: kept). `rollout`: the
-    rollout phase's record, if it had one; `server_errors`: every 5xx the client got."""
+    rollout phase's record, if it had one; `server_errors`: every 5xx the client got;
+    `key_limit`: the workers' KEY_CONCURRENCY per (queue, key) (0: none); `pauses`, `bulk`:
+    the operator's queue pauses and bulk actions (`tests.chaos.admin`)."""
     report = Report()
     bad = report.violations
     entries = list(log_entries)
@@ -154,18 +170,28 @@ def check(
     never_ran = _check_never_ran(by_id, acks, per_job, bad)
     early, lateness = _check_not_early(acks, per_job, bad)
     _check_rows(finals, bad)
-    stale = _check_stale_writes(per_job, logged, by_id, bad)
+    retried = retries_of(bulk)
+    stale = _check_stale_writes(per_job, logged, by_id, retried, bad)
     _check_overlaps(per_job, logged, hits, lease_duration, tolerance, bad)
-    causes, after_success = _explain_reruns(per_job, logged, killed, paused, hits, bad)
+    causes, after_success = _explain_reruns(per_job, logged, killed, paused, hits, retried, bad)
     undisturbed_losses = _check_lost_leases(per_job, logged, hits, bad)
     stopped = _check_resumed_holders(per_job, logged, faults, lease_duration, bad)
     _check_attempts(finals, execs, bad)
     _check_final_lease(finals, execs, bad)
     pruned_at = {job_id: p.pruned_at for job_id, p in gone.items()}
     cancelled = check_cancels(
-        cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad
+        cancels, by_id, per_job, logged, hits, killed, pruned_at, lease_duration, bad, bulk
+    )
+    paused_queues = check_pauses(pauses, by_id, per_job, hits, bad)
+    bulk_actions = check_bulk(
+        bulk, by_id, per_job, logged, hits, lease_duration, {r.job_id for r in cancels}, bad
     )
     holds = _check_holds(faults, bad)
+    keys = (
+        check_key_concurrency(acks, per_job, logged, hits, lease_duration, key_limit, bad)
+        if key_limit
+        else None
+    )
     cuts = _check_listener_cuts(
         faults, cancels, per_job, logged, cancel_paths(entries), lease_duration, bad
     )
@@ -177,7 +203,7 @@ def check(
 
     acked = {a.job_id for a in acks}
     statuses = Counter(row.status for row in finals if row.id in acked)
-    duplicates = {cause: n for cause, n in causes.items() if cause != "retry"}
+    duplicates = {cause: n for cause, n in causes.items() if cause not in ("retry", BULK_RETRY)}
     report.summary = {
         "jobs_submitted": len(acked),
         "completed": statuses["completed"],
@@ -192,6 +218,7 @@ def check(
         "jobs_by_queue": dict(sorted(Counter(row.queue for row in finals).items())),
         "executions": len(execs),
         "retries": causes.get("retry", 0),
+        "runs_after_a_bulk_retry": causes.get(BULK_RETRY, 0),
         "duplicate_executions": sum(duplicates.values()),
         "duplicate_causes": dict(sorted(duplicates.items())),
         "duplicates_after_success": after_success,
@@ -212,6 +239,9 @@ def check(
         "long_jobs": _long_jobs(finals, per_job, logged),
         "claims_without_execution_record": _token_gaps(finals, per_job),
         "cancels": cancelled,
+        "keys": keys,
+        "pauses": paused_queues,
+        "bulk": bulk_actions,
         "retention": {
             **retained,
             "acknowledged_pruned": sum(j in acked and j not in live for j in gone),
@@ -321,6 +351,7 @@ def _check_stale_writes(
     per_job: Mapping[str, list[Execution]],
     logged: Mapping[tuple[str, int], Write],
     by_id: Mapping[str, JobRow],
+    retried: Mapping[str, list[float]],
     bad: list[str],
 ) -> dict[str, int]:
     """Applied writes made after a newer claim started are violations; count the rejected ones.
@@ -343,7 +374,7 @@ def _check_stale_writes(
                     f"stale write applied: job {job_id} lease {token} wrote {w.outcome} after "
                     f"lease {early[0].lease_token} had claimed it"
                 )
-            elif w.outcome in AT_REST and newer:
+            elif w.outcome in AT_REST and newer and not _retried_before(retried, newer[0]):
                 bad.append(
                     f"job {job_id} ran again (lease {newer[0].lease_token}) after lease {token} "
                     f"wrote {w.outcome}"
@@ -357,6 +388,11 @@ def _check_stale_writes(
             ):
                 by_token += 1
     return {"rejected": rejected, "by_token": by_token, "applied": applied}
+
+
+def _retried_before(retried: Mapping[str, list[float]], e: Execution) -> bool:
+    """Whether a bulk retry naming `e`'s job was sent before `e` started."""
+    return any(at <= e.start for at in retried.get(e.job_id, ()))
 
 
 def _wrote_at(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float:
@@ -389,29 +425,13 @@ def _check_overlaps(
                     )
 
 
-def lease_valid_until(
-    a: Execution, end: float | None, hits: Sequence[Disturbance], lease: float
-) -> float:
-    """Until when execution `a` surely held a valid lease.
-
-    Its holder renews the lease every lease / RENEWALS_PER_LEASE while it runs, so an
-    undisturbed holder keeps it until its attempt ends. A fault that stopped the holder or
-    cut it off from the database stops the renewals: the last one may have come up to a
-    renewal interval before the fault, so the lease is sure only until then plus the lease.
-    """
-    valid = end if end is not None else float("inf")
-    for d in hits:
-        if d.hits(a.pid, a.start, valid, a.job_id):
-            valid = min(valid, max(a.start, d.since) + lease - lease / RENEWALS_PER_LEASE)
-    return valid
-
-
 def _explain_reruns(
     per_job: Mapping[str, list[Execution]],
     logged: Mapping[tuple[str, int], Write],
     killed: set[int],
     paused: set[int],
     hits: Sequence[Disturbance],
+    retried: Mapping[str, list[float]],
     bad: list[str],
 ) -> tuple[Counter[str], int]:
     """Why each execution after a job's first one happened; unexplained ones are violations.
@@ -428,6 +448,10 @@ def _explain_reruns(
                 cause = "retry"
             elif w is not None and w.applied and w.outcome == "released":
                 cause = "shutdown release"
+            elif (
+                w is not None and w.applied and w.outcome in AT_REST and _retried_before(retried, b)
+            ):
+                cause = BULK_RETRY
             elif a.pid in killed and (w is None or w.outcome is None):
                 cause = "crash"
             elif a.pid in paused:

@@ -9,10 +9,12 @@ outlived its attempt), parsed into the records the checks work on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
 
 # Worker log lines saying an attempt was recorded while its handler ran on (a thread that
 # cannot be stopped, a task that ignored its cancellation): the attempt, and the hold of
@@ -69,6 +71,8 @@ class Ack:
     scheduled: bool = False  # sent with a run_at or delay in the future
     api: str = ""  # the base URL that answered
     answered_at: float | None = None
+    queue: str = "default"  # as the client sent it
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,44 @@ class CancelRequest:
         """A definitive answer: cancelled (200), asked of the holder (202), refused (409) or
         not found (404). A 503 or no answer leaves it unknown whether the cancel applied."""
         return self.status_code in (200, 202, 404, 409)
+
+
+@dataclass(frozen=True)
+class QueuePause:
+    """One pause of a queue (`POST /queues/{queue}/pause`) and its resume, as the operator
+    (`tests.chaos.admin`) asked them: sent, and answered 200."""
+
+    queue: str
+    paused_sent_at: float
+    paused_at: float  # the pause's 200 answer
+    resume_sent_at: float  # the resume's first request: the queue may serve again from then
+    resumed_at: float | None  # its 200 answer; None: never got one
+
+
+@dataclass(frozen=True)
+class BulkAction:
+    """One `POST /jobs/cancel` or `POST /jobs/retry` with a filter, and its 200 answer (a
+    request sent again after no answer or a 503 is one of its own: it may have applied)."""
+
+    action: str  # cancel | retry
+    filter: Mapping[str, Any]
+    sent_at: float
+    answered_at: float | None = None
+    status_code: int | None = None
+    answer: Mapping[str, Any] = field(default_factory=dict)
+
+    def matches(self, job_id: str, job_type: str, queue: str, status: str | None = None) -> bool:
+        """Whether the filter selects the job (its status as given, if any)."""
+        f = self.filter
+        statuses = f.get("status")
+        if isinstance(statuses, str):
+            statuses = statuses.split(",")
+        return (
+            ("ids" not in f or job_id in f["ids"])
+            and ("type" not in f or f["type"] == job_type)
+            and ("queue" not in f or f["queue"] == queue)
+            and (statuses is None or status is None or status in statuses)
+        )
 
 
 @dataclass(frozen=True)
@@ -347,3 +389,20 @@ def attempt_end(e: Execution, logged: Mapping[tuple[str, int], Write]) -> float 
 def pruned_logged(entries: Iterable[Mapping[str, Any]]) -> int:
     """How many jobs the workers say retention deleted (their `jobs pruned` lines)."""
     return sum(int(e.get("total", 0)) for e in entries if e.get("msg") == "jobs pruned")
+
+
+def lease_valid_until(
+    a: Execution, end: float | None, hits: Sequence[Disturbance], lease: float
+) -> float:
+    """Until when execution `a` surely held a valid lease.
+
+    Its holder renews the lease every lease / RENEWALS_PER_LEASE while it runs, so an
+    undisturbed holder keeps it until its attempt ends. A fault that stopped the holder or
+    cut it off from the database stops the renewals: the last one may have come up to a
+    renewal interval before the fault, so the lease is sure only until then plus the lease.
+    """
+    valid = end if end is not None else float("inf")
+    for d in hits:
+        if d.hits(a.pid, a.start, valid, a.job_id):
+            valid = min(valid, max(a.start, d.since) + lease - lease / RENEWALS_PER_LEASE)
+    return valid

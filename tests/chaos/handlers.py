@@ -11,6 +11,7 @@ reads these files together with the database and the services' logs.
                      for some jobs); honours cancellation
     chaos-flaky      raises on its first payload["fail_times"] attempts, then succeeds
     chaos-permanent  raises PermanentError
+    chaos-bulk       sleeps payload["seconds"]; the type the chaos operator cancels in bulk
     chaos-long       sleeps payload["seconds"], several times the lease: its heartbeats
                      must keep the job its holder's until it returns. Attempts after the
                      first sleep payload["later_seconds"] if given (a paused one's re-run
@@ -132,6 +133,11 @@ async def fast(payload: Any, ctx: JobContext) -> None:
 
 @_recorded("chaos-slow")
 async def slow(payload: Any, ctx: JobContext) -> None:
+    await asyncio.sleep(float(payload["seconds"]))
+
+
+@_recorded("chaos-bulk")
+async def bulk(payload: Any, ctx: JobContext) -> None:
     await asyncio.sleep(float(payload["seconds"]))
 
 

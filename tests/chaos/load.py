@@ -52,6 +52,7 @@ MIX: list[tuple[str, int]] = [
     ("flaky", 12),
     ("permanent", 5),
     ("long", 3),
+    ("bulk", 4),
 ]
 # Long jobs run 2-3 leases, under a timeout of their own (JOB_TIMEOUT is much shorter).
 LONG_SECONDS = (2 * LEASE_SECONDS, 3 * LEASE_SECONDS)
@@ -68,6 +69,11 @@ PRIORITY_SHARE = 0.6  # jobs sent with a priority (the others get the default, 0
 SCHEDULED_SHARE = 0.15  # jobs due a few seconds after their submission
 SCHEDULE_AHEAD = (1.0, 5.0)  # seconds
 OFFSETS = [timedelta(0), timedelta(hours=2), timedelta(hours=-5, minutes=-30)]
+# Jobs sent with a concurrency key, one of a handful, so the workers' KEY_CONCURRENCY
+# (tests.chaos.system.KEY_LIMIT) holds some back. The previous release's API knows no key:
+# while it may answer, the key is left out (`Load.open_keys`).
+KEYED_SHARE = 0.25
+KEYS = ["tenant-a", "tenant-b", "tenant-c", "tenant-d"]
 
 # How a job is scheduled: ("run_at", seconds ahead, UTC offset), ("delay", seconds, sent
 # as a Go duration rather than a number?), or None (due at once). Applied when the job is
@@ -87,6 +93,13 @@ def route(body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], Sch
     if rng.random() < 0.5:
         return body, ("run_at", ahead, rng.choice(OFFSETS))
     return body, ("delay", ahead, rng.random() < 0.5)
+
+
+def keyed(body: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Give a job of the mix a concurrency key, for KEYED_SHARE of them."""
+    if rng.random() < KEYED_SHARE:
+        return {**body, "concurrency_key": rng.choice(KEYS)}
+    return body
 
 
 def scheduled(body: dict[str, Any], schedule: Schedule, now: float) -> tuple[dict[str, Any], float]:
@@ -117,6 +130,9 @@ def job_body(kind: str, rng: random.Random) -> dict[str, Any]:
         return {"type": "chaos-long", "payload": {"seconds": seconds}, "timeout": LONG_TIMEOUT}
     if kind == "flaky":
         return {"type": "chaos-flaky", "payload": {"fail_times": rng.randint(1, 2)}}
+    if kind == "bulk":
+        # The type the operator cancels in bulk (tests.chaos.admin).
+        return {"type": "chaos-bulk", "payload": {"seconds": round(rng.uniform(0.2, 1.5), 2)}}
     if kind == "permanent":
         return {"type": "chaos-permanent", "payload": {}}
     raise ValueError(kind)
@@ -134,6 +150,8 @@ class LoadStats:
     # Every answer of 500 or more (503 included), submissions and cancels, by API and time:
     # retried, but none is allowed while the rollout phase goes on (tests.chaos.rollout).
     server_errors: list[ServerError] = field(default_factory=list)
+    # Acknowledged jobs a bulk retry of dead letters may name (tests.chaos.admin).
+    retryable: list[str] = field(default_factory=list)
 
 
 class Load:
@@ -149,6 +167,7 @@ class Load:
         concurrency: int = 8,
         give_up_after: float = 300.0,
         cancels: bool = True,
+        keys: bool = True,
     ) -> None:
         self.api_urls = api_urls
         self.jobs = jobs
@@ -161,6 +180,7 @@ class Load:
         self.cancels = cancels
         # Its own generator: the job mix of a seed stays the same whether or not it cancels.
         self.cancel_rng = random.Random(f"cancels-{seed}")
+        self.key_rng = random.Random(f"keys-{seed}")  # likewise
         self.canceller = Canceller(
             api_urls,
             self._http,
@@ -172,6 +192,9 @@ class Load:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._client: httpx.AsyncClient | None = None
         self._done = threading.Event()
+        self._keys = threading.Event()
+        if keys:
+            self._keys.set()
         self._serial = 0
 
     def start(self) -> None:
@@ -185,6 +208,10 @@ class Load:
         """Submit one more job now (thread-safe); its id once acknowledged, None if never."""
         future = asyncio.run_coroutine_threadsafe(self._submit_one(body), self._loop)
         return future.result(timeout)
+
+    def open_keys(self) -> None:
+        """Send the mix's concurrency keys from now on (thread-safe): every API knows them."""
+        self._keys.set()
 
     def use_apis(self, api_urls: Sequence[str]) -> None:
         """Send every request from now on to these APIs (thread-safe): a load balancer's
@@ -234,6 +261,7 @@ class Load:
             weights = [w for _, w in MIX]
             short_weights = [0 if k == "long" else w for k, w in MIX]
             bodies: list[tuple[dict[str, Any], Schedule, Plan]] = []
+            retryable: list[bool] = []  # dead-lettered by design, and not cancelled one by one
             made: Counter[str] = Counter()
             for i in range(self.jobs):
                 mix = weights if i < self.jobs * LONG_UNTIL else short_weights
@@ -241,7 +269,9 @@ class Load:
                 body, schedule = route(job_body(kind, self.rng), self.rng)
                 cancel = plan(kind, body, schedule is not None, self.cancel_rng, made[kind])
                 made[kind] += 1
+                body = keyed(body, self.key_rng)
                 bodies.append((body, schedule, cancel if self.cancels else None))
+                retryable.append(kind == "slow-past-lease" and bodies[-1][2] is None)
             queue: asyncio.Queue[tuple[int, tuple[dict[str, Any], Schedule, Plan]]]
             queue = asyncio.Queue()
             for item in enumerate(bodies):
@@ -255,6 +285,8 @@ class Load:
                     due = started + self.spread * i / max(1, self.jobs)
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
                     job_id = await self._submit_one(body, schedule)
+                    if job_id is not None and retryable[i]:
+                        self.stats.retryable.append(job_id)
                     if job_id is not None and cancel is not None:
                         ask = self.canceller.cancel(job_id, *cancel)
                         cancels.append(asyncio.create_task(ask))
@@ -274,6 +306,8 @@ class Load:
         client = self._http()
         self._serial += 1
         key = f"{self.run_id}-{self._serial}"
+        if "concurrency_key" in body and not self._keys.is_set():
+            body = {k: v for k, v in body.items() if k != "concurrency_key"}
         # Fixed before the first request: a retry sends the very same body.
         body, earliest = scheduled(body, schedule, time.time())
         give_up = time.monotonic() + self.give_up_after
@@ -312,6 +346,8 @@ class Load:
                         schedule is not None,
                         api=url,
                         answered_at=answered,
+                        queue=body.get("queue", "default"),
+                        concurrency_key=body.get("concurrency_key"),
                     )
                 )
                 return job_id

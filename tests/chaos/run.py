@@ -38,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos import audit, faults, horizon, rollout
+from tests.chaos.admin import Operator
 from tests.chaos.checker import Report, check
 from tests.chaos.evidence import Fault, JobRow, Rollout
 from tests.chaos.load import Load
 from tests.chaos.system import (
     DEFAULT_RETENTION,
+    KEY_LIMIT,
     LEASE_SECONDS,
     System,
     retention_ages,
@@ -82,6 +84,7 @@ def run_chaos(
     rolled: Rollout | None = None
     load: Load | None = None
     held: faults.HeldHorizon | None = None
+    operator: Operator | None = None
     problems: list[str] = []
     try:
         system.start()
@@ -99,10 +102,12 @@ def run_chaos(
             seed=seed,
             run_id=f"chaos-{uuid.uuid4().hex[:8]}",
             cancels=cancels,
+            keys=release is None,
         )
         load.start()
         if release is not None:
             rolled = rollout.run(system, load, log)
+            load.open_keys()
             if wait_until(system.all_ready, START_LIMIT) is None:
                 problems.append("not every service was ready after the rollout")
         chaos = faults.Chaos(system, load, random.Random(seed), log=log)
@@ -110,7 +115,14 @@ def run_chaos(
         if held_for is not None:
             held = faults.HeldHorizon(chaos, *held_for)
             held.start()
+        current = load
+        operator = Operator(
+            lambda: current.api_urls, lambda: list(current.stats.retryable), duration, log
+        )
+        operator.start()
         faults.run_schedule(chaos, list(kinds), until=time.time() + duration, gap=gap)
+        operator.finish()
+        problems += operator.failures
         if held is not None:
             fault = held.finish()
             if fault is None:
@@ -152,6 +164,9 @@ def run_chaos(
             retention=retention_ages(retention),
             rollout=rolled,
             server_errors=load.stats.server_errors,
+            key_limit=KEY_LIMIT,
+            pauses=operator.pauses,
+            bulk=operator.actions,
         )
         if non_json:
             problems.append(f"{non_json} service log lines were not JSON")
@@ -170,6 +185,8 @@ def run_chaos(
         )
         return report
     finally:
+        if operator is not None:
+            operator.close()
         if held is not None:
             held.stop()
         if load is not None:
@@ -310,6 +327,8 @@ def table(report: Report) -> str:
         f"| long jobs (2–3 leases): completed / cancelled / run once / longest execution | "
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
+        *_key_lines(s.get("keys")),
+        *_admin_lines(s.get("pauses"), s.get("bulk"), s.get("runs_after_a_bulk_retry", 0)),
         *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
         f"{_pairs(s['faults_injected'])} |",
@@ -411,6 +430,38 @@ def _cancel_lines(c: dict[str, Any]) -> list[str]:
         f"| running attempts stopped by a cancel, from its request (p50 / max) | "
         f"{_late(c['stop_seconds'])} |",
     ]
+
+
+def _key_lines(k: dict[str, Any] | None) -> list[str]:
+    if not k:
+        return []
+    return [
+        f"| keyed jobs (attempts) / most running of one key at once (limit) | "
+        f"{k['keyed_jobs']} ({k['keyed_attempts']}) / {k['max_running']} ({k['limit']}) "
+        f"{_pairs(k['max_running_by_key'])} |"
+    ]
+
+
+def _admin_lines(p: dict[str, Any] | None, b: dict[str, Any] | None, reruns: int) -> list[str]:
+    lines = []
+    if p:
+        lines.append(
+            f"| queue pauses (seconds paused) / attempts started within the second / by "
+            f"disturbed workers / first start after resume (p50 / max) | {p['pauses']} "
+            f"({p['paused_seconds']}s) / {p['started_within_the_limit']} / "
+            f"{p['started_by_disturbed_workers']} / "
+            f"{_late(p['first_start_after_resume_seconds'])} |"
+        )
+    if b:
+        lines.append(
+            f"| bulk cancels (requests): cancelled at once / cancel requested; jobs of the type "
+            f"ended cancelled / of / bulk retries (requests): retried | {b['cancel_requests']}: "
+            f"{b['cancelled_at_once']} / {b['cancel_requested']}; "
+            f"{b['bulk_type_ended_cancelled']} / {b['bulk_type_jobs']} / "
+            f"{b['retry_requests']}: {b['retried']} (runs after them: "
+            f"{reruns}) |"
+        )
+    return lines
 
 
 def _retention_lines(r: dict[str, Any]) -> list[str]:

@@ -66,6 +66,8 @@ LEASE_SECONDS = 4.0
 WORKER_PROCESSES = 2
 # Every queue of the load's mix (tests.chaos.load.QUEUE_MIX), one with fewer slots.
 QUEUES = "default,bulk,urgent:4"
+# At most this many jobs of one (queue, concurrency key) run at once, across every worker.
+KEY_LIMIT = 2
 # The retention variables the workers get: each finished status is deleted this long after
 # it finished (RETENTION_FAILED covers cancelled jobs too), so pruning runs during faults.
 RETENTION_VARIABLES = {
@@ -292,6 +294,7 @@ class System:
             "WORKER_PROCESSES": str(WORKER_PROCESSES),
             "WORKERS": str(self._slots),
             "QUEUES": QUEUES,
+            "KEY_CONCURRENCY": f"*:{KEY_LIMIT}",
             **{name: f"{self.retention:g}s" for name in RETENTION_VARIABLES},
         }
         head = [

@@ -6,7 +6,9 @@ failover), and holds the MVCC horizon for the middle half of its 20 s of faults
 (`tests.chaos.horizon`), while ~400 jobs (the routed mix: several queues,
 priorities, some due seconds later, a few long jobs of 2-3 leases) are submitted
 and about 5 % of them cancelled, some running, some pending, with the workers
-deleting finished jobs 2 s after they finish, then checks.
+deleting finished jobs 2 s after they finish; a quarter of them carry a concurrency key
+(KEY_CONCURRENCY=*:2), and an operator pauses a queue three times, cancels a job type in
+bulk and retries dead letters in bulk meanwhile (`tests.chaos.admin`); then checks.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import random
 
 import pytest
 
+from tests.chaos.admin import PAUSES
 from tests.chaos.load import QUEUE_MIX
 from tests.chaos.run import run_chaos, table
 from tests.chaos.system import LEASE_SECONDS
@@ -85,5 +88,11 @@ def test_faults_lose_no_acknowledged_job_and_every_stale_write_is_rejected() -> 
     # back as the new one's synchronous standby.
     (failover,) = summary["failovers"]
     assert failover["recovered_seconds"] is not None and "rejoined_seconds" in failover, context
+    # Keyed jobs ran (never more than the limit of one key at once: no violation), the queue
+    # was paused and resumed, a job type cancelled in bulk.
+    assert summary["keys"]["keyed_attempts"] >= 20, context
+    assert summary["pauses"]["pauses"] == PAUSES, context
+    assert summary["bulk"]["cancel_requests"] >= 1, context
+    assert summary["bulk"]["bulk_type_ended_cancelled"] >= 1, context
     # Retention deleted acknowledged jobs, and the checker accounted for each of them.
     assert summary["retention"]["acknowledged_pruned"] >= 1, context

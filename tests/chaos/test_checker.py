@@ -12,11 +12,13 @@ from tests.chaos.evidence import (
     LISTENERS,
     ROWS,
     Ack,
+    BulkAction,
     CancelRequest,
     Fault,
     Hold,
     JobRow,
     Pruned,
+    QueuePause,
     Rollout,
     ServerError,
 )
@@ -1132,3 +1134,159 @@ def test_a_rollout_that_broke_anything_is_a_violation() -> None:
         "rollout: the previous release's API acknowledged no job",
         "rollout: the previous release's workers ran no job",
     ]
+
+
+# --- concurrency keys ----------------------------------------------------------------
+
+
+def keyed_acks(*ids: str, key: str = "tenant-a", queue: str = "bulk") -> list[Ack]:
+    return [Ack(f"key-{i}", i, 201, queue=queue, concurrency_key=key) for i in ids]
+
+
+def checked_keys(rows: list[JobRow], acks_: list[Ack], records: list[Any], faults: Any = ()) -> Any:
+    return check(rows, acks_, records, [], list(faults), lease_duration=LEASE, key_limit=2)
+
+
+def test_more_attempts_of_one_key_at_once_than_its_limit_is_a_violation() -> None:
+    ids = ["k1", "k2", "k3"]
+    records = [*run("k1", 1, 0, 5, "ok"), *run("k2", 1, 1, 5, "ok"), *run("k3", 1, 2, 3, "ok")]
+    report = checked_keys([row(i, "completed") for i in ids], keyed_acks(*ids), records)
+    assert any("3 attempts ran at once (limit 2)" in v for v in report.violations)
+    assert report.summary["keys"]["max_running"] == 3
+    # The same attempts under two keys, or one after another, are within the limit.
+    split = keyed_acks("k1", "k2") + keyed_acks("k3", key="tenant-b")
+    report = checked_keys([row(i, "completed") for i in ids], split, records)
+    assert report.violations == []
+    assert report.summary["keys"]["max_running_by_key"] == {"bulk/tenant-a": 2, "bulk/tenant-b": 1}
+    handed_on = [*run("k1", 1, 0, 2, "ok"), *run("k2", 1, 1, 5, "ok"), *run("k3", 1, 2, 3, "ok")]
+    report = checked_keys([row(i, "completed") for i in ids], keyed_acks(*ids), handed_on)
+    assert report.violations == []
+    # Key-less jobs are not limited.
+    report = checked_keys([row(i, "completed") for i in ids], acks(*ids), records)
+    assert report.violations == [] and report.summary["keys"]["keyed_jobs"] == 0
+
+
+def test_a_killed_holder_counts_against_its_key_until_its_lease_ran_out() -> None:
+    ids = ["k1", "k2", "k3"]
+    kill = Fault("kill_worker", "worker-0", T0 + 1, T0 + 2, T0 + 3, killed_pids=(100,))
+    rows = [
+        row("k1", "completed", attempts=2, token=2),
+        row("k2", "completed"),
+        row("k3", "completed"),
+    ]
+    # k1's holder (pid 100) was killed at 1 s: its lease held until 1 + 8 - 8/3 s at least.
+    after_expiry = [
+        *run("k1", 1, 0, None, None),
+        *run("k1", 2, 10, 11, "ok", pid=200),
+        *run("k2", 1, 2, 12, "ok", pid=200),
+        *run("k3", 1, 8, 9, "ok", pid=200),
+    ]
+    report = checked_keys(rows, keyed_acks(*ids), after_expiry, [kill])
+    assert not [v for v in report.violations if "key tenant-a" in v]
+    within_lease = [
+        *run("k1", 1, 0, None, None),
+        *run("k1", 2, 10, 11, "ok", pid=200),
+        *run("k2", 1, 2, 12, "ok", pid=200),
+        *run("k3", 1, 5, 6, "ok", pid=200),
+    ]
+    report = checked_keys(rows, keyed_acks(*ids), within_lease, [kill])
+    assert any("3 attempts ran at once" in v and "k1 lease 1" in v for v in report.violations)
+
+
+# --- queue pauses and bulk actions ----------------------------------------------------
+
+
+def checked_admin(
+    rows: list[JobRow], records: list[Any], logs: list[Any], faults: Any = (), **kw: Any
+) -> Any:
+    return check(
+        rows, acks(*(r.id for r in rows)), records, logs, list(faults), lease_duration=LEASE, **kw
+    )
+
+
+def test_an_attempt_of_a_paused_queue_started_a_second_after_the_pause_is_a_violation() -> None:
+    # Paused (answered) at 1 s, resumed at 6 s: a start at 1.8 s is a claim made within the
+    # second, one at 4 s broke the pause, one at 6.5 s came after the resume.
+    pause = QueuePause("bulk", T0 + 0.98, T0 + 1.0, T0 + 6.0, T0 + 6.02)
+    rows = [row(i, "completed", queue="bulk") for i in ("a", "b", "c")]
+    records = [*run("a", 1, 1.8, 2, "ok"), *run("b", 1, 4, 4.1, "ok"), *run("c", 1, 6.5, 7, "ok")]
+    report = checked_admin(rows, records, [], pauses=[pause])
+    assert report.violations == [
+        "queue bulk: job b lease 1 started 3.00s after the pause was answered, "
+        "2.00s before the resume was sent"
+    ]
+    summary = report.summary["pauses"]
+    assert summary["pauses"] == 1 and summary["started_within_the_limit"] == 1
+    assert summary["first_start_after_resume_seconds"] == {"p50": 0.5, "max": 0.5}
+    # Another queue is not paused; a worker a fault cut off meanwhile may not have heard.
+    other = [row(i, "completed", queue="default") for i in ("a", "b", "c")]
+    assert checked_admin(other, records, [], pauses=[pause]).violations == []
+    cut = Fault("proxy_blackhole", "worker-0", T0 + 2, T0 + 3, T0 + 5, partitioned_pids=(100,))
+    report = checked_admin(rows, records, [], [cut], pauses=[pause])
+    assert report.violations == []
+    assert report.summary["pauses"]["started_by_disturbed_workers"] == 1
+
+
+def bulk_cancel(sent: float, cancelled: int = 1, **filter_: Any) -> BulkAction:
+    answer = {"cancelled": cancelled, "cancel_requested": 0, "more": False}
+    return BulkAction("cancel", filter_, T0 + sent, T0 + sent + 0.02, 200, answer)
+
+
+def test_a_bulk_cancelled_job_that_starts_again_is_a_violation() -> None:
+    rows = [row("x", "cancelled", type="chaos-bulk", finished_at=ended(2.01))]
+    again = run("x", 1, 3, 3.5, "ok")
+    report = checked_admin(rows, again, [], bulk=[bulk_cancel(2.0, type="chaos-bulk")])
+    assert report.violations == ["job x: lease 1 started 0.99s after the job was cancelled"]
+    # Before its cancel it may have run, and failed; and a holder paused since its claim
+    # may log its start late.
+    before = run("x", 1, 1, 1.5, "error")
+    assert (
+        checked_admin(rows, before, [], bulk=[bulk_cancel(2.0, type="chaos-bulk")]).violations == []
+    )
+    report = checked_admin(
+        rows, again, [], [paused(100)], bulk=[bulk_cancel(2.0, type="chaos-bulk")]
+    )
+    assert report.violations == []
+    assert report.summary["bulk"]["stale_starts_after_cancel"] == 1
+
+
+def test_a_job_cancelled_with_no_cancel_matching_it_or_also_completed_is_a_violation() -> None:
+    rows = [row("x", "cancelled", type="chaos-bulk", finished_at=ended(2.01))]
+    # A bulk cancel of another type (or queue) did not ask for it.
+    report = checked_admin(rows, [], [], bulk=[bulk_cancel(2.0, cancelled=0, type="chaos-fast")])
+    assert "job x ended cancelled, but no cancel was asked before it finished" in report.violations
+    report = checked_admin(rows, [], [], bulk=[bulk_cancel(2.0, queue="default")])
+    assert report.violations == []
+    # Both a cancelled and a completed outcome applied for one job.
+    done = [row("y", "completed", type="chaos-bulk", token=2, attempts=2)]
+    records = [*run("y", 1, 0, 1, "cancelled"), *run("y", 2, 3, 4, "ok")]
+    logs = [finished("y", 1, 1.1, "cancelled"), finished("y", 2, 4.1, "completed")]
+    report = checked_admin(
+        done, records, logs, bulk=[bulk_cancel(0.5, cancelled=0, type="chaos-bulk")]
+    )
+    assert "job y was both cancelled and completed" in report.violations
+    # More jobs answered cancelled than ended so.
+    report = checked_admin(rows, [], [], bulk=[bulk_cancel(2.0, cancelled=3, type="chaos-bulk")])
+    assert any("answered 3 jobs cancelled, but only 1" in v for v in report.violations)
+
+
+def test_a_dead_letter_runs_again_only_after_a_bulk_retry_naming_it() -> None:
+    rows = [row("d", "dead_letter", attempts=1, token=2, max_attempts=1)]
+    records = [*run("d", 1, 0, 1, "error"), *run("d", 2, 5, 6, "error")]
+    records[-2]["attempt"] = records[-1]["attempt"] = 1  # a fresh budget: attempt 1 again
+    logs = [finished("d", 1, 1.1, "dead_letter"), finished("d", 2, 6.1, "dead_letter")]
+    unexplained = checked_admin(rows, records, logs)
+    assert any(
+        "ran again (lease 2) after lease 1 wrote dead_letter" in v for v in unexplained.violations
+    )
+    retry = BulkAction(
+        "retry", {"ids": ["d"], "status": "dead_letter"}, T0 + 4, T0 + 4.02, 200, {"retried": 1}
+    )
+    report = checked_admin(rows, records, logs, bulk=[retry])
+    assert report.violations == []
+    assert report.summary["duplicate_causes"] == {}
+    assert report.summary["runs_after_a_bulk_retry"] == 1
+    assert report.summary["bulk"]["retried"] == 1
+    # A retry sent only after the re-run explains nothing.
+    late = BulkAction("retry", {"ids": ["d"], "status": "dead_letter"}, T0 + 5.5)
+    assert checked_admin(rows, records, logs, bulk=[late]).violations != []

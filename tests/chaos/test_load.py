@@ -12,7 +12,7 @@ from tests.chaos import load
 from tests.chaos.canceller import plan
 from tests.chaos.system import LEASE_SECONDS, QUEUES
 
-TYPES = ["chaos-fast", "chaos-slow", "chaos-flaky", "chaos-permanent", "chaos-long"]
+TYPES = ["chaos-fast", "chaos-slow", "chaos-flaky", "chaos-permanent", "chaos-long", "chaos-bulk"]
 
 
 def test_the_mix_spans_every_queue_priorities_and_both_ways_of_scheduling() -> None:
