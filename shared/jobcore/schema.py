@@ -119,8 +119,8 @@ jobs = sa.Table(
         "id",
         postgresql_where=sa.text("status = 'pending'"),
     ),
-    # The claim order of the release before 0011, which claims through this index while it
-    # runs; nothing of this release reads it, and a later revision drops it.
+    # The claim order without keys: the plain claim (`JOB_CLAIM_PLAIN`, where no key has
+    # jobs) reads it, as the release before 0011 claims through it.
     sa.Index(
         "jobs_claim_queue_idx",
         "queue",
