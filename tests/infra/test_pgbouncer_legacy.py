@@ -91,4 +91,9 @@ def test_in_transaction_mode_through_pgbouncer_1_18_the_services_say_what_to_do(
             errors = [line for line in api.service.logs() if line.get("level") == "error"]
             assert len(errors) == 1 and POOLER_HINT in errors[0]["msg"], errors
         else:
-            assert any(POOLER_HINT in line.get("msg", "") for line in api.service.logs())
+            # The line is written as the answer goes out: read until it is there.
+            wait_for(
+                lambda: any(POOLER_HINT in line.get("msg", "") for line in api.service.logs()),
+                10,
+                "the API's error line with what to do",
+            )
