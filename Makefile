@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.installed-server
 # each one would compile them from source again (seconds per process start).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools run test test-bench test-fast lint bench bench-api bench-compare bench-install bench-pressure bench-tracing bench-webhooks chaos fuzz-deep load clean
+.PHONY: install tools run test test-bench test-infra test-fast lint bench bench-api bench-compare bench-install bench-pressure bench-tracing bench-webhooks chaos fuzz-deep load clean
 
 install: $(STAMP)
 
@@ -48,8 +48,15 @@ tools:
 HARNESS_RUNS := tests/bench/test_bench_smoke.py tests/bench/test_webhook_bench.py \
 	tests/bench/test_pressure_bench.py tests/chaos/test_chaos.py
 
+# The runs through real PgBouncers and across failovers of a real primary and standby
+# (tests/infra/, ~2.5 min): `make test-infra` (CI runs them).
+INFRA_RUNS := tests/infra
+
 test: install tools
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(foreach t,$(HARNESS_RUNS),--ignore=$(t)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(foreach t,$(HARNESS_RUNS) $(INFRA_RUNS),--ignore=$(t)) $(PYTEST_ARGS)
+
+test-infra: install tools
+	$(BIN)/python -m pytest -n 2 $(INFRA_RUNS) $(PYTEST_ARGS)
 
 # `make bench`, `make bench-webhooks` and `make bench-pressure` still run end to end, on tiny
 # sizes, and the chaos harness's short fault run (~3.5 min on two pytest workers).
