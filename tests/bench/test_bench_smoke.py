@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench import features
+from bench import features, pg
 from bench.listing import COMBOS, PAGES
 from bench.report import EXPECTED
 from tests.pg import ROOT
@@ -96,18 +96,8 @@ def left_behind(server: str, before: set[str]) -> set[str]:
     return {
         name
         for name in bench_databases(server) - before
-        if not process_alive(int(name.rsplit("_", 1)[1]))
+        if not pg._alive(int(name.rsplit("_", 1)[1]))
     }
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # The run's own limit (the subprocess timeout below) applies, not the suite's default: on
