@@ -168,6 +168,8 @@ async def claim_limited(
     claim_id: UUID | None = None,
     floors: Mapping[str, list[Any]] = NO_FLOORS,
     overruns: Mapping[str, int] | None = None,
+    key_limits: Mapping[str, int] | None = None,
+    key_overruns: Mapping[tuple[str, str], int] | None = None,
 ) -> LimitedClaim:
     """Lease due jobs of the limited types, in claim order against every other type's due
     jobs, at most `slots[queue]` of each queue (those the other types outrank are left to
@@ -175,7 +177,8 @@ async def claim_limited(
     transaction, serialised with other claimers of the same types by advisory locks.
     `floors` as for `claim` (the other types are read from them); `overruns`: per limited
     type, this process's handlers still running after their attempts were recorded (each
-    still holds a unit of its TYPE_CONCURRENCY)."""
+    still holds a unit of its TYPE_CONCURRENCY); `key_limits` and `key_overruns` as for
+    `claim`: KEY_CONCURRENCY holds for the limited types' jobs too."""
     types = limits.types
     rates = [limits.rate.get(name) for name in types]
     overruns = overruns or {}
@@ -191,8 +194,14 @@ async def claim_limited(
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
     }
+    locked = _keyed(values, key_limits or {}, key_overruns)
     async with _transaction(conn):
+        # The types' locks first, then the queues' (as every other claimer takes them): no
+        # two claimers wait for each other in a cycle.
         await conn.fetch(_LOCK_TYPES.sql, *_LOCK_TYPES.args(values))
+        if locked:
+            values["locked_queues"] = locked
+            await conn.fetch(_LOCK_KEYS.sql, *_LOCK_KEYS.args(values))
         rows = await conn.fetch(_CLAIM_LIMITED.sql, *_CLAIM_LIMITED.args(values))
     jobs: list[Claimed] = []
     held: dict[str, str] = {}

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from jobcore import compiled
 from jobcore.ids import new_id
+from jobcore.rows import TypeLimits
 from jobcore.schema import jobs
 from jobcore.states import Operation
 from jobcore.turns import KeyTurns
@@ -201,3 +202,86 @@ async def test_key_concurrency_holds_across_the_priorities_of_one_claim(engine):
     a = [job for job in got if job.concurrency_key == "A"]
     assert len(a) == 2 and {job.priority for job in a} == {5}, [(j.priority) for j in a]
     assert Counter(job.concurrency_key for job in got)["B"] == 2
+
+
+async def _claim_limited(engine, n: int, limits: TypeLimits, **kw) -> list:
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        return (await compiled.claim_limited(raw, limits, {"default": n}, LEASE, **kw)).jobs
+
+
+async def test_key_concurrency_holds_for_the_jobs_of_a_limited_type(engine):
+    """A type under TYPE_CONCURRENCY is claimed by the limited claim: KEY_CONCURRENCY 2 still
+    bounds each key there, counting the key's running jobs of other types and the
+    claimer's handlers of the key that outlived their attempts, and a full key's backlog
+    is read past rather than holding up the keys behind it."""
+    limits = TypeLimits(concurrency={"limited": 10})
+    await _add(engine, 2, "A", start=_ago(60))  # type t, claimed below: A is full
+    for n, key in enumerate("ABCD"):
+        await _add(engine, 10, key, start=_ago(50 - n), type="limited")
+    for _ in range(2):
+        a = await _claim(engine, 1, KeyTurns(), limited=limits.types)
+        assert [(job.type, job.concurrency_key) for job in a] == [("t", "A")]
+    keyed = {"key_limits": {"default": 2}, "key_overruns": {("default", "C"): 2}}
+    got = await _claim_limited(engine, 16, limits, **keyed)
+    assert Counter(job.concurrency_key for job in got) == {"B": 2}, got
+    got = await _claim_limited(engine, 16, limits, **keyed)
+    assert Counter(job.concurrency_key for job in got) == {"D": 2}, got
+    assert await _claim_limited(engine, 16, limits, **keyed) == []
+    # Without a key limit, the type's own limit alone holds.
+    assert len(await _claim_limited(engine, 16, limits)) == 10 - 4
+
+
+async def test_key_concurrency_holds_across_limited_and_ordinary_claimers(engine):
+    """Jobs of a limited and an unlimited type share 10 keys; six claimers each run the
+    limited claim then the ordinary one, as a dispatcher does, completing at random: no key
+    ever has more than 2 jobs processing, and every job runs once."""
+    for k in range(10):
+        await _add(engine, 12, f"tenant-{k}", start=_ago(60 - k), type="limited")
+        await _add(engine, 12, f"tenant-{k}", start=_ago(60 - k))
+    limits = TypeLimits(concurrency={"limited": 8})
+    keys = {"default": 2}
+    running = sa.text(
+        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobqueue.jobs"
+        " WHERE status = 'processing' GROUP BY concurrency_key) AS per_key"
+    )
+    most = 0
+    claimed: list = []
+
+    async def claimer(seed: int) -> None:
+        nonlocal most
+        rng = random.Random(seed)
+        held: list = []
+        turns = KeyTurns()
+        idle = 0
+        async with engine.connect() as conn, engine.connect() as sampler:
+            raw = await driver(conn)
+            while idle < 20:
+                n = rng.randint(1, 6)
+                got = (
+                    await compiled.claim_limited(
+                        raw, limits, {"default": n}, LEASE, key_limits=keys
+                    )
+                ).jobs
+                if len(got) < n:
+                    more = await compiled.claim(
+                        raw, {"default": n - len(got)}, LEASE, limited=limits.types,
+                        turns=turns.params(["default"]), key_limits=keys,
+                    )  # fmt: skip
+                    turns.learn(more)
+                    got += more
+                claimed.extend(job.id for job in got)
+                held.extend(got)
+                most = max(most, int((await sampler.execute(running)).scalar_one()))
+                await sampler.commit()
+                idle = 0 if got or held else idle + 1
+                rng.shuffle(held)
+                cut = rng.randint(0, len(held))
+                done, held = held[:cut], held[cut:]
+                if done:
+                    await compiled.record(raw, Operation.COMPLETE, [job.lease for job in done])
+                await asyncio.sleep(rng.random() / 200)
+
+    await asyncio.gather(*(claimer(seed) for seed in range(6)))
+    assert most == 2, most
+    assert len(claimed) == len(set(claimed)) == 240

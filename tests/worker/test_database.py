@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from jobcore import compiled
 from jobcore.db import make_engine
 from jobcore.ids import new_id
-from jobcore.rows import Lease
+from jobcore.rows import Lease, TypeLimits
 from jobcore.schema import jobs
 from jobcore.states import Operation, Status
 from jobcore.turns import KeyedQueues
@@ -568,3 +568,21 @@ async def test_under_key_concurrency_every_claim_has_keys_in_turn(engine):
         await store.close()
     # Never two of the key at once, however many claims.
     assert [job.concurrency_key for job in taken].count("tenant-1") == 1
+
+
+async def test_the_limited_claim_keeps_the_workers_key_concurrency(engine):
+    """A type under TYPE_CONCURRENCY, its jobs all of one key: the store's limited claim
+    takes no more of the key than KEY_CONCURRENCY, counting the handlers of the key that
+    outlived their attempts (here one)."""
+    store = PgJobStore(
+        engine,
+        limits=TypeLimits(concurrency={"sleep": 10}),
+        key_concurrency={"*": 3},
+        key_overruns=lambda: {("default", "tenant-1"): 1},
+    )
+    try:
+        await _backlog(engine, 20, "tenant-1", 30)
+        got = await store.claim_limited({"default": 8}, 60)
+        assert [job.concurrency_key for job in got.jobs] == ["tenant-1"] * 2
+    finally:
+        await store.close()

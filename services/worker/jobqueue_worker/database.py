@@ -405,6 +405,8 @@ class PgJobStore:
                 claim_id,
                 floors,
                 overruns,
+                self._key_limits(slots),
+                self._key_overruns() if self._key_concurrency else None,
             )
         )
 

@@ -53,8 +53,14 @@ _PROCESSING = f"'{Status.PROCESSING.value}'"
 # has left and the queue's free slots, of which at most what each type has left; and per
 # queue, read without a lock, the first free-slots due jobs of the other types of a
 # priority above the lowest limited candidate's, as JOB_CLAIM finds the priorities (from the
-# floors), in any order (they only rank: in index order, keys first). Keys neither order
-# nor limit the limited types (docs/worker.md).
+# floors), in any order (they only rank: in index order, keys first). Keys do not order the
+# limited types' jobs, but KEY_CONCURRENCY (`key_limits`, per queue) limits them as in
+# JOB_CLAIM: the keys already at their limit (running jobs and the claimer's overrunning
+# handlers of the key: `overrun_queues`, `overrun_keys`, `overrun_counts`) are read past, so a
+# full key's backlog does not take the candidates' places; of another key's candidates, the
+# first in claim order within what it has left are taken. The transaction then also holds
+# the queue's lock (`JOB_LOCK_KEYS`, after the types' locks), so these counts see every claim
+# committed before.
 # Of the limited candidates, those among each queue's first free-slots candidates in that
 # order are taken. The rate windows of the
 # types that started jobs are advanced. Rows: a claimed job (columns as JOB_CLAIM's, then
@@ -84,10 +90,28 @@ WITH room AS MATERIALIZED (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
+), full_keys AS MATERIALIZED (
+    SELECT w.queue, w.n, w.key_limit, coalesce(f.keys, '{{}}') AS full_keys
+    FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[]),
+                CAST(:key_limits AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+        SELECT array_agg(g.k) AS keys FROM (SELECT u.k FROM (
+            SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
+            WHERE r.status = {_PROCESSING} AND r.queue = w.queue
+              AND r.concurrency_key IS NOT NULL
+            UNION ALL
+            SELECT o.k, o.n FROM unnest(CAST(:overrun_queues AS text[]),
+                                        CAST(:overrun_keys AS text[]),
+                                        CAST(:overrun_counts AS integer[])) AS o(q, k, n)
+            WHERE o.q = w.queue
+        ) AS u
+        WHERE w.key_limit IS NOT NULL
+        GROUP BY u.k HAVING sum(u.n) >= w.key_limit) AS g
+    ) AS f
 ), due AS MATERIALIZED (
-    SELECT d.id, d.priority, d.run_at, room.type, w.queue, w.n AS slots,
-           greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
-    FROM room CROSS JOIN unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)
+    SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
+           w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
+    FROM room CROSS JOIN full_keys AS w
     CROSS JOIN LATERAL (
         WITH RECURSIVE priorities(p) AS (
             (SELECT priority FROM jobqueue.jobs
@@ -100,21 +124,37 @@ WITH room AS MATERIALIZED (
                     ORDER BY priority DESC LIMIT 1)
             FROM priorities WHERE priorities.p IS NOT NULL
         )
-        SELECT j.id, j.priority, j.run_at FROM priorities CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM jobqueue.jobs
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM priorities CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, concurrency_key FROM jobqueue.jobs
             WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
               AND priority = priorities.p AND run_at <= now()
+              AND (concurrency_key IS NULL OR concurrency_key <> ALL(w.full_keys))
             ORDER BY run_at, id
             LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
             FOR UPDATE SKIP LOCKED
         ) AS j
         LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
     ) AS d
+), keyed AS (
+    SELECT due.*,
+           row_number() OVER (PARTITION BY queue, concurrency_key
+                              ORDER BY priority DESC, run_at, id) AS nth_key,
+           CASE WHEN concurrency_key IS NOT NULL AND key_limit IS NOT NULL THEN
+               key_limit - (SELECT count(*) FROM jobqueue.jobs AS r
+                            WHERE r.status = {_PROCESSING} AND r.queue = due.queue
+                              AND r.concurrency_key = due.concurrency_key)
+               - coalesce((SELECT sum(o.n) FROM unnest(CAST(:overrun_queues AS text[]),
+                                                       CAST(:overrun_keys AS text[]),
+                                                       CAST(:overrun_counts AS integer[]))
+                                                AS o(q, k, n)
+                           WHERE o.q = due.queue AND o.k = due.concurrency_key), 0)
+           END AS key_left
+    FROM due
 ), by_type AS (
     SELECT id, priority, run_at, queue, slots,
            row_number() OVER (PARTITION BY type ORDER BY priority DESC, run_at, id) AS nth,
            type_left
-    FROM due
+    FROM keyed WHERE key_left IS NULL OR nth_key <= key_left
 ), others AS MATERIALIZED (
     SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
     FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[])) AS w(queue, n)

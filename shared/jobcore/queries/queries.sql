@@ -764,7 +764,7 @@ FROM (
 ) AS keys;
 
 -- name: job_claim_limited
--- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 slots, $8 floor_queues, $9 floor_priorities, $10 floors, $11 lease_seconds, $12 claim, $13 holder
+-- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 slots, $8 key_limits, $9 overrun_queues, $10 overrun_keys, $11 overrun_counts, $12 floor_queues, $13 floor_priorities, $14 floors, $15 lease_seconds, $16 claim, $17 holder
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
            l.concurrency - l.overrun
@@ -781,10 +781,28 @@ WITH room AS MATERIALIZED (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
+), full_keys AS MATERIALIZED (
+    SELECT w.queue, w.n, w.key_limit, coalesce(f.keys, '{}') AS full_keys
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+        SELECT array_agg(g.k) AS keys FROM (SELECT u.k FROM (
+            SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
+            WHERE r.status = 'processing' AND r.queue = w.queue
+              AND r.concurrency_key IS NOT NULL
+            UNION ALL
+            SELECT o.k, o.n FROM unnest(CAST($9 AS text[]),
+                                        CAST($10 AS text[]),
+                                        CAST($11 AS integer[])) AS o(q, k, n)
+            WHERE o.q = w.queue
+        ) AS u
+        WHERE w.key_limit IS NOT NULL
+        GROUP BY u.k HAVING sum(u.n) >= w.key_limit) AS g
+    ) AS f
 ), due AS MATERIALIZED (
-    SELECT d.id, d.priority, d.run_at, room.type, w.queue, w.n AS slots,
-           greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
-    FROM room CROSS JOIN unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
+    SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
+           w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
+    FROM room CROSS JOIN full_keys AS w
     CROSS JOIN LATERAL (
         WITH RECURSIVE priorities(p) AS (
             (SELECT priority FROM jobqueue.jobs
@@ -797,29 +815,45 @@ WITH room AS MATERIALIZED (
                     ORDER BY priority DESC LIMIT 1)
             FROM priorities WHERE priorities.p IS NOT NULL
         )
-        SELECT j.id, j.priority, j.run_at FROM priorities CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM jobqueue.jobs
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM priorities CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, concurrency_key FROM jobqueue.jobs
             WHERE status = 'pending' AND type = room.type AND queue = w.queue
               AND priority = priorities.p AND run_at <= now()
+              AND (concurrency_key IS NULL OR concurrency_key <> ALL(w.full_keys))
             ORDER BY run_at, id
             LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
             FOR UPDATE SKIP LOCKED
         ) AS j
         LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
     ) AS d
+), keyed AS (
+    SELECT due.*,
+           row_number() OVER (PARTITION BY queue, concurrency_key
+                              ORDER BY priority DESC, run_at, id) AS nth_key,
+           CASE WHEN concurrency_key IS NOT NULL AND key_limit IS NOT NULL THEN
+               key_limit - (SELECT count(*) FROM jobqueue.jobs AS r
+                            WHERE r.status = 'processing' AND r.queue = due.queue
+                              AND r.concurrency_key = due.concurrency_key)
+               - coalesce((SELECT sum(o.n) FROM unnest(CAST($9 AS text[]),
+                                                       CAST($10 AS text[]),
+                                                       CAST($11 AS integer[]))
+                                                AS o(q, k, n)
+                           WHERE o.q = due.queue AND o.k = due.concurrency_key), 0)
+           END AS key_left
+    FROM due
 ), by_type AS (
     SELECT id, priority, run_at, queue, slots,
            row_number() OVER (PARTITION BY type ORDER BY priority DESC, run_at, id) AS nth,
            type_left
-    FROM due
+    FROM keyed WHERE key_left IS NULL OR nth_key <= key_left
 ), others AS MATERIALIZED (
     SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
     FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
-                                    CAST($9 AS smallint[]),
-                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+        SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
+                                    CAST($13 AS smallint[]),
+                                    CAST($14 AS timestamptz[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p) AS (
         SELECT coalesce(
@@ -863,8 +897,8 @@ WITH room AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobqueue.jobs SET status = 'processing', attempts = attempts + 1,
         lease_token = lease_token + 1,
-        locked_until = now() + CAST($11 AS float8) * interval '1 second',
-        claim_id = CAST($12 AS uuid), leased_by = CAST($13 AS text), updated_at = now()
+        locked_until = now() + CAST($15 AS float8) * interval '1 second',
+        claim_id = CAST($16 AS uuid), leased_by = CAST($17 AS text), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key
 ), started AS (
