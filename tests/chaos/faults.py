@@ -480,8 +480,8 @@ def lock_enqueue(c: Chaos) -> Injected:
     keeps open for LOCK_SECONDS, then commits: a replay that locks the job's row holds it."""
     locked, bystanders = _lock_targets(c)
     rows = c.system.query(
-        "SELECT id, type, payload, max_attempts, queue, priority, timeout, idempotency_key"
-        " FROM jobqueue.jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
+        "SELECT id, type, payload, max_attempts, queue, priority, timeout, idempotency_key,"
+        " concurrency_key FROM jobqueue.jobs WHERE id = ANY(%s::uuid[]) AND status = 'processing'"
         " AND idempotency_key IS NOT NULL",
         (locked,),
     )
@@ -491,7 +491,7 @@ def lock_enqueue(c: Chaos) -> Injected:
     conn = c.system.cluster.connect(application_name=ENQUEUE_NAME)
     try:
         with conn.transaction():
-            for job_id, job_type, payload, attempts, queue, priority, timeout, key in rows:
+            for job_id, job_type, payload, attempts, queue, priority, timeout, key, ck in rows:
                 fields: dict[str, Any] = {
                     "idempotency_key": key,
                     "max_attempts": attempts,
@@ -500,6 +500,8 @@ def lock_enqueue(c: Chaos) -> Injected:
                 }
                 if timeout is not None:
                     fields["timeout"] = timeout
+                if ck is not None:
+                    fields["concurrency_key"] = ck
                 got = enqueue(conn, job_type, payload, **fields)
                 if str(got) != str(job_id):
                     c.problems.append(

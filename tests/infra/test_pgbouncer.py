@@ -37,6 +37,7 @@ SETTINGS = (
     "statement_timeout",
     "lock_timeout",
     "enable_sort",
+    "enable_seqscan",
     "jit",
     "jit_above_cost",
     "plan_cache_mode",

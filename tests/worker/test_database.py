@@ -414,6 +414,7 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_unspe
 DEFAULTS = {
     "plan_cache_mode": "auto",
     "enable_sort": "on",
+    "enable_seqscan": "on",
     "jit_above_cost": "100000",
     "statement_timeout": "0",
     "lock_timeout": "0",

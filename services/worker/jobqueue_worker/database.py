@@ -81,15 +81,21 @@ _NEVER_SENT_TRIES = 3
 # Claims whose answer was lost, kept for release_claim until it applies (bounded memory: a
 # claim not handed back is recovered, attempt counted, once its lease runs out).
 _MAX_LOST_CLAIMS = 1000
-# The settings every store call runs under, as `current_setting()` shows them. JIT compiles
+# The settings every store call runs under, as `current_setting()` shows them. Each
+# statement is planned once per connection (a generic plan: planning the claims costs more
+# than running them), and with sorts and sequential scans off the planner has no way to run
+# one but the index walk in order it was written for, whatever the statistics said when it
+# planned (`tests/worker/test_store_plans.py`: plans made on a tiny table, then a burst).
+# JIT compiles
 # a statement for tens of ms: never worth it for these short ones (and enable_sort = off
 # makes the planner think some of them costly enough to try). Off by its cost threshold,
 # not by `jit` itself: asyncpg turns `jit` off for the session around its type
 # introspection and turns it back on only if it found it on, so a transaction that had it
 # off would leave the session (through a pooler, another client's) without JIT.
 SETTINGS = {
-    "plan_cache_mode": "force_custom_plan",
+    "plan_cache_mode": "force_generic_plan",
     "enable_sort": "off",
+    "enable_seqscan": "off",
     "jit_above_cost": "-1",
     "statement_timeout": f"{STATEMENT_TIMEOUT:g}s",
     "lock_timeout": f"{LOCK_TIMEOUT:g}s",
