@@ -105,9 +105,15 @@ def test_connections_beyond_max_connections_get_503_and_service_resumes_when_the
     server = start_api(MAX_CONNECTIONS="5", REQUEST_BODY_TIMEOUT="5m")
     slow = [Trickler(server.port, HEAD + b"{", every=2) for _ in range(5)]
     try:
-        time.sleep(0.5)  # every one of them accepted (the 503 below must not be racing them)
-        refused = server.get("/healthz")
-        assert refused.status_code == 503
+        # Once every one of them is accepted (their heads are sent at once, the server
+        # counts them as it reads them), each further connection is refused.
+        answers: list[httpx.Response] = []
+        wait_for(
+            lambda: answers.append(server.get("/healthz")) or answers[-1].status_code == 503,
+            10,
+            "a 503 while the slow clients hold every connection",
+        )
+        refused = answers[-1]
         assert refused.json() == {"error": "too many open connections"}
         assert refused.headers["retry-after"] == "1"
     finally:

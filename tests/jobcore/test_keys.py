@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -117,17 +119,20 @@ async def test_a_keys_slots_its_share_leaves_go_to_the_keys_with_more(engine):
     assert Counter(job.concurrency_key for job in got) == {"A": 14, "B": 2}
 
 
-async def test_key_concurrency_holds_across_racing_claimers(engine):
-    """Eight claimers on their own connections, each completing what it holds at random,
-    over 20 keys × 15 jobs with KEY_CONCURRENCY 2: sampled after every claim, no key ever
-    has more than 2 jobs processing, and every job runs once."""
-    for k in range(20):
-        await _add(engine, 15, f"tenant-{k}", start=_ago(60 - k))
-    limits = {"default": 2}
-    running = sa.text(
-        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobqueue.jobs"
-        " WHERE status = 'processing' GROUP BY concurrency_key) AS per_key"
-    )
+# The most jobs of one key processing at once.
+_MOST_OF_A_KEY = sa.text(
+    "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobqueue.jobs"
+    " WHERE status = 'processing' GROUP BY concurrency_key) AS per_key"
+)
+
+Take = Callable[[Any, int, KeyTurns], Awaitable[list]]
+
+
+async def _race(engine, claimers: int, take: Take) -> tuple[int, list]:
+    """`claimers` claimers on their own connections, each taking `take(conn, n, turns)` for
+    a random n of slots, then completing a random part of what it holds, until it has
+    found nothing 20 times: the most jobs of one key processing at once, sampled after every
+    claim, and every job claimed (in claim order)."""
     most = 0
     claimed: list = []
 
@@ -140,14 +145,10 @@ async def test_key_concurrency_holds_across_racing_claimers(engine):
         async with engine.connect() as conn, engine.connect() as sampler:
             raw = await driver(conn)
             while idle < 20:
-                got = await compiled.claim(
-                    raw, {"default": rng.randint(1, 6)}, LEASE,
-                    turns=turns.params(["default"]), key_limits=limits,
-                )  # fmt: skip
-                turns.learn(got)
+                got = await take(raw, rng.randint(1, 6), turns)
                 claimed.extend(job.id for job in got)
                 held.extend(got)
-                most = max(most, int((await sampler.execute(running)).scalar_one()))
+                most = max(most, int((await sampler.execute(_MOST_OF_A_KEY)).scalar_one()))
                 await sampler.commit()
                 idle = 0 if got or held else idle + 1
                 rng.shuffle(held)
@@ -157,7 +158,25 @@ async def test_key_concurrency_holds_across_racing_claimers(engine):
                     await compiled.record(raw, Operation.COMPLETE, [job.lease for job in done])
                 await asyncio.sleep(rng.random() / 200)
 
-    await asyncio.gather(*(claimer(seed) for seed in range(8)))
+    await asyncio.gather(*(claimer(seed) for seed in range(claimers)))
+    return most, claimed
+
+
+async def test_key_concurrency_holds_across_racing_claimers(engine):
+    """Eight claimers on their own connections, each completing what it holds at random,
+    over 20 keys × 15 jobs with KEY_CONCURRENCY 2: sampled after every claim, no key ever
+    has more than 2 jobs processing, and every job runs once."""
+    for k in range(20):
+        await _add(engine, 15, f"tenant-{k}", start=_ago(60 - k))
+
+    async def take(raw, n: int, turns: KeyTurns) -> list:
+        got = await compiled.claim(
+            raw, {"default": n}, LEASE, turns=turns.params(["default"]), key_limits={"default": 2}
+        )
+        turns.learn(got)
+        return got
+
+    most, claimed = await _race(engine, 8, take)
     assert most == 2, most  # reached (the test can tell) and never passed
     assert len(claimed) == len(set(claimed)) == 300
 
@@ -241,47 +260,20 @@ async def test_key_concurrency_holds_across_limited_and_ordinary_claimers(engine
         await _add(engine, 12, f"tenant-{k}", start=_ago(60 - k))
     limits = TypeLimits(concurrency={"limited": 8})
     keys = {"default": 2}
-    running = sa.text(
-        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobqueue.jobs"
-        " WHERE status = 'processing' GROUP BY concurrency_key) AS per_key"
-    )
-    most = 0
-    claimed: list = []
 
-    async def claimer(seed: int) -> None:
-        nonlocal most
-        rng = random.Random(seed)
-        held: list = []
-        turns = KeyTurns()
-        idle = 0
-        async with engine.connect() as conn, engine.connect() as sampler:
-            raw = await driver(conn)
-            while idle < 20:
-                n = rng.randint(1, 6)
-                got = (
-                    await compiled.claim_limited(
-                        raw, limits, {"default": n}, LEASE, key_limits=keys
-                    )
-                ).jobs
-                if len(got) < n:
-                    more = await compiled.claim(
-                        raw, {"default": n - len(got)}, LEASE, limited=limits.types,
-                        turns=turns.params(["default"]), key_limits=keys,
-                    )  # fmt: skip
-                    turns.learn(more)
-                    got += more
-                claimed.extend(job.id for job in got)
-                held.extend(got)
-                most = max(most, int((await sampler.execute(running)).scalar_one()))
-                await sampler.commit()
-                idle = 0 if got or held else idle + 1
-                rng.shuffle(held)
-                cut = rng.randint(0, len(held))
-                done, held = held[:cut], held[cut:]
-                if done:
-                    await compiled.record(raw, Operation.COMPLETE, [job.lease for job in done])
-                await asyncio.sleep(rng.random() / 200)
+    async def take(raw, n: int, turns: KeyTurns) -> list:
+        got = (
+            await compiled.claim_limited(raw, limits, {"default": n}, LEASE, key_limits=keys)
+        ).jobs
+        if len(got) < n:
+            more = await compiled.claim(
+                raw, {"default": n - len(got)}, LEASE, limited=limits.types,
+                turns=turns.params(["default"]), key_limits=keys,
+            )  # fmt: skip
+            turns.learn(more)
+            got += more
+        return got
 
-    await asyncio.gather(*(claimer(seed) for seed in range(6)))
+    most, claimed = await _race(engine, 6, take)
     assert most == 2, most
     assert len(claimed) == len(set(claimed)) == 240
