@@ -254,7 +254,11 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
             "additionalProperties": False,
             "description": "Which jobs: those matching every field given (at least one of "
             "status, type, queue or ids), at most `limit` of them.",
-            "anyOf": [{"required": [name]} for name in ("status", "type", "queue", "ids")],
+            # A field that is null counts as absent.
+            "anyOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("status", "type", "queue", "ids")
+            ],
             "properties": {
                 "status": {
                     "description": "A list of statuses, or a comma-separated string.",
@@ -264,18 +268,19 @@ def _schemas(job_types: list[str], default_max_attempts: int) -> dict[str, Any]:
                             "type": "string",
                             "pattern": f"^({'|'.join(_STATUSES)})(,({'|'.join(_STATUSES)}))*$",
                         },
+                        {"type": "null"},
                     ],
                 },
-                "type": {"type": "string", "minLength": 1, **_NO_NUL},
-                "queue": _QUEUE,
+                "type": {"type": ["string", "null"], "minLength": 1, **_NO_NUL},
+                "queue": {"anyOf": [_QUEUE, {"type": "null"}]},
                 "ids": {
-                    "type": "array",
+                    "type": ["array", "null"],
                     "maxItems": MAX_IDS,
                     "items": {"type": "string", "format": "uuid"},
                     "description": "Job ids; unknown ones are ignored.",
                 },
                 "limit": {
-                    "type": "integer",
+                    "type": ["integer", "null"],
                     "minimum": 1,
                     "maximum": MAX_BULK_LIMIT,
                     "default": DEFAULT_BULK_LIMIT,

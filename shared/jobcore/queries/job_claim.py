@@ -156,6 +156,9 @@ def _in_turn(skip: str) -> str:
                                     CAST(:overrun_counts AS integer[])) AS o(q, k, n)
                                 WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
+                -- Not pulled up into the query above, which uses k_left twice: the key's
+                -- running jobs are counted once.
+                OFFSET 0
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at

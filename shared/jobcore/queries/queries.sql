@@ -158,6 +158,9 @@ SELECT c.id FROM (
                                     CAST($17 AS integer[])) AS o(q, k, n)
                                 WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
+                -- Not pulled up into the query above, which uses k_left twice: the key's
+                -- running jobs are counted once.
+                OFFSET 0
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
@@ -277,6 +280,9 @@ SELECT c.id FROM (
                                     CAST($18 AS integer[])) AS o(q, k, n)
                                 WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
+                -- Not pulled up into the query above, which uses k_left twice: the key's
+                -- running jobs are counted once.
+                OFFSET 0
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
@@ -398,6 +404,9 @@ SELECT c.id FROM (
                                     CAST($20 AS integer[])) AS o(q, k, n)
                                 WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
+                -- Not pulled up into the query above, which uses k_left twice: the key's
+                -- running jobs are counted once.
+                OFFSET 0
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
@@ -523,6 +532,9 @@ SELECT c.id FROM (
                                     CAST($21 AS integer[])) AS o(q, k, n)
                                 WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
                        END AS k_left
+                -- Not pulled up into the query above, which uses k_left twice: the key's
+                -- running jobs are counted once.
+                OFFSET 0
             ) AS room
         ), first AS MATERIALIZED (
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
