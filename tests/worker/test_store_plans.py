@@ -28,14 +28,12 @@ MOST_READ = 8 * RUNNING
 KEYS = {"default": 2}
 
 # Every row any scan of the jobs table or one of its indexes has read in this transaction.
-_READ = sa.text(
-    """
+_READ = """
 SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(oid)
                     + pg_stat_get_xact_tuples_fetched(oid)), 0)::bigint
 FROM pg_class
 WHERE oid = 'jobqueue.jobs'::regclass
    OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'jobqueue.jobs'::regclass)"""
-)
 
 
 async def _leases(conn: Any) -> list[Lease]:
@@ -105,9 +103,9 @@ async def _rows_read(conn: Any, call: Call) -> int:
     await conn.execute(_begin(SETTINGS))
     try:
         leases = await _leases(conn)
-        before = int(await conn.fetchval(str(_READ)))
+        before = int(await conn.fetchval(_READ))
         await call(conn, leases)
-        return int(await conn.fetchval(str(_READ))) - before
+        return int(await conn.fetchval(_READ)) - before
     finally:
         await conn.execute("ROLLBACK")
 

@@ -90,7 +90,7 @@ WITH room AS MATERIALIZED (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
-), full_keys AS MATERIALIZED (
+), queue_limits AS MATERIALIZED (
     SELECT w.queue, w.n, w.key_limit, coalesce(f.keys, '{{}}') AS full_keys
     FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[]),
                 CAST(:key_limits AS integer[])) AS w(queue, n, key_limit)
@@ -111,7 +111,7 @@ WITH room AS MATERIALIZED (
 ), due AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
            w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
-    FROM room CROSS JOIN full_keys AS w
+    FROM room CROSS JOIN queue_limits AS w
     CROSS JOIN LATERAL (
         WITH RECURSIVE priorities(p) AS (
             (SELECT priority FROM jobqueue.jobs
