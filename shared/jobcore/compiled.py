@@ -98,10 +98,16 @@ async def _fetch_keyed(
     limited queues, so its snapshot sees every claim of theirs committed before."""
     if not locked:
         return await conn.fetch(statement.sql, *statement.args(values))
-    values["locked_queues"] = locked
     async with _transaction(conn):
-        await conn.fetch(_LOCK_KEYS.sql, *_LOCK_KEYS.args(values))
+        await _lock_keys(conn, values, locked)
         return await conn.fetch(statement.sql, *statement.args(values))
+
+
+async def _lock_keys(conn: Driver, values: dict[str, Any], locked: list[str]) -> None:
+    """Take the KEY_CONCURRENCY locks of the `locked` queues (in the caller's transaction)."""
+    if locked:
+        values["locked_queues"] = locked
+        await conn.fetch(_LOCK_KEYS.sql, *_LOCK_KEYS.args(values))
 
 
 # A claim without floors reads the claim index from its head (`jobcore.floors`); one without
@@ -199,9 +205,7 @@ async def claim_limited(
         # The types' locks first, then the queues' (as every other claimer takes them): no
         # two claimers wait for each other in a cycle.
         await conn.fetch(_LOCK_TYPES.sql, *_LOCK_TYPES.args(values))
-        if locked:
-            values["locked_queues"] = locked
-            await conn.fetch(_LOCK_KEYS.sql, *_LOCK_KEYS.args(values))
+        await _lock_keys(conn, values, locked)
         rows = await conn.fetch(_CLAIM_LIMITED.sql, *_CLAIM_LIMITED.args(values))
     jobs: list[Claimed] = []
     held: dict[str, str] = {}

@@ -55,10 +55,11 @@ _PROCESSING = f"'{Status.PROCESSING.value}'"
 # priority above the lowest limited candidate's, as JOB_CLAIM finds the priorities (from the
 # floors), in any order (they only rank: in index order, keys first). Keys do not order the
 # limited types' jobs, but KEY_CONCURRENCY (`key_limits`, per queue) limits them as in
-# JOB_CLAIM: the keys already at their limit (running jobs and the claimer's overrunning
-# handlers of the key: `overrun_queues`, `overrun_keys`, `overrun_counts`) are read past, so a
-# full key's backlog does not take the candidates' places; of another key's candidates, the
-# first in claim order within what it has left are taken. The transaction then also holds
+# JOB_CLAIM: per queue with a limit, each key's use (`key_use`: its running jobs, read once,
+# and the claimer's overrunning handlers of the key: `overrun_queues`, `overrun_keys`,
+# `overrun_counts`); the keys at their limit are read past, so a full key's backlog does not
+# take the candidates' places; of another key's candidates, the first in claim order within
+# what it has left are taken. The transaction then also holds
 # the queue's lock (`JOB_LOCK_KEYS`, after the types' locks), so these counts see every claim
 # committed before.
 # Of the limited candidates, those among each queue's first free-slots candidates in that
@@ -90,24 +91,26 @@ WITH room AS MATERIALIZED (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
+), key_use AS MATERIALIZED (
+    SELECT w.queue, u.k, sum(u.n) AS used
+    FROM unnest(CAST(:queues AS text[]), CAST(:key_limits AS integer[])) AS w(queue, key_limit)
+    CROSS JOIN LATERAL (
+        SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
+        WHERE r.status = {_PROCESSING} AND r.queue = w.queue AND r.concurrency_key IS NOT NULL
+        UNION ALL
+        SELECT o.k, o.n FROM unnest(CAST(:overrun_queues AS text[]),
+                                    CAST(:overrun_keys AS text[]),
+                                    CAST(:overrun_counts AS integer[])) AS o(q, k, n)
+        WHERE o.q = w.queue
+    ) AS u
+    WHERE w.key_limit IS NOT NULL
+    GROUP BY w.queue, u.k
 ), queue_limits AS MATERIALIZED (
-    SELECT w.queue, w.n, w.key_limit, coalesce(f.keys, '{{}}') AS full_keys
+    SELECT w.queue, w.n, w.key_limit,
+           ARRAY(SELECT u.k FROM key_use AS u
+                 WHERE u.queue = w.queue AND u.used >= w.key_limit) AS full_keys
     FROM unnest(CAST(:queues AS text[]), CAST(:slots AS integer[]),
                 CAST(:key_limits AS integer[])) AS w(queue, n, key_limit)
-    CROSS JOIN LATERAL (
-        SELECT array_agg(g.k) AS keys FROM (SELECT u.k FROM (
-            SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
-            WHERE r.status = {_PROCESSING} AND r.queue = w.queue
-              AND r.concurrency_key IS NOT NULL
-            UNION ALL
-            SELECT o.k, o.n FROM unnest(CAST(:overrun_queues AS text[]),
-                                        CAST(:overrun_keys AS text[]),
-                                        CAST(:overrun_counts AS integer[])) AS o(q, k, n)
-            WHERE o.q = w.queue
-        ) AS u
-        WHERE w.key_limit IS NOT NULL
-        GROUP BY u.k HAVING sum(u.n) >= w.key_limit) AS g
-    ) AS f
 ), due AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
            w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
@@ -139,15 +142,9 @@ WITH room AS MATERIALIZED (
     SELECT due.*,
            row_number() OVER (PARTITION BY queue, concurrency_key
                               ORDER BY priority DESC, run_at, id) AS nth_key,
-           CASE WHEN concurrency_key IS NOT NULL AND key_limit IS NOT NULL THEN
-               key_limit - (SELECT count(*) FROM jobqueue.jobs AS r
-                            WHERE r.status = {_PROCESSING} AND r.queue = due.queue
-                              AND r.concurrency_key = due.concurrency_key)
-               - coalesce((SELECT sum(o.n) FROM unnest(CAST(:overrun_queues AS text[]),
-                                                       CAST(:overrun_keys AS text[]),
-                                                       CAST(:overrun_counts AS integer[]))
-                                                AS o(q, k, n)
-                           WHERE o.q = due.queue AND o.k = due.concurrency_key), 0)
+           CASE WHEN concurrency_key IS NOT NULL THEN
+               key_limit - coalesce((SELECT u.used FROM key_use AS u
+                                     WHERE u.queue = due.queue AND u.k = due.concurrency_key), 0)
            END AS key_left
     FROM due
 ), by_type AS (

@@ -776,7 +776,7 @@ FROM (
 ) AS keys;
 
 -- name: job_claim_limited
--- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 slots, $8 key_limits, $9 overrun_queues, $10 overrun_keys, $11 overrun_counts, $12 floor_queues, $13 floor_priorities, $14 floors, $15 lease_seconds, $16 claim, $17 holder
+-- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 key_limits, $8 overrun_queues, $9 overrun_keys, $10 overrun_counts, $11 slots, $12 floor_queues, $13 floor_priorities, $14 floors, $15 lease_seconds, $16 claim, $17 holder
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
            l.concurrency - l.overrun
@@ -793,24 +793,26 @@ WITH room AS MATERIALIZED (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
-), queue_limits AS MATERIALIZED (
-    SELECT w.queue, w.n, w.key_limit, coalesce(f.keys, '{}') AS full_keys
-    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
-                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+), key_use AS MATERIALIZED (
+    SELECT w.queue, u.k, sum(u.n) AS used
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, key_limit)
     CROSS JOIN LATERAL (
-        SELECT array_agg(g.k) AS keys FROM (SELECT u.k FROM (
-            SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
-            WHERE r.status = 'processing' AND r.queue = w.queue
-              AND r.concurrency_key IS NOT NULL
-            UNION ALL
-            SELECT o.k, o.n FROM unnest(CAST($9 AS text[]),
-                                        CAST($10 AS text[]),
-                                        CAST($11 AS integer[])) AS o(q, k, n)
-            WHERE o.q = w.queue
-        ) AS u
-        WHERE w.key_limit IS NOT NULL
-        GROUP BY u.k HAVING sum(u.n) >= w.key_limit) AS g
-    ) AS f
+        SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
+        WHERE r.status = 'processing' AND r.queue = w.queue AND r.concurrency_key IS NOT NULL
+        UNION ALL
+        SELECT o.k, o.n FROM unnest(CAST($8 AS text[]),
+                                    CAST($9 AS text[]),
+                                    CAST($10 AS integer[])) AS o(q, k, n)
+        WHERE o.q = w.queue
+    ) AS u
+    WHERE w.key_limit IS NOT NULL
+    GROUP BY w.queue, u.k
+), queue_limits AS MATERIALIZED (
+    SELECT w.queue, w.n, w.key_limit,
+           ARRAY(SELECT u.k FROM key_use AS u
+                 WHERE u.queue = w.queue AND u.used >= w.key_limit) AS full_keys
+    FROM unnest(CAST($6 AS text[]), CAST($11 AS integer[]),
+                CAST($7 AS integer[])) AS w(queue, n, key_limit)
 ), due AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
            w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
@@ -842,15 +844,9 @@ WITH room AS MATERIALIZED (
     SELECT due.*,
            row_number() OVER (PARTITION BY queue, concurrency_key
                               ORDER BY priority DESC, run_at, id) AS nth_key,
-           CASE WHEN concurrency_key IS NOT NULL AND key_limit IS NOT NULL THEN
-               key_limit - (SELECT count(*) FROM jobqueue.jobs AS r
-                            WHERE r.status = 'processing' AND r.queue = due.queue
-                              AND r.concurrency_key = due.concurrency_key)
-               - coalesce((SELECT sum(o.n) FROM unnest(CAST($9 AS text[]),
-                                                       CAST($10 AS text[]),
-                                                       CAST($11 AS integer[]))
-                                                AS o(q, k, n)
-                           WHERE o.q = due.queue AND o.k = due.concurrency_key), 0)
+           CASE WHEN concurrency_key IS NOT NULL THEN
+               key_limit - coalesce((SELECT u.used FROM key_use AS u
+                                     WHERE u.queue = due.queue AND u.k = due.concurrency_key), 0)
            END AS key_left
     FROM due
 ), by_type AS (
@@ -860,7 +856,7 @@ WITH room AS MATERIALIZED (
     FROM keyed WHERE key_left IS NULL OR nth_key <= key_left
 ), others AS MATERIALIZED (
     SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
-    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
+    FROM unnest(CAST($6 AS text[]), CAST($11 AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
     WITH RECURSIVE known(p, f) AS (
         SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
