@@ -40,6 +40,20 @@ class Trickler:
             except OSError:
                 return
 
+    def refused(self) -> bool:
+        """Whether the server has answered or closed already (data or end of stream to
+        read): a connection it holds gets nothing until the body timeout."""
+        self.sock.setblocking(False)
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        finally:
+            self.sock.settimeout(30)
+
     def answer(self) -> tuple[bytes, float]:
         """Everything the server sends until it closes, and when it closed."""
         received = b""
@@ -105,14 +119,20 @@ def test_connections_beyond_max_connections_get_503_and_service_resumes_when_the
     server = start_api(MAX_CONNECTIONS="5", REQUEST_BODY_TIMEOUT="5m")
     slow = [Trickler(server.port, HEAD + b"{", every=2) for _ in range(5)]
     try:
-        # Once every one of them is accepted (their heads are sent at once, the server
-        # counts them as it reads them), each further connection is refused.
+        # Once the server has accepted all five, each further connection is refused. A probe
+        # accepted before one of them takes its place (that one is refused): it is
+        # replaced, until five hold the connections.
         answers: list[httpx.Response] = []
-        wait_for(
-            lambda: answers.append(server.get("/healthz")) or answers[-1].status_code == 503,
-            10,
-            "a 503 while the slow clients hold every connection",
-        )
+
+        def refused_while_held() -> bool:
+            for n, conn in enumerate(slow):
+                if conn.refused():
+                    conn.close()
+                    slow[n] = Trickler(server.port, HEAD + b"{", every=2)
+            answers.append(server.get("/healthz"))
+            return answers[-1].status_code == 503
+
+        wait_for(refused_while_held, 10, "a 503 while the slow clients hold every connection")
         refused = answers[-1]
         assert refused.json() == {"error": "too many open connections"}
         assert refused.headers["retry-after"] == "1"
