@@ -1,7 +1,8 @@
-"""`python -m bench.drain_once [--jobs N] [--processes P] [--workers W] [--role-settings]`:
-one drain of N key-less no-op jobs (inserted in one transaction, rate from its commit to the
-last completion) by a fresh `jobqueue-worker` of P processes × W slots, as one JSON line:
-the rate and the worker processes' CPU per job.
+"""`python -m bench.drain_once [--jobs N] [--processes P] [--workers W] [--role-settings]
+[--keys K]`: one drain of N no-op jobs (key-less, or spread over K keys under
+KEY_CONCURRENCY=*:2, as `bench.keys` spreads them; inserted in one transaction, rate from
+its commit to the last completion) by a fresh `jobqueue-worker` of P processes × W slots,
+as one JSON line: the rate and the worker processes' CPU per job.
 
 It and its services run from the tree this module is in (its `shared/` and `services/`
 first on the path), so the same command run from a `git worktree` of another commit (this
@@ -26,7 +27,9 @@ CODE = [str(TREE / d) for d in ("shared", "services/api", "services/worker", "."
 sys.path[:0] = CODE
 
 
-async def run(jobs: int, processes: int, workers: int, role_settings: bool) -> dict[str, Any]:
+async def run(
+    jobs: int, processes: int, workers: int, role_settings: bool, keys: int
+) -> dict[str, Any]:
     # Imported here, after the path above is set: this tree's modules.
     from bench import costs
     from bench.adapters.base import to_the_end
@@ -57,10 +60,21 @@ async def run(jobs: int, processes: int, workers: int, role_settings: bool) -> d
                     )
 
             try:
-                batch = [NewJob(new_id(), JOB_TYPE, {}, MAX_ATTEMPTS) for _ in range(jobs)]
+                width = len(str(keys - 1))
+                batch = [
+                    NewJob(
+                        new_id(),
+                        JOB_TYPE,
+                        {},
+                        MAX_ATTEMPTS,
+                        **({"concurrency_key": f"key-{i % keys:0{width}}"} if keys else {}),
+                    )
+                    for i in range(jobs)
+                ]
+                env = {"KEY_CONCURRENCY": "*:2"} if keys else {}
                 # The hook only when asked for: a tree of an older commit has none.
                 hook = {"before_start": preset} if role_settings else {}
-                figures = await costs.drain_with_cpu(ours, rx, processes, batch, 300, {}, **hook)
+                figures = await costs.drain_with_cpu(ours, rx, processes, batch, 300, env, **hook)
             finally:
                 await to_the_end(ours.cleanup())
     finally:
@@ -71,6 +85,7 @@ async def run(jobs: int, processes: int, workers: int, role_settings: bool) -> d
         "processes": processes,
         "workers": workers,
         "jobs": jobs,
+        "keys": keys,
         "drain_jobs_per_s": round(figures["drain_jobs_per_s"]),
         "worker_cpu_us_per_job": round(figures["worker_cpu_us_per_job"], 1),
     }
@@ -82,8 +97,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--role-settings", action="store_true")
+    parser.add_argument("--keys", type=int, default=0, help="keys the jobs are spread over")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.jobs, args.processes, args.workers, args.role_settings))))
+    figures = run(args.jobs, args.processes, args.workers, args.role_settings, args.keys)
+    print(json.dumps(asyncio.run(figures)))
 
 
 if __name__ == "__main__":

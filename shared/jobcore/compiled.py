@@ -80,8 +80,8 @@ def _keyed(
     key_overruns: Mapping[tuple[str, str], int] | None,
 ) -> list[str]:
     """Add the claim's per-queue KEY_CONCURRENCY and the claimer's overrunning handlers per
-    (queue, key) to `values`; the queues whose advisory lock the claim must hold
-    (`JOB_LOCK_KEYS`)."""
+    (queue, key) to `values`; the queues with a key limit (whose `JOB_LOCK_KEYS` lock the
+    limited claim takes, and the others take shared within their statement)."""
     limits = [key_limits.get(queue) for queue in values["queues"]]
     values["key_limits"] = limits
     overruns = sorted((key_overruns or {}).items())
@@ -89,18 +89,6 @@ def _keyed(
     values["overrun_keys"] = [key for (_, key), _ in overruns]
     values["overrun_counts"] = [n for _, n in overruns]
     return [queue for queue, limit in zip(values["queues"], limits, strict=True) if limit]
-
-
-async def _fetch_keyed(
-    conn: Driver, statement: Compiled, values: dict[str, Any], locked: list[str]
-) -> list[Any]:
-    """Run a claim; with key limits, in a transaction that first takes the locks of the
-    limited queues, so its snapshot sees every claim of theirs committed before."""
-    if not locked:
-        return await conn.fetch(statement.sql, *statement.args(values))
-    async with _transaction(conn):
-        await _lock_keys(conn, values, locked)
-        return await conn.fetch(statement.sql, *statement.args(values))
 
 
 async def _lock_keys(conn: Driver, values: dict[str, Any], locked: list[str]) -> None:
@@ -157,7 +145,8 @@ async def claim(
         values["limited"] = list(limited)
     if plain:
         statement = _plain(statement, locked)
-    return [claimed_from_row(row) for row in await _fetch_keyed(conn, statement, values, locked)]
+    rows = await conn.fetch(statement.sql, *statement.args(values))
+    return [claimed_from_row(row) for row in rows]
 
 
 def _plain(statement: Compiled, locked: list[str]) -> Compiled:
@@ -318,7 +307,7 @@ async def complete_and_claim(
         values["limited"] = list(limited)
     if plain:
         statement = _plain(statement, locked)
-    rows = await _fetch_keyed(conn, statement, values, locked)
+    rows = await conn.fetch(statement.sql, *statement.args(values))
     applied = set()
     claimed = []
     for row in rows:

@@ -14,10 +14,10 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0011"
-# The revisions this code works on; services refuse to start on any other. 0011 adds
-# `leased_by`, which every claim writes, and the claim index in fair-dispatch order, so this
-# code needs it (docs/upgrading.md).
+SCHEMA_REVISION = "0012"
+# The revisions this code works on; services refuse to start on any other. 0012 adds
+# `key_room()`, which every claim under KEY_CONCURRENCY calls, so this code needs it
+# (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 
 # What a job's routing fields may hold; the API and the table check the same rules.

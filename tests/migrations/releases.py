@@ -12,9 +12,9 @@ against the new schema during the rollout to the revision after R.
 
 For each released revision R before the head, `release_sql/R.json` holds the hot
 statements of the release at R (the worker's: claim, renew, the outcome writes, recovery,
-retention; the API's: submit, get), compiled for asyncpg exactly as that release compiled
-them, with the commit they come from. The tests run them against newer schemas
-(tests/migrations/test_previous_release.py). `test_the_fixtures_match_git_history`
+retention, the KEY_CONCURRENCY lock; the API's: submit, get), compiled for asyncpg exactly
+as that release compiled them, with the commit they come from. The tests run them against
+newer schemas (tests/migrations/test_previous_release.py). `test_the_fixtures_match_git_history`
 regenerates them from the named commits when the history is there (a CI clone has it)
 and fails when they are stale. After adding a revision, run
 
@@ -84,7 +84,8 @@ if named is not None:
         elif name.startswith("job_prune_"):
             found["prune_" + name.removeprefix("job_prune_")] = statement
         elif name in ("job_claim", "job_complete_and_claim", "job_release_claim",
-                      "job_recover_expired", "job_submit", "job_get", "job_next_due"):
+                      "job_recover_expired", "job_submit", "job_get", "job_next_due",
+                      "job_lock_keys"):
             found[name.removeprefix("job_")] = statement
         elif name == "job_renew_many":
             found["renew"] = statement

@@ -64,8 +64,8 @@ STATEMENT_TIMEOUT = 4.0
 LOCK_TIMEOUT = 2.0
 CONNECTION_CHECK = 1.0
 # A process stopped (SIGSTOP, a frozen machine) inside one of its transactions would keep
-# its locks (the rows a claim took, a queue's KEY_CONCURRENCY lock, which every other
-# claimer of the queue waits for) as long as it stays stopped: its session ends after this
+# its locks (the rows a claim took, the KEY_CONCURRENCY locks other claimers wait for or
+# pass over) as long as it stays stopped: its session ends after this
 # long idle in the transaction, which is rolled back (a store call's statements follow each
 # other at once).
 IDLE_IN_TRANSACTION = 5.0

@@ -44,13 +44,14 @@ from jobcore.states import Operation, Status
 # key's jobs are read from the key's head (docs/pressure.md).
 #
 # KEY_CONCURRENCY (`key_limits`, per queue, NULL for none): a key's share is at most its
-# limit less its running jobs (`jobs_key_running_idx`) and less the claimer's own handlers
-# of the key that outlived their recorded attempts (`overrun_queues`, `overrun_keys`,
-# `overrun_counts`); the claimer holds the queue's advisory lock (`JOB_LOCK_KEYS`, earlier
-# in the transaction), so the count sees every claim committed before.
+# room, `key_room()` (revision 0012): its limit less the claimer's own handlers of the key
+# that outlived their recorded attempts (`overrun_queues`, `overrun_keys`,
+# `overrun_counts`), less its running jobs (`jobs_key_running_idx`), counted under the
+# key's own advisory lock in a snapshot taken after it, so the count sees every claim of
+# the key committed before; a key another claimer is taking jobs of at that moment has no
+# room in this claim. Claimers of different keys never wait for each other.
 (_CLAIMABLE,) = Operation.CLAIM.sources
 _PENDING = f"'{_CLAIMABLE.value}'"
-_RUNNING = f"'{Status.PROCESSING.value}'"
 _NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
 # A job's key in claim order; the index holds this expression.
 KEY = "coalesce(concurrency_key, '')"
@@ -113,6 +114,38 @@ def keys_present() -> str:
     )"""
 
 
+def _first_after(bound: str) -> str:
+    """The first key at hand after `bound` and where its first job is (SQL, a subquery of
+    `k`, `tid`): the index orders a key's jobs by run_at, id, so the entry the probe for the
+    key lands on is that job's."""
+    return (
+        f"(SELECT {KEY} AS k, ctid AS tid FROM jobqueue.jobs WHERE {_AT} AND {KEY} > {bound}"
+        f" ORDER BY {KEY}, run_at, id LIMIT 1)"
+    )
+
+
+def _by_tid(skip: str) -> str:
+    """A key's one job in this claim, when that is its first (the keys outnumber the slots):
+    locked where the probe for the key found it, with no second read of the index. Given
+    up if another claimer holds it or took it meanwhile (the key then waits for its next
+    turn). Not with `skip`: the job the probe found may be one it skips."""
+    if skip:
+        return ""
+    return f""", by_tid AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, j.id, j.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE ctid = shares.tid AND {_AT} AND run_at <= now()
+                FOR UPDATE SKIP LOCKED
+            ) AS j
+            WHERE shares.share = 1 AND shares.tid IS NOT NULL
+        )"""
+
+
+# Keys a claim looks at beyond its free slots, for keys without room it passes over.
+SEEN_BEYOND = 16
+
+
 def _in_turn(skip: str) -> str:
     """The jobs a claim takes at one priority of one queue, keys in turn (see above)."""
     return f"""
@@ -121,46 +154,52 @@ def _in_turn(skip: str) -> str:
                                            CAST(:turn_priorities AS smallint[]),
                                            CAST(:turns AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k) AS (
-            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN {_NO_KEY}
-                        ELSE {_key_after("(SELECT c FROM last_turn)")} END
+        ), after(k, tid) AS (
+            SELECT CASE WHEN l.c IS NULL THEN {_NO_KEY} ELSE n.k END, n.tid
+            FROM last_turn AS l LEFT JOIN LATERAL {_first_after("l.c")} AS n ON true
             UNION ALL
-            SELECT {_key_after("after.k")} FROM after WHERE after.k IS NOT NULL
-        ), wrapped(k) AS (
-            SELECT {_NO_KEY} WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL {_first_after("after.k")} AS n
+        ), wrapped(k, tid) AS (
+            SELECT {_NO_KEY}, CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT {_key_after("wrapped.k")} FROM wrapped
+            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL {_first_after("wrapped.k")} AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), keys AS MATERIALIZED (
-            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
-                           UNION ALL
-                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
-            -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
-                SELECT FROM jobqueue.jobs
-                WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip})
-            LIMIT w.n
-        ), shares AS MATERIALIZED (
-            SELECT keys.k, room.k_left,
-                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
-                   AS share
-            FROM keys CROSS JOIN LATERAL (
-                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE greatest(w.key_limit - (
-                                SELECT count(*) FROM jobqueue.jobs
-                                WHERE status = {_RUNNING} AND queue = w.queue
-                                  AND concurrency_key = keys.k) - coalesce((
+        ), seen AS MATERIALIZED (
+            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
+            -- without room (at its limit, or being claimed by another claimer) is passed
+            -- over, so it does not take a slot's turn.
+            SELECT found.k, found.tid, room.k_left FROM (
+                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                    UNION ALL
+                                    SELECT k, tid FROM wrapped
+                                    WHERE k <= (SELECT c FROM last_turn)) AS f
+                -- '' takes a turn only with a due job past its floor (read from there).
+                WHERE k <> '' OR EXISTS (
+                    SELECT FROM jobqueue.jobs
+                    WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip})
+                LIMIT w.n + {SEEN_BEYOND}
+            ) AS found CROSS JOIN LATERAL (
+                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
                                 SELECT sum(o.n) FROM unnest(
                                     CAST(:overrun_queues AS text[]),
                                     CAST(:overrun_keys AS text[]),
                                     CAST(:overrun_counts AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
+                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
                        END AS k_left
-                -- Not pulled up into the query above, which uses k_left twice: the key's
-                -- running jobs are counted once.
+                -- Not pulled up into the queries above, which use k_left twice: the key's
+                -- room is taken once.
                 OFFSET 0
             ) AS room
-        ), first AS MATERIALIZED (
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ){_by_tid(skip)}, first AS MATERIALIZED (
+            {"SELECT k, share, k_left, id, run_at FROM by_tid UNION ALL" if not skip else ""}
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
@@ -170,12 +209,14 @@ def _in_turn(skip: str) -> str:
                   AND run_at <= now(){skip}
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
+            {"WHERE shares.share > 1 OR shares.tid IS NULL" if not skip else ""}
         ), filled AS MATERIALIZED (
-            -- Only when every key had its turn (fewer keys than slots): a key not reached
-            -- yet comes before a second turn of one that was.
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND (SELECT count(*) FROM seen) < w.n + {SEEN_BEYOND}
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -194,6 +235,18 @@ def _in_turn(skip: str) -> str:
         )
         SELECT id, k, k_left, run_at FROM first
         UNION ALL SELECT id, k, k_left, run_at FROM more"""
+
+
+# The queues' KEY_CONCURRENCY locks in shared mode, in lock order, taken before anything
+# else the claim does (a one-time filter): a claimer holding one exclusively (`JOB_LOCK_KEYS`)
+# has committed before the keys' rooms are counted, and none takes it while this claim runs.
+_KEYS_SHARED = """(
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST(:queues AS text[]), CAST(:key_limits AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l)"""
 
 
 def _due_jobs(skip: str) -> Any:
@@ -218,7 +271,7 @@ SELECT c.id FROM (
         LIMIT w.n
     ) AS j
 ) AS c
-WHERE c.nth <= c.k_left"""
+WHERE c.nth <= c.k_left AND {_KEYS_SHARED} >= 0"""
         )
         .columns(sa.column("id", pg.UUID(as_uuid=True)))
         .cte("due")

@@ -123,46 +123,60 @@ SELECT c.id FROM (
                                            CAST($13 AS smallint[]),
                                            CAST($14 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k) AS (
-            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
+        ), after(k, tid) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
-        ), wrapped(k) AS (
-            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
+            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), keys AS MATERIALIZED (
-            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
-                           UNION ALL
-                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
-            -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
-                SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
-            LIMIT w.n
-        ), shares AS MATERIALIZED (
-            SELECT keys.k, room.k_left,
-                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
-                   AS share
-            FROM keys CROSS JOIN LATERAL (
-                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE greatest(w.key_limit - (
-                                SELECT count(*) FROM jobqueue.jobs
-                                WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k) - coalesce((
+        ), seen AS MATERIALIZED (
+            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
+            -- without room (at its limit, or being claimed by another claimer) is passed
+            -- over, so it does not take a slot's turn.
+            SELECT found.k, found.tid, room.k_left FROM (
+                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                    UNION ALL
+                                    SELECT k, tid FROM wrapped
+                                    WHERE k <= (SELECT c FROM last_turn)) AS f
+                -- '' takes a turn only with a due job past its floor (read from there).
+                WHERE k <> '' OR EXISTS (
+                    SELECT FROM jobqueue.jobs
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                LIMIT w.n + 16
+            ) AS found CROSS JOIN LATERAL (
+                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
                                 SELECT sum(o.n) FROM unnest(
                                     CAST($15 AS text[]),
                                     CAST($16 AS text[]),
                                     CAST($17 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
+                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
                        END AS k_left
-                -- Not pulled up into the query above, which uses k_left twice: the key's
-                -- running jobs are counted once.
+                -- Not pulled up into the queries above, which use k_left twice: the key's
+                -- room is taken once.
                 OFFSET 0
             ) AS room
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), by_tid AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, j.id, j.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE ctid = shares.tid AND status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at <= now()
+                FOR UPDATE SKIP LOCKED
+            ) AS j
+            WHERE shares.share = 1 AND shares.tid IS NOT NULL
         ), first AS MATERIALIZED (
+            SELECT k, share, k_left, id, run_at FROM by_tid UNION ALL
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
@@ -172,12 +186,14 @@ SELECT c.id FROM (
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
+            WHERE shares.share > 1 OR shares.tid IS NULL
         ), filled AS MATERIALIZED (
-            -- Only when every key had its turn (fewer keys than slots): a key not reached
-            -- yet comes before a second turn of one that was.
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND (SELECT count(*) FROM seen) < w.n + 16
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -201,7 +217,13 @@ SELECT c.id FROM (
         LIMIT w.n
     ) AS j
 ) AS c
-WHERE c.nth <= c.k_left)
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($6 AS text[]), CAST($8 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0)
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
@@ -245,46 +267,52 @@ SELECT c.id FROM (
                                            CAST($13 AS smallint[]),
                                            CAST($14 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k) AS (
-            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
+        ), after(k, tid) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
-        ), wrapped(k) AS (
-            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
+            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), keys AS MATERIALIZED (
-            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
-                           UNION ALL
-                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
-            -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
-                SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
-            LIMIT w.n
-        ), shares AS MATERIALIZED (
-            SELECT keys.k, room.k_left,
-                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
-                   AS share
-            FROM keys CROSS JOIN LATERAL (
-                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE greatest(w.key_limit - (
-                                SELECT count(*) FROM jobqueue.jobs
-                                WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k) - coalesce((
+        ), seen AS MATERIALIZED (
+            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
+            -- without room (at its limit, or being claimed by another claimer) is passed
+            -- over, so it does not take a slot's turn.
+            SELECT found.k, found.tid, room.k_left FROM (
+                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                    UNION ALL
+                                    SELECT k, tid FROM wrapped
+                                    WHERE k <= (SELECT c FROM last_turn)) AS f
+                -- '' takes a turn only with a due job past its floor (read from there).
+                WHERE k <> '' OR EXISTS (
+                    SELECT FROM jobqueue.jobs
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
+                LIMIT w.n + 16
+            ) AS found CROSS JOIN LATERAL (
+                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
                                 SELECT sum(o.n) FROM unnest(
                                     CAST($16 AS text[]),
                                     CAST($17 AS text[]),
                                     CAST($18 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
+                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
                        END AS k_left
-                -- Not pulled up into the query above, which uses k_left twice: the key's
-                -- running jobs are counted once.
+                -- Not pulled up into the queries above, which use k_left twice: the key's
+                -- room is taken once.
                 OFFSET 0
             ) AS room
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
         ), first AS MATERIALIZED (
+            
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
@@ -294,12 +322,14 @@ SELECT c.id FROM (
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
+            
         ), filled AS MATERIALIZED (
-            -- Only when every key had its turn (fewer keys than slots): a key not reached
-            -- yet comes before a second turn of one that was.
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND (SELECT count(*) FROM seen) < w.n + 16
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -323,7 +353,13 @@ SELECT c.id FROM (
         LIMIT w.n
     ) AS j
 ) AS c
-WHERE c.nth <= c.k_left)
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($6 AS text[]), CAST($8 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0)
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
@@ -369,46 +405,60 @@ SELECT c.id FROM (
                                            CAST($16 AS smallint[]),
                                            CAST($17 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k) AS (
-            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
+        ), after(k, tid) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
-        ), wrapped(k) AS (
-            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
+            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), keys AS MATERIALIZED (
-            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
-                           UNION ALL
-                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
-            -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
-                SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
-            LIMIT w.n
-        ), shares AS MATERIALIZED (
-            SELECT keys.k, room.k_left,
-                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
-                   AS share
-            FROM keys CROSS JOIN LATERAL (
-                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE greatest(w.key_limit - (
-                                SELECT count(*) FROM jobqueue.jobs
-                                WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k) - coalesce((
+        ), seen AS MATERIALIZED (
+            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
+            -- without room (at its limit, or being claimed by another claimer) is passed
+            -- over, so it does not take a slot's turn.
+            SELECT found.k, found.tid, room.k_left FROM (
+                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                    UNION ALL
+                                    SELECT k, tid FROM wrapped
+                                    WHERE k <= (SELECT c FROM last_turn)) AS f
+                -- '' takes a turn only with a due job past its floor (read from there).
+                WHERE k <> '' OR EXISTS (
+                    SELECT FROM jobqueue.jobs
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                LIMIT w.n + 16
+            ) AS found CROSS JOIN LATERAL (
+                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
                                 SELECT sum(o.n) FROM unnest(
                                     CAST($18 AS text[]),
                                     CAST($19 AS text[]),
                                     CAST($20 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
+                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
                        END AS k_left
-                -- Not pulled up into the query above, which uses k_left twice: the key's
-                -- running jobs are counted once.
+                -- Not pulled up into the queries above, which use k_left twice: the key's
+                -- room is taken once.
                 OFFSET 0
             ) AS room
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), by_tid AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, j.id, j.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE ctid = shares.tid AND status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at <= now()
+                FOR UPDATE SKIP LOCKED
+            ) AS j
+            WHERE shares.share = 1 AND shares.tid IS NOT NULL
         ), first AS MATERIALIZED (
+            SELECT k, share, k_left, id, run_at FROM by_tid UNION ALL
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
@@ -418,12 +468,14 @@ SELECT c.id FROM (
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
+            WHERE shares.share > 1 OR shares.tid IS NULL
         ), filled AS MATERIALIZED (
-            -- Only when every key had its turn (fewer keys than slots): a key not reached
-            -- yet comes before a second turn of one that was.
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND (SELECT count(*) FROM seen) < w.n + 16
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -447,7 +499,13 @@ SELECT c.id FROM (
         LIMIT w.n
     ) AS j
 ) AS c
-WHERE c.nth <= c.k_left), 
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($9 AS text[]), CAST($11 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0), 
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
@@ -497,46 +555,52 @@ SELECT c.id FROM (
                                            CAST($16 AS smallint[]),
                                            CAST($17 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k) AS (
-            SELECT CASE WHEN (SELECT c FROM last_turn) IS NULL THEN CAST('' AS text) COLLATE "C"
-                        ELSE (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > (SELECT c FROM last_turn) ORDER BY coalesce(concurrency_key, '') LIMIT 1) END
+        ), after(k, tid) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM after WHERE after.k IS NOT NULL
-        ), wrapped(k) AS (
-            SELECT CAST('' AS text) COLLATE "C" WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT (SELECT coalesce(concurrency_key, '') FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, '') LIMIT 1) FROM wrapped
+            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), keys AS MATERIALIZED (
-            SELECT k FROM (SELECT k FROM after WHERE k IS NOT NULL
-                           UNION ALL
-                           SELECT k FROM wrapped WHERE k <= (SELECT c FROM last_turn)) AS found
-            -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
-                SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
-            LIMIT w.n
-        ), shares AS MATERIALIZED (
-            SELECT keys.k, room.k_left,
-                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, room.k_left)
-                   AS share
-            FROM keys CROSS JOIN LATERAL (
-                SELECT CASE WHEN keys.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE greatest(w.key_limit - (
-                                SELECT count(*) FROM jobqueue.jobs
-                                WHERE status = 'processing' AND queue = w.queue
-                                  AND concurrency_key = keys.k) - coalesce((
+        ), seen AS MATERIALIZED (
+            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
+            -- without room (at its limit, or being claimed by another claimer) is passed
+            -- over, so it does not take a slot's turn.
+            SELECT found.k, found.tid, room.k_left FROM (
+                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                    UNION ALL
+                                    SELECT k, tid FROM wrapped
+                                    WHERE k <= (SELECT c FROM last_turn)) AS f
+                -- '' takes a turn only with a due job past its floor (read from there).
+                WHERE k <> '' OR EXISTS (
+                    SELECT FROM jobqueue.jobs
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
+                LIMIT w.n + 16
+            ) AS found CROSS JOIN LATERAL (
+                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
+                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
                                 SELECT sum(o.n) FROM unnest(
                                     CAST($19 AS text[]),
                                     CAST($20 AS text[]),
                                     CAST($21 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = keys.k), 0), 0)::integer
+                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
                        END AS k_left
-                -- Not pulled up into the query above, which uses k_left twice: the key's
-                -- running jobs are counted once.
+                -- Not pulled up into the queries above, which use k_left twice: the key's
+                -- room is taken once.
                 OFFSET 0
             ) AS room
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
         ), first AS MATERIALIZED (
+            
             SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
@@ -546,12 +610,14 @@ SELECT c.id FROM (
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
+            
         ), filled AS MATERIALIZED (
-            -- Only when every key had its turn (fewer keys than slots): a key not reached
-            -- yet comes before a second turn of one that was.
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND (SELECT count(*) FROM seen) < w.n + 16
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -575,7 +641,13 @@ SELECT c.id FROM (
         LIMIT w.n
     ) AS j
 ) AS c
-WHERE c.nth <= c.k_left), 
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($9 AS text[]), CAST($11 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0), 
 claimed AS 
 (UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
