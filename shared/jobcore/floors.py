@@ -35,7 +35,7 @@ monotonic clock (sweep pacing).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 MARGIN = timedelta(seconds=1)
@@ -93,39 +93,74 @@ class Sweeps:
         self._last = at
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(at: datetime) -> int:
+    """`at` as microseconds since the epoch, exactly: how a claim is sent its floors (an
+    array of timestamptz costs the driver a few µs an element to encode, a claim knowing
+    hundreds of priorities a millisecond)."""
+    return (at - EPOCH) // _MICROSECOND
+
+
 class ClaimFloors:
     """Per (queue, priority), the `run_at` a claim of this process starts from."""
 
     def __init__(self, margin: timedelta = MARGIN, sweeps: Sweeps | None = None) -> None:
         self._margin = margin
         self._floors: dict[tuple[str, int], datetime] = {}
+        self._sent: dict[tuple[str, int], int] = {}  # the same, as `micros`
         self.sweeps = sweeps or Sweeps()
 
     def params(self, queues: Iterable[str], *, sweep: bool) -> dict[str, list[Any]]:
-        """The claim's floor parameters for `queues`; none at all for a sweep."""
+        """The claim's floor parameters for `queues` (the floors as `micros`); none at all
+        for a sweep."""
         wanted = set(queues)
-        known = [] if sweep else [(k, f) for k, f in self._floors.items() if k[0] in wanted]
+        known = [] if sweep else [(k, f) for k, f in self._sent.items() if k[0] in wanted]
         return {
             "floor_queues": [queue for (queue, _), _ in known],
             "floor_priorities": [priority for (_, priority), _ in known],
             "floors": [floor for _, floor in known],
         }
 
-    def learn(self, taken: Sequence[Position], *, sweep: bool) -> None:
+    def _set(self, key: tuple[str, int], floor: datetime) -> None:
+        if self._floors.get(key) != floor:
+            self._floors[key] = floor
+            self._sent[key] = micros(floor)
+
+    def learn(
+        self, taken: Sequence[Position], *, sweep: bool, queues: Iterable[str] = ()
+    ) -> None:
         """Move the floors past what a claim took. Every job of a (queue, priority) the
         claim could take below the last one it took (in claim order) it took, or another
         claim held; so the floor rises to that job's `run_at`, less the margin. After a
         sweep it may also fall: the sweep found jobs below the floor, and there may be more
-        of them between what it took and the old floor."""
+        of them between what it took and the old floor.
+
+        A sweep of `queues` also forgets their floors above the highest priority it took
+        from (all of them, where it took nothing): it read those priorities from the head
+        and found nothing to take. A claim walks every priority it has a floor for, so
+        without this a queue whose priorities drained one by one would cost every claim a
+        step through each of them; reading them from the head again is cheap (or there
+        would have been no sweep)."""
         latest: dict[tuple[str, int], datetime] = {}
         for job in taken:
             key = (job.queue, job.priority)
             if key not in latest or job.run_at > latest[key]:
                 latest[key] = job.run_at
+        if sweep:
+            swept = set(queues)
+            top: dict[str, int] = {}
+            for queue, priority in latest:
+                top[queue] = max(top.get(queue, priority), priority)
+            for queue, priority in list(self._floors):
+                if queue in swept and (queue not in top or priority > top[queue]):
+                    del self._floors[(queue, priority)], self._sent[(queue, priority)]
         for key, run_at in latest.items():
             floor = run_at - self._margin
             old = self._floors.get(key)
-            self._floors[key] = floor if sweep or old is None else max(old, floor)
+            self._set(key, floor if sweep or old is None else max(old, floor))
 
     def lower(self, heads: Iterable[Position]) -> None:
         """Lower each floor that a due job lies below to that job's `run_at` (a check of
@@ -133,7 +168,7 @@ class ClaimFloors:
         for head in heads:
             key = (head.queue, head.priority)
             old = self._floors.get(key)
-            self._floors[key] = head.run_at if old is None else min(old, head.run_at)
+            self._set(key, head.run_at if old is None else min(old, head.run_at))
 
     def floor(self, queue: str, priority: int) -> datetime | None:
         return self._floors.get((queue, priority))

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore import compiled, queries
-from jobcore.floors import ClaimFloors, Sweeps, check_interval
+from jobcore.floors import ClaimFloors, Sweeps, check_interval, micros
 from jobcore.ids import new_id
 from jobcore.runner import Compiled
 from jobcore.states import Operation
@@ -50,6 +50,22 @@ def test_only_a_sweep_lowers_a_floor():
     assert floors.floor("a", 0) == T0 - SECOND
 
 
+def test_a_sweep_forgets_the_floors_above_what_it_took_in_the_queues_it_read():
+    """Priorities 9 and 5 drained (the sweep read them from the head and took nothing
+    there); 1 still had jobs, and 0, below what the sweep took, keeps its floor; queue b,
+    which the sweep did not read, keeps every floor; queue c, read and empty, keeps none."""
+    floors = ClaimFloors(margin=SECOND)
+    early = [taken(q, p, T0) for q in ("a", "b", "c") for p in (9, 5, 1, 0)]
+    floors.learn(early, sweep=False)
+    floors.learn([taken("a", 1, T0 + 3 * SECOND)], sweep=True, queues=["a", "c"])
+    assert [p for p in (9, 5, 1, 0) if floors.floor("a", p)] == [1, 0]
+    assert floors.floor("a", 1) == T0 + 2 * SECOND
+    assert floors.floor("a", 0) == T0 - SECOND
+    assert [p for p in (9, 5, 1, 0) if floors.floor("b", p)] == [9, 5, 1, 0]
+    assert [p for p in (9, 5, 1, 0) if floors.floor("c", p)] == []
+    assert floors.params(["a", "c"], sweep=False)["floor_priorities"] == [1, 0]
+
+
 def test_a_sweep_sends_no_floors_and_a_claim_only_those_of_its_queues():
     floors = ClaimFloors(margin=SECOND)
     floors.learn([taken("a", 0, T0), taken("b", 2, T0)], sweep=False)
@@ -57,7 +73,7 @@ def test_a_sweep_sends_no_floors_and_a_claim_only_those_of_its_queues():
     assert floors.params(["b"], sweep=False) == {
         "floor_queues": ["b"],
         "floor_priorities": [2],
-        "floors": [T0 - SECOND],
+        "floors": [micros(T0 - SECOND)],
     }
 
 

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from jobcore import queries, store
 from jobcore.compiled import NO_FLOORS, NO_OVERRUNS, NO_TURNS
+from jobcore.floors import micros
 from jobcore.ids import new_id
 from jobcore.rows import NewJob
 from jobcore.runner import Compiled
@@ -75,7 +76,7 @@ def _index_scans(plan: str) -> set[str]:
 FLOORED = {
     "floor_queues": ["default", "other"],
     "floor_priorities": [0, 5],
-    "floors": [datetime.now(UTC) - timedelta(minutes=1)] * 2,
+    "floors": [micros(datetime.now(UTC) - timedelta(minutes=1))] * 2,
 }
 FLOORS = pytest.mark.parametrize("floors", [NO_FLOORS, FLOORED], ids=["sweep", "floored"])
 

@@ -208,7 +208,7 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
 
 
 # The claims' floor parameters as literals, none: a claim from the head, as a sweep.
-_NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::timestamptz[]"
+_NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::bigint[]"
 # No key limits, then no floors, no turns and no overruns: the claim's parameters after
 # its slots.
 _NO_KEYS = (

@@ -55,39 +55,52 @@ _PENDING = f"'{_CLAIMABLE.value}'"
 _NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
 # A job's key in claim order; the index holds this expression.
 KEY = "coalesce(concurrency_key, '')"
-_KNOWN = """
-    known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST(:floor_queues AS text[]),
-                                    CAST(:floor_priorities AS smallint[]),
-                                    CAST(:floors AS timestamptz[])) AS k(q, p, f)
+# The priorities the claimer knows in this queue, highest first, and their floors (sent as
+# microseconds since the epoch, `jobcore.floors.micros`).
+_KNOWN = f"""
+    known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{{}}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{{}}') AS fs
+        FROM unnest(CAST(:floor_queues AS text[]),
+                    CAST(:floor_priorities AS smallint[]),
+                    CAST(:floors AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     )"""
 
 
-def _next_priority(above: str, known_below: str) -> str:
-    """The next priority present below `above` (SQL, NULL: the top): the highest pending
-    one in the gap down to the next known priority, else that known priority."""
-    bound = f" AND priority < {above}" if above else ""
-    return f"""coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = {_PENDING} AND queue = w.queue{bound}
-               AND priority > (SELECT coalesce(max(known.p), {_NO_PRIORITY}) FROM known
-                               {known_below})
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known {known_below}))"""
+def _next_priority(above: str, i: str) -> str:
+    """The next priority present below `above` (SQL, NULL: the top), where `i` is the
+    place in `known` of the highest known priority below it: the highest pending one in
+    the gap down to that known priority (no read where they are adjacent), else that known
+    priority and its floor. A row (p, f, i) with `i` the place of the known priority below
+    p; none past the last."""
+    bound = f" AND priority < {above}" if above != "NULL" else ""
+    gap = (
+        f" AND coalesce(known.ps[{i}], {_NO_PRIORITY}) < {above} - 1" if above != "NULL" else ""
+    )
+    return f"""SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, {i} AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = {_PENDING} AND queue = w.queue{bound}
+                  AND priority > coalesce(known.ps[{i}], {_NO_PRIORITY}){gap}
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[{i}], known.fs[{i}], {i} + 1 WHERE known.ps[{i}] IS NOT NULL
+        ) AS step LIMIT 1"""
 
 
+# Each step is one probe of the index at most, and finds its known priority by its place:
+# a claim costs no more per priority for knowing many.
 PRIORITIES = f"""
-    WITH RECURSIVE {_KNOWN.strip()}, priorities(p) AS (
-        SELECT {_next_priority("", "")}
+    WITH RECURSIVE {_KNOWN.strip()}, priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL ({_next_priority("NULL", "1")}) AS n
         UNION ALL
-        SELECT {_next_priority("priorities.p", "WHERE known.p < priorities.p")}
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL ({_next_priority("priorities.p", "priorities.i")}) AS n
     )"""
-FLOOR = (
-    "coalesce((SELECT known.f FROM known WHERE known.p = priorities.p),"
-    " CAST('-infinity' AS timestamptz))"
-)
+FLOOR = "coalesce(priorities.f, CAST('-infinity' AS timestamptz))"
 # The pending jobs of the queue and priority at hand.
 _AT = f"status = {_PENDING} AND queue = w.queue AND priority = priorities.p"
 

@@ -93,28 +93,37 @@ SELECT c.id FROM (
     FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
                 CAST($8 AS integer[])) AS w(queue, n, key_limit)
     CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($9 AS text[]),
-                                    CAST($10 AS smallint[]),
-                                    CAST($11 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($9 AS text[]),
+                    CAST($10 AS smallint[]),
+                    CAST($11 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
         SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
         FROM priorities CROSS JOIN LATERAL (
@@ -145,7 +154,7 @@ SELECT c.id FROM (
                 -- '' takes a turn only with a due job past its floor (read from there).
                 WHERE k <> '' OR EXISTS (
                     SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
                 LIMIT w.n + 16
             ) AS found CROSS JOIN LATERAL (
                 SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
@@ -181,7 +190,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
@@ -237,28 +246,37 @@ SELECT c.id FROM (
     FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
                 CAST($8 AS integer[])) AS w(queue, n, key_limit)
     CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($9 AS text[]),
-                                    CAST($10 AS smallint[]),
-                                    CAST($11 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($9 AS text[]),
+                    CAST($10 AS smallint[]),
+                    CAST($11 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
         SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
         FROM priorities CROSS JOIN LATERAL (
@@ -289,7 +307,7 @@ SELECT c.id FROM (
                 -- '' takes a turn only with a due job past its floor (read from there).
                 WHERE k <> '' OR EXISTS (
                     SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
                 LIMIT w.n + 16
             ) AS found CROSS JOIN LATERAL (
                 SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
@@ -317,7 +335,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
@@ -375,28 +393,37 @@ SELECT c.id FROM (
     FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
                 CAST($11 AS integer[])) AS w(queue, n, key_limit)
     CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
-                                    CAST($13 AS smallint[]),
-                                    CAST($14 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($12 AS text[]),
+                    CAST($13 AS smallint[]),
+                    CAST($14 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
         SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
         FROM priorities CROSS JOIN LATERAL (
@@ -427,7 +454,7 @@ SELECT c.id FROM (
                 -- '' takes a turn only with a due job past its floor (read from there).
                 WHERE k <> '' OR EXISTS (
                     SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
                 LIMIT w.n + 16
             ) AS found CROSS JOIN LATERAL (
                 SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
@@ -463,7 +490,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
@@ -525,28 +552,37 @@ SELECT c.id FROM (
     FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
                 CAST($11 AS integer[])) AS w(queue, n, key_limit)
     CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
-                                    CAST($13 AS smallint[]),
-                                    CAST($14 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($12 AS text[]),
+                    CAST($13 AS smallint[]),
+                    CAST($14 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
         SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
         FROM priorities CROSS JOIN LATERAL (
@@ -577,7 +613,7 @@ SELECT c.id FROM (
                 -- '' takes a turn only with a due job past its floor (read from there).
                 WHERE k <> '' OR EXISTS (
                     SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
+                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
                 LIMIT w.n + 16
             ) AS found CROSS JOIN LATERAL (
                 SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
@@ -605,7 +641,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz))
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
                                      ELSE CAST('-infinity' AS timestamptz) END
                   AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
@@ -661,32 +697,41 @@ WITH due AS MATERIALIZED
 (
 SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
-                                    CAST($9 AS smallint[]),
-                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($8 AS text[]),
+                    CAST($9 AS smallint[]),
+                    CAST($10 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now()
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     WHERE priorities.p IS NOT NULL
@@ -701,32 +746,41 @@ WITH due AS MATERIALIZED
 (
 SELECT j.id FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($8 AS text[]),
-                                    CAST($9 AS smallint[]),
-                                    CAST($10 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($8 AS text[]),
+                    CAST($9 AS smallint[]),
+                    CAST($10 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($11 AS text[]))
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($11 AS text[]))
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     WHERE priorities.p IS NOT NULL
@@ -743,32 +797,41 @@ due AS MATERIALIZED
 (
 SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
-                                    CAST($12 AS smallint[]),
-                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($11 AS text[]),
+                    CAST($12 AS smallint[]),
+                    CAST($13 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now()
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now()
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     WHERE priorities.p IS NOT NULL
@@ -789,32 +852,41 @@ due AS MATERIALIZED
 (
 SELECT j.id FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[])) AS w(queue, n)
 CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($11 AS text[]),
-                                    CAST($12 AS smallint[]),
-                                    CAST($13 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($11 AS text[]),
+                    CAST($12 AS smallint[]),
+                    CAST($13 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
     SELECT d.id FROM priorities CROSS JOIN LATERAL (
         SELECT id FROM jobqueue.jobs
-        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce((SELECT known.f FROM known WHERE known.p = priorities.p), CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($14 AS text[]))
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($14 AS text[]))
         ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED
     ) AS d
     WHERE priorities.p IS NOT NULL
@@ -930,28 +1002,37 @@ WITH room AS MATERIALIZED (
     SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
     FROM unnest(CAST($6 AS text[]), CAST($11 AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($12 AS text[]),
-                                    CAST($13 AS smallint[]),
-                                    CAST($14 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($12 AS text[]),
+                    CAST($13 AS smallint[]),
+                    CAST($14 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
         SELECT d.id, d.priority, d.run_at FROM priorities CROSS JOIN LATERAL (
             SELECT id, priority, run_at FROM jobqueue.jobs
@@ -1009,28 +1090,37 @@ FROM room LEFT JOIN started ON started.type = room.type;
 SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
 FROM unnest(CAST($1 AS text[])) AS w(queue)
 CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($2 AS text[]),
-                                    CAST($3 AS smallint[]),
-                                    CAST($4 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($2 AS text[]),
+                    CAST($3 AS smallint[]),
+                    CAST($4 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
     SELECT (WITH RECURSIVE keys_present(k) AS (
         SELECT CAST('' AS text) COLLATE "C"
@@ -1049,28 +1139,37 @@ CROSS JOIN LATERAL (
 SELECT w.queue, h.p AS priority, h.run_at
 FROM unnest(CAST($1 AS text[])) AS w(queue)
 CROSS JOIN LATERAL (
-    WITH RECURSIVE known(p, f) AS (
-        SELECT k.p, k.f FROM unnest(CAST($2 AS text[]),
-                                    CAST($3 AS smallint[]),
-                                    CAST($4 AS timestamptz[])) AS k(q, p, f)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($2 AS text[]),
+                    CAST($3 AS smallint[]),
+                    CAST($4 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
-    ), priorities(p) AS (
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               )
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known ))
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
         UNION ALL
-        SELECT coalesce(
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-               AND priority > (SELECT coalesce(max(known.p), -32768) FROM known
-                               WHERE known.p < priorities.p)
-             ORDER BY priority DESC LIMIT 1),
-            (SELECT max(known.p) FROM known WHERE known.p < priorities.p))
-        FROM priorities WHERE priorities.p IS NOT NULL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
     )
     SELECT priorities.p, (SELECT run_at FROM jobqueue.jobs
                           WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at <= now()
