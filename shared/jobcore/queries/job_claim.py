@@ -57,11 +57,11 @@ _NO_PRIORITY = -32768  # below every priority: "no known priority below this one
 KEY = "coalesce(concurrency_key, '')"
 # The priorities the claimer knows in this queue, highest first, and their floors (sent as
 # microseconds since the epoch, `jobcore.floors.micros`).
-_KNOWN = f"""
+_KNOWN = """
     known AS MATERIALIZED (
-        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{{}}') AS ps,
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
                coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
-                                  ORDER BY k.p DESC), '{{}}') AS fs
+                                  ORDER BY k.p DESC), '{}') AS fs
         FROM unnest(CAST(:floor_queues AS text[]),
                     CAST(:floor_priorities AS smallint[]),
                     CAST(:floors AS bigint[])) AS k(q, p, f)
