@@ -139,11 +139,12 @@ class ClaimFloors:
         of them between what it took and the old floor.
 
         A sweep of `queues` also forgets their floors above the highest priority it took
-        from (all of them, where it took nothing): it read those priorities from the head
-        and found nothing to take. A claim walks every priority it has a floor for, so
-        without this a queue whose priorities drained one by one would cost every claim a
-        step through each of them; reading them from the head again is cheap (or there
-        would have been no sweep)."""
+        from: it read those priorities from the head and found nothing to take. A claim
+        walks every priority it has a floor for, so without this a queue whose priorities
+        drained one by one would cost every claim a step through each of them; reading them
+        from the head again is cheap (or there would have been no sweep). Where it took
+        nothing (an empty queue, for a moment) the floors stay: the claims after it would
+        otherwise read from the head until they took a job."""
         latest: dict[tuple[str, int], datetime] = {}
         for job in taken:
             key = (job.queue, job.priority)
@@ -155,7 +156,7 @@ class ClaimFloors:
             for queue, priority in latest:
                 top[queue] = max(top.get(queue, priority), priority)
             for queue, priority in list(self._floors):
-                if queue in swept and (queue not in top or priority > top[queue]):
+                if queue in swept and queue in top and priority > top[queue]:
                     del self._floors[(queue, priority)], self._sent[(queue, priority)]
         for key, run_at in latest.items():
             floor = run_at - self._margin
