@@ -129,9 +129,7 @@ class ClaimFloors:
             self._floors[key] = floor
             self._sent[key] = micros(floor)
 
-    def learn(
-        self, taken: Sequence[Position], *, sweep: bool, queues: Iterable[str] = ()
-    ) -> None:
+    def learn(self, taken: Sequence[Position], *, sweep: bool, queues: Iterable[str] = ()) -> None:
         """Move the floors past what a claim took. Every job of a (queue, priority) the
         claim could take below the last one it took (in claim order) it took, or another
         claim held; so the floor rises to that job's `run_at`, less the margin. After a

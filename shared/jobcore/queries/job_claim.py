@@ -76,9 +76,7 @@ def _next_priority(above: str, i: str) -> str:
     priority and its floor. A row (p, f, i) with `i` the place of the known priority below
     p; none past the last."""
     bound = f" AND priority < {above}" if above != "NULL" else ""
-    gap = (
-        f" AND coalesce(known.ps[{i}], {_NO_PRIORITY}) < {above} - 1" if above != "NULL" else ""
-    )
+    gap = f" AND coalesce(known.ps[{i}], {_NO_PRIORITY}) < {above} - 1" if above != "NULL" else ""
     return f"""SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, {i} AS i FROM (
                 SELECT priority FROM jobqueue.jobs
