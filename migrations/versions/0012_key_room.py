@@ -42,9 +42,17 @@ def upgrade() -> None:
         f"""
         CREATE OR REPLACE FUNCTION {schema}.key_room(q text, k text, room integer)
         RETURNS integer LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $body$
+        DECLARE
+            left_ integer;
         BEGIN
-            IF NOT pg_try_advisory_xact_lock(hashtext('jobqueue.keys:' || q), hashtext(k))
-            THEN
+            -- A key at its limit has no room whoever holds its lock: no lock taken for it.
+            SELECT room - count(*) INTO left_ FROM {schema}.jobs
+            WHERE status = 'processing' AND queue = q COLLATE "default"
+              AND concurrency_key = k COLLATE "C";
+            IF left_ <= 0 THEN
+                RETURN 0;
+            END IF;
+            IF NOT pg_try_advisory_xact_lock(hashtext('{schema}.keys:' || q), hashtext(k)) THEN
                 RETURN 0;
             END IF;
             RETURN greatest(room - (

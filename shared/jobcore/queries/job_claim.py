@@ -48,8 +48,9 @@ from jobcore.states import Operation, Status
 # that outlived their recorded attempts (`overrun_queues`, `overrun_keys`,
 # `overrun_counts`), less its running jobs (`jobs_key_running_idx`), counted under the
 # key's own advisory lock in a snapshot taken after it, so the count sees every claim of
-# the key committed before; a key another claimer is taking jobs of at that moment has no
-# room in this claim. Claimers of different keys never wait for each other.
+# the key committed before (and a completion earlier in the same statement); a key another
+# claimer is taking jobs of at that moment has no room in this claim. Claimers of different
+# keys never wait for each other.
 (_CLAIMABLE,) = Operation.CLAIM.sources
 _PENDING = f"'{_CLAIMABLE.value}'"
 _NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
@@ -137,9 +138,10 @@ def _first_after(bound: str) -> str:
 
 def _by_tid(skip: str) -> str:
     """A key's one job in this claim, when that is its first (the keys outnumber the slots):
-    locked where the probe for the key found it, with no second read of the index. Given
-    up if another claimer holds it or took it meanwhile (the key then waits for its next
-    turn). Not with `skip`: the job the probe found may be one it skips."""
+    locked where the probe for the key found it, with no second read of the index. If
+    another claimer holds it or took it meanwhile, the key's next job is read through the
+    index instead (`_BY_INDEX`). Not with `skip`: the job the probe found may be one it
+    skips."""
     if skip:
         return ""
     return f""", by_tid AS MATERIALIZED (
@@ -151,6 +153,15 @@ def _by_tid(skip: str) -> str:
             ) AS j
             WHERE shares.share = 1 AND shares.tid IS NOT NULL
         )"""
+
+
+# The keys whose jobs `first` reads through the index: those with a share of more than one
+# job, '' (no probe found its job), and those whose probed job another claimer held or took
+# (their next job, then).
+_BY_INDEX = (
+    "WHERE shares.share > 1 OR shares.tid IS NULL"
+    " OR NOT EXISTS (SELECT FROM by_tid WHERE by_tid.k = shares.k)"
+)
 
 
 # Keys a claim looks at beyond its free slots, for keys without room it passes over.
@@ -220,7 +231,7 @@ def _in_turn(skip: str) -> str:
                   AND run_at <= now(){skip}
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-            {"WHERE shares.share > 1 OR shares.tid IS NULL" if not skip else ""}
+            {_BY_INDEX if not skip else ""}
         ), filled AS MATERIALIZED (
             -- Only when every key had its turn (fewer keys with room than slots, and every
             -- key seen): a key not reached yet comes before a second turn of one that was.

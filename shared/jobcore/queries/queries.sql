@@ -195,7 +195,7 @@ SELECT c.id FROM (
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-            WHERE shares.share > 1 OR shares.tid IS NULL
+            WHERE shares.share > 1 OR shares.tid IS NULL OR NOT EXISTS (SELECT FROM by_tid WHERE by_tid.k = shares.k)
         ), filled AS MATERIALIZED (
             -- Only when every key had its turn (fewer keys with room than slots, and every
             -- key seen): a key not reached yet comes before a second turn of one that was.
@@ -495,7 +495,7 @@ SELECT c.id FROM (
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
-            WHERE shares.share > 1 OR shares.tid IS NULL
+            WHERE shares.share > 1 OR shares.tid IS NULL OR NOT EXISTS (SELECT FROM by_tid WHERE by_tid.k = shares.k)
         ), filled AS MATERIALIZED (
             -- Only when every key had its turn (fewer keys with room than slots, and every
             -- key seen): a key not reached yet comes before a second turn of one that was.
