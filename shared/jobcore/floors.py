@@ -129,32 +129,31 @@ class ClaimFloors:
             self._floors[key] = floor
             self._sent[key] = micros(floor)
 
-    def learn(self, taken: Sequence[Position], *, sweep: bool, queues: Iterable[str] = ()) -> None:
+    def learn(self, taken: Sequence[Position], *, sweep: bool) -> None:
         """Move the floors past what a claim took. Every job of a (queue, priority) the
         claim could take below the last one it took (in claim order) it took, or another
         claim held; so the floor rises to that job's `run_at`, less the margin. After a
         sweep it may also fall: the sweep found jobs below the floor, and there may be more
         of them between what it took and the old floor.
 
-        A sweep of `queues` also forgets their floors above the highest priority it took
-        from: it read those priorities from the head and found nothing to take. A claim
-        walks every priority it has a floor for, so without this a queue whose priorities
-        drained one by one would cost every claim a step through each of them; reading them
-        from the head again is cheap (or there would have been no sweep). Where it took
-        nothing (an empty queue, for a moment) the floors stay: the claims after it would
-        otherwise read from the head until they took a job."""
+        A sweep also forgets, in each queue it took from, the floors above the highest
+        priority it took from there: it read those priorities from the head and found
+        nothing to take. A claim walks every priority it has a floor for, so without this a
+        queue whose priorities drained one by one would cost every claim a step through each
+        of them; reading them from the head again is cheap (or there would have been no
+        sweep). Where it took nothing (an empty queue, for a moment) the floors stay: the
+        claims after it would otherwise read from the head until they took a job."""
         latest: dict[tuple[str, int], datetime] = {}
         for job in taken:
             key = (job.queue, job.priority)
             if key not in latest or job.run_at > latest[key]:
                 latest[key] = job.run_at
         if sweep:
-            swept = set(queues)
             top: dict[str, int] = {}
             for queue, priority in latest:
                 top[queue] = max(top.get(queue, priority), priority)
             for queue, priority in list(self._floors):
-                if queue in swept and queue in top and priority > top[queue]:
+                if queue in top and priority > top[queue]:
                     del self._floors[(queue, priority)], self._sent[(queue, priority)]
         for key, run_at in latest.items():
             floor = run_at - self._margin

@@ -358,11 +358,7 @@ class PgJobStore:
         if sweep:
             self.floors.sweeps.done(started, self.availability.now())
         jobs = taken(result)
-        self.floors.learn(
-            [job for job in jobs if job.concurrency_key is None],
-            sweep=sweep,
-            queues=[queue for queue, n in slots.items() if n > 0],
-        )
+        self.floors.learn([job for job in jobs if job.concurrency_key is None], sweep=sweep)
         self.turns.learn(jobs)
         self.keyed.learn(jobs)
         return result
