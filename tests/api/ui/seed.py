@@ -133,3 +133,8 @@ def csrf_of(html: str) -> str:
     found = _CSRF.search(html)
     assert found, "no CSRF token on the page"
     return found.group(1)
+
+
+def altered(signed: str) -> str:
+    """A signed value (a session, a CSRF token) with its last digit changed: never still valid."""
+    return signed[:-1] + ("1" if signed[-1] == "0" else "0")

@@ -10,7 +10,7 @@ import pytest
 from jobqueue_api.state import state_of
 from jobqueue_api.ui.pages import BULK_RETRY_LIMIT
 from tests.api.conftest import app_of
-from tests.api.ui.seed import add_jobs, csrf_of, table
+from tests.api.ui.seed import add_jobs, altered, csrf_of, table
 
 
 def engine_of(api):
@@ -108,7 +108,7 @@ def _wrong_tokens():
     return {
         "missing": lambda csrf: {},
         "empty": lambda csrf: {"csrf_token": ""},
-        "altered": lambda csrf: {"csrf_token": csrf[:-1] + ("0" if csrf[-1] != "0" else "1")},
+        "altered": lambda csrf: {"csrf_token": altered(csrf)},
         "of another browser": None,  # filled in by the test
     }
 

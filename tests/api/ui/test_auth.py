@@ -12,7 +12,7 @@ import pytest
 from jobqueue_api.state import state_of
 from jobqueue_api.ui.session import SESSION_COOKIE, SESSION_SECONDS, new_session
 from tests.api.conftest import app_of
-from tests.api.ui.seed import add_jobs, csrf_of
+from tests.api.ui.seed import add_jobs, altered, csrf_of
 
 TOKEN = "s3cret-token-one"
 OTHER = "another-token-two"
@@ -181,18 +181,13 @@ async def test_a_session_ends_when_its_token_leaves_api_tokens(make_api, databas
     assert (await rotated.get("/ui/", headers=cookie)).status_code == 303
 
 
-def _altered(session: str) -> str:
-    """The session with its signature's last digit changed, so it can never still match."""
-    return session[:-1] + ("1" if session[-1] == "0" else "0")
-
-
 @pytest.mark.parametrize(
     "forged",
     [
         "1.00",
         new_session(TOKEN, time.time() - SESSION_SECONDS - 1),  # expired
         new_session("not-a-configured-token", time.time()),
-        _altered(new_session(TOKEN, time.time())),
+        altered(new_session(TOKEN, time.time())),
         TOKEN,
     ],
     ids=["garbage", "expired", "other-token", "altered", "the-raw-token"],
