@@ -14,9 +14,9 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0012"
-# The revisions this code works on; services refuse to start on any other. 0012 adds
-# `key_room()`, which every claim under KEY_CONCURRENCY calls, so this code needs it
+SCHEMA_REVISION = "0013"
+# The revisions this code works on; services refuse to start on any other. 0013 adds
+# `key_rooms()`, which every claim under KEY_CONCURRENCY calls, so this code needs it
 # (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 

@@ -193,6 +193,26 @@ async def test_a_key_without_room_leaves_its_slots_to_other_keys(engine):
     assert await _claim(engine, 10, turns, key_limits=limits) == []
 
 
+async def test_keys_without_room_first_in_turn_are_passed_over_for_the_next_ones(engine):
+    """A claimer whose turn starts at keys another claimer is taking jobs of right now (their
+    locks held by its open transaction), then at keys at their limit, still fills its slots
+    from the keys after them, one job a key."""
+    for k in range(40):
+        await _add(engine, 3, f"k{k:02}", start=_ago(60 - k))
+    limits = {"default": 1}
+    async with engine.connect() as holder:
+        raw = await driver(holder)
+        async with raw.transaction():
+            held = await compiled.claim(raw, {"default": 8}, LEASE, key_limits=limits)
+            # Its transaction still open: keys k00-k07 are locked.
+            during = await _claim(engine, 8, KeyTurns(), key_limits=limits)
+    after = await _claim(engine, 8, KeyTurns(), key_limits=limits)
+    assert [job.concurrency_key for job in held] == [f"k{k:02}" for k in range(8)]
+    assert [job.concurrency_key for job in during] == [f"k{k:02}" for k in range(8, 16)]
+    # k00-k15 are at their limit now.
+    assert [job.concurrency_key for job in after] == [f"k{k:02}" for k in range(16, 24)]
+
+
 async def test_a_handler_that_outlived_its_attempt_still_holds_its_keys_unit(engine):
     """Nothing of key A is processing in the database, but this claimer's handler of one
     of A's jobs still runs (its attempt was recorded as timed out): A has one unit left of

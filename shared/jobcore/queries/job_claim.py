@@ -44,13 +44,14 @@ from jobcore.states import Operation, Status
 # key's jobs are read from the key's head (docs/pressure.md).
 #
 # KEY_CONCURRENCY (`key_limits`, per queue, NULL for none): a key's share is at most its
-# room, `key_room()` (revision 0012): its limit less the claimer's own handlers of the key
-# that outlived their recorded attempts (`overrun_queues`, `overrun_keys`,
-# `overrun_counts`), less its running jobs (`jobs_key_running_idx`), counted under the
-# key's own advisory lock in a snapshot taken after it, so the count sees every claim of
-# the key committed before (and a completion earlier in the same statement); a key another
-# claimer is taking jobs of at that moment has no room in this claim. Claimers of different
-# keys never wait for each other.
+# room, from `key_rooms()` (revision 0013), one call for the first keys in turn (and one
+# more for the keys after them, should some have had no room): its limit less the
+# claimer's own handlers of the key that outlived their recorded attempts
+# (`overrun_queues`, `overrun_keys`, `overrun_counts`), less its running jobs
+# (`jobs_key_running_idx`), counted under the key's own advisory lock in a snapshot taken
+# after it, so the count sees every claim of the key committed before (and a completion
+# earlier in the same statement); a key another claimer is taking jobs of at that moment
+# has no room in this claim. Claimers of different keys never wait for each other.
 (_CLAIMABLE,) = Operation.CLAIM.sources
 _PENDING = f"'{_CLAIMABLE.value}'"
 _NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
@@ -168,6 +169,41 @@ _BY_INDEX = (
 SEEN_BEYOND = 16
 
 
+def _seen(stage: str, source: str, wanted: str, first: str) -> str:
+    """`seen<stage>`: the keys `source` reads from `found` (k, tid), in turn order (`nth`,
+    from `first` + 1), each with its room (`k_left`): '' and the keys of a queue without
+    KEY_CONCURRENCY have all the slots; under it, `key_rooms()` (revision 0013) locks the
+    first `wanted` of them that have room, counts their running jobs in a snapshot taken
+    after the locks and gives their room; the others have none in this claim."""
+    return f"""ask{stage} AS MATERIALIZED (
+            SELECT k, tid, {first} + row_number() OVER () AS nth FROM ({source}) AS f
+        ), room{stage} AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask{stage} WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST(:overrun_queues AS text[]),
+                              CAST(:overrun_keys AS text[]),
+                              CAST(:overrun_counts AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask{stage} AS a WHERE a.k <> ''),
+                CAST({wanted} AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask{stage} WHERE k <> '')
+        ), seen{stage} AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room{stage} AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask{stage} AS a
+        )"""
+
+
+# How many keys after the first w.n a claim looks at, and which.
+_LOOKED_AGAIN = f"SELECT CASE WHEN m > 0 THEN m + {SEEN_BEYOND} ELSE 0 END FROM short"
+_AGAIN = f"SELECT k, tid FROM found OFFSET w.n LIMIT ({_LOOKED_AGAIN})"
+
+
 def _in_turn(skip: str) -> str:
     """The jobs a claim takes at one priority of one queue, keys in turn (see above)."""
     return f"""
@@ -186,35 +222,25 @@ def _in_turn(skip: str) -> str:
             UNION ALL
             SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL {_first_after("wrapped.k")} AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), seen AS MATERIALIZED (
-            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
-            -- without room (at its limit, or being claimed by another claimer) is passed
-            -- over, so it does not take a slot's turn.
-            SELECT found.k, found.tid, room.k_left FROM (
-                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
-                                    UNION ALL
-                                    SELECT k, tid FROM wrapped
-                                    WHERE k <= (SELECT c FROM last_turn)) AS f
-                -- '' takes a turn only with a due job past its floor (read from there).
-                WHERE k <> '' OR EXISTS (
-                    SELECT FROM jobqueue.jobs
-                    WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip})
-                LIMIT w.n + {SEEN_BEYOND}
-            ) AS found CROSS JOIN LATERAL (
-                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
-                                SELECT sum(o.n) FROM unnest(
-                                    CAST(:overrun_queues AS text[]),
-                                    CAST(:overrun_keys AS text[]),
-                                    CAST(:overrun_counts AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
-                       END AS k_left
-                -- Not pulled up into the queries above, which use k_left twice: the key's
-                -- room is taken once.
-                OFFSET 0
-            ) AS room
-        ), keys AS MATERIALIZED (
-            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip})
+            LIMIT 2 * w.n + {SEEN_BEYOND}
+        ), {_seen("1", "SELECT k, tid FROM found LIMIT w.n", "w.n", "0")}, short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), {_seen("2", _AGAIN, "(SELECT m FROM short)", "w.n")}, keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT k, tid, k_left,
                    least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
@@ -238,7 +264,8 @@ def _in_turn(skip: str) -> str:
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
-                         AND (SELECT count(*) FROM seen) < w.n + {SEEN_BEYOND}
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < ({_LOOKED_AGAIN}))
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (

@@ -142,35 +142,67 @@ SELECT c.id FROM (
             UNION ALL
             SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), seen AS MATERIALIZED (
-            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
-            -- without room (at its limit, or being claimed by another claimer) is passed
-            -- over, so it does not take a slot's turn.
-            SELECT found.k, found.tid, room.k_left FROM (
-                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
-                                    UNION ALL
-                                    SELECT k, tid FROM wrapped
-                                    WHERE k <= (SELECT c FROM last_turn)) AS f
-                -- '' takes a turn only with a due job past its floor (read from there).
-                WHERE k <> '' OR EXISTS (
-                    SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
-                LIMIT w.n + 16
-            ) AS found CROSS JOIN LATERAL (
-                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
-                                SELECT sum(o.n) FROM unnest(
-                                    CAST($15 AS text[]),
-                                    CAST($16 AS text[]),
-                                    CAST($17 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
-                       END AS k_left
-                -- Not pulled up into the queries above, which use k_left twice: the key's
-                -- room is taken once.
-                OFFSET 0
-            ) AS room
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($15 AS text[]),
+                              CAST($16 AS text[]),
+                              CAST($17 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask1 AS a WHERE a.k <> ''),
+                CAST(w.n AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($15 AS text[]),
+                              CAST($16 AS text[]),
+                              CAST($17 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask2 AS a WHERE a.k <> ''),
+                CAST((SELECT m FROM short) AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
         ), keys AS MATERIALIZED (
-            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT k, tid, k_left,
                    least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
@@ -202,7 +234,8 @@ SELECT c.id FROM (
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
-                         AND (SELECT count(*) FROM seen) < w.n + 16
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -295,35 +328,67 @@ SELECT c.id FROM (
             UNION ALL
             SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), seen AS MATERIALIZED (
-            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
-            -- without room (at its limit, or being claimed by another claimer) is passed
-            -- over, so it does not take a slot's turn.
-            SELECT found.k, found.tid, room.k_left FROM (
-                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
-                                    UNION ALL
-                                    SELECT k, tid FROM wrapped
-                                    WHERE k <= (SELECT c FROM last_turn)) AS f
-                -- '' takes a turn only with a due job past its floor (read from there).
-                WHERE k <> '' OR EXISTS (
-                    SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
-                LIMIT w.n + 16
-            ) AS found CROSS JOIN LATERAL (
-                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
-                                SELECT sum(o.n) FROM unnest(
-                                    CAST($16 AS text[]),
-                                    CAST($17 AS text[]),
-                                    CAST($18 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
-                       END AS k_left
-                -- Not pulled up into the queries above, which use k_left twice: the key's
-                -- room is taken once.
-                OFFSET 0
-            ) AS room
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($16 AS text[]),
+                              CAST($17 AS text[]),
+                              CAST($18 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask1 AS a WHERE a.k <> ''),
+                CAST(w.n AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($16 AS text[]),
+                              CAST($17 AS text[]),
+                              CAST($18 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask2 AS a WHERE a.k <> ''),
+                CAST((SELECT m FROM short) AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
         ), keys AS MATERIALIZED (
-            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT k, tid, k_left,
                    least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
@@ -347,7 +412,8 @@ SELECT c.id FROM (
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
-                         AND (SELECT count(*) FROM seen) < w.n + 16
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -442,35 +508,67 @@ SELECT c.id FROM (
             UNION ALL
             SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), seen AS MATERIALIZED (
-            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
-            -- without room (at its limit, or being claimed by another claimer) is passed
-            -- over, so it does not take a slot's turn.
-            SELECT found.k, found.tid, room.k_left FROM (
-                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
-                                    UNION ALL
-                                    SELECT k, tid FROM wrapped
-                                    WHERE k <= (SELECT c FROM last_turn)) AS f
-                -- '' takes a turn only with a due job past its floor (read from there).
-                WHERE k <> '' OR EXISTS (
-                    SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
-                LIMIT w.n + 16
-            ) AS found CROSS JOIN LATERAL (
-                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
-                                SELECT sum(o.n) FROM unnest(
-                                    CAST($18 AS text[]),
-                                    CAST($19 AS text[]),
-                                    CAST($20 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
-                       END AS k_left
-                -- Not pulled up into the queries above, which use k_left twice: the key's
-                -- room is taken once.
-                OFFSET 0
-            ) AS room
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($18 AS text[]),
+                              CAST($19 AS text[]),
+                              CAST($20 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask1 AS a WHERE a.k <> ''),
+                CAST(w.n AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($18 AS text[]),
+                              CAST($19 AS text[]),
+                              CAST($20 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask2 AS a WHERE a.k <> ''),
+                CAST((SELECT m FROM short) AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
         ), keys AS MATERIALIZED (
-            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT k, tid, k_left,
                    least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
@@ -502,7 +600,8 @@ SELECT c.id FROM (
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
-                         AND (SELECT count(*) FROM seen) < w.n + 16
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
@@ -601,35 +700,67 @@ SELECT c.id FROM (
             UNION ALL
             SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), seen AS MATERIALIZED (
-            -- The keys in turn with their room, at most SEEN_BEYOND past the slots: a key
-            -- without room (at its limit, or being claimed by another claimer) is passed
-            -- over, so it does not take a slot's turn.
-            SELECT found.k, found.tid, room.k_left FROM (
-                SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
-                                    UNION ALL
-                                    SELECT k, tid FROM wrapped
-                                    WHERE k <= (SELECT c FROM last_turn)) AS f
-                -- '' takes a turn only with a due job past its floor (read from there).
-                WHERE k <> '' OR EXISTS (
-                    SELECT FROM jobqueue.jobs
-                    WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
-                LIMIT w.n + 16
-            ) AS found CROSS JOIN LATERAL (
-                SELECT CASE WHEN found.k = '' OR w.key_limit IS NULL THEN w.n
-                            ELSE jobqueue.key_room(w.queue, found.k, w.key_limit - coalesce((
-                                SELECT sum(o.n) FROM unnest(
-                                    CAST($19 AS text[]),
-                                    CAST($20 AS text[]),
-                                    CAST($21 AS integer[])) AS o(q, k, n)
-                                WHERE o.q = w.queue AND o.k = found.k), 0)::integer)
-                       END AS k_left
-                -- Not pulled up into the queries above, which use k_left twice: the key's
-                -- room is taken once.
-                OFFSET 0
-            ) AS room
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($19 AS text[]),
+                              CAST($20 AS text[]),
+                              CAST($21 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask1 AS a WHERE a.k <> ''),
+                CAST(w.n AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
+                w.queue,
+                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
+                ARRAY(SELECT w.key_limit - coalesce((
+                          SELECT sum(o.n) FROM unnest(
+                              CAST($19 AS text[]),
+                              CAST($20 AS text[]),
+                              CAST($21 AS integer[])) AS o(q, k, n)
+                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                      FROM ask2 AS a WHERE a.k <> ''),
+                CAST((SELECT m FROM short) AS integer)) AS r
+            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
         ), keys AS MATERIALIZED (
-            SELECT k, tid, k_left FROM seen WHERE k_left > 0 LIMIT w.n
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
         ), shares AS MATERIALIZED (
             SELECT k, tid, k_left,
                    least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
@@ -653,7 +784,8 @@ SELECT c.id FROM (
             SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
                    (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
             FROM first WHERE (SELECT count(*) FROM keys) < w.n
-                         AND (SELECT count(*) FROM seen) < w.n + 16
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
             GROUP BY k, share, k_left
             HAVING count(*) = share AND count(*) < k_left
         ), more AS MATERIALIZED (
