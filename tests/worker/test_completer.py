@@ -171,6 +171,7 @@ async def test_a_completion_whose_claim_keeps_failing_is_written_without_the_cla
 
     class Claimer:
         lease_seconds = 60.0
+        dropped = 0
 
         def claimable(self, freeing):
             return dict(freeing)
@@ -178,17 +179,23 @@ async def test_a_completion_whose_claim_keeps_failing_is_written_without_the_cla
         def hand_out(self, jobs, asked, claimed_at):
             pass
 
+        def claim_dropped(self):
+            # The slots the failed claim held are given back for any claim.
+            self.dropped += 1
+
         def finishing(self, job_ids, limited):
             list(job_ids)
 
         def wake(self):
             pass
 
-    completer = Completer(store, claimer=Claimer())  # type: ignore[arg-type]
+    claimer = Claimer()
+    completer = Completer(store, claimer=claimer)  # type: ignore[arg-type]
     runner = asyncio.create_task(completer.run())
     applied: list[bool] = []
     completer.add(_outcome("complete", lease), applied.append)
     await until(lambda: applied, 10, "the completion written")
     assert applied == [True] and store.writes == [("complete", 1)]
+    assert claimer.dropped == 1
     completer.close()
     await runner

@@ -114,9 +114,40 @@ async def test_a_completing_write_claims_exactly_for_the_slots_it_frees():
         store.add("unit.dispatch.concurrent", {"seconds": 0.01})
     async with Stack(store, slots=4, poll_interval=60.0):
         await until(lambda: _all_done(store), 20, "every job completed")
-    # Refilled by the writes that completed jobs, never beyond the slots they freed.
+    # Refilled by the writes that completed jobs, never beyond the slots they freed (no
+    # slot was idle when a write began: every claim got what it asked for).
     assert store.combined and all(n == completions for completions, n in store.combined)
     assert sum(n for _, n in store.combined) + sum(store.claims) >= 40
+    assert _most <= 4
+    assert all(job.attempts == 1 for job in store.jobs.values())
+
+
+async def test_slots_a_short_write_claim_left_idle_go_to_the_next_write_not_a_claim_of_their_own():
+    """Four slots, six short jobs: the write completing the first four claims four and gets
+    two (more jobs arrive only after it). The two slots it left idle are not claimed on
+    their own (a second group of jobs, written apart from then on) while two jobs still
+    run: the write that completes those claims for its two slots and the two idle ones."""
+    global _most
+    _most = 0
+    store = FakeStore()
+    for _ in range(6):
+        store.add("unit.dispatch.concurrent", {"seconds": 0.005})
+    write = store.complete_and_claim
+
+    async def complete_and_claim(*args: Any, **kwargs: Any) -> Any:
+        result = await write(*args, **kwargs)
+        if len(store.combined) == 1:
+            for _ in range(10):
+                store.add("unit.dispatch.concurrent", {"seconds": 0.005})
+        return result
+
+    store.complete_and_claim = complete_and_claim  # type: ignore[method-assign]
+    async with Stack(store, slots=4, poll_interval=60.0):
+        await until(lambda: _all_done(store), 20, "every job completed")
+    assert store.claims[:1] == [4] and store.combined[:2] == [(4, 4), (2, 4)], (
+        store.claims,
+        store.combined,
+    )
     assert _most <= 4
     assert all(job.attempts == 1 for job in store.jobs.values())
 

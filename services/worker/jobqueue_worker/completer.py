@@ -11,8 +11,9 @@ the executor free the job's slot, so a slot never runs a second job while the
 first one's outcome is still unwritten.
 
 With a `claimer` (the dispatcher), the statement that completes jobs also claims
-as many for the slots it frees: their next jobs arrive with the commit that
-frees them, one round trip and one WAL flush instead of two.
+as many for the slots it frees (and for the free slots no other claim is for):
+their next jobs arrive with the commit that frees them, one round trip and one
+WAL flush instead of two.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class Claimer(Protocol):
     ) -> None: ...
 
     def wake(self) -> None: ...
+
+    def claim_dropped(self) -> None: ...
 
     def finishing(self, job_ids: Iterable[UUID], written: bool) -> None: ...
 
@@ -198,6 +201,8 @@ class Completer:
                 else:
                     lost, claimed = await self._record(kind, outcomes), []
             except Exception:
+                if claimer is not None and any(wanted.values()):
+                    claimer.claim_dropped()
                 # The store logs the outage; keep trying while the leases still hold.
                 items = self._drop_expired(items, margin=delay)
                 if items:

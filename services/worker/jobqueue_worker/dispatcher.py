@@ -13,7 +13,13 @@ failed claim (database unavailable) is retried with a growing delay.
 Under load most claims do not come from here: the completer's write that
 records completed jobs also claims for the slots it frees (`claimable()`), in
 the same statement, and hands what it claimed back (`hand_out()`), so a slot is
-refilled by the commit that frees it.
+refilled by the commit that frees it. Such a write also claims for the slots
+that are free and that no other claim is for: where a write's claim came back
+short (fewer due jobs, or keys with room, than the slots it freed) while jobs
+still run here, the dispatcher leaves the idle slots to the next write for
+MERGE_WAIT rather than claiming for them in a statement of their own. Without
+that, the jobs of a process split for good into groups that end and are written
+apart, twice the statements for the same jobs.
 
 Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, first in each
 claim (`claim_limited`), ranked against the other types' due jobs in claim order, so a
@@ -51,11 +57,18 @@ _DUE_MARGIN = 0.002
 _WINDOW_MARGIN = 0.005
 # Jobs of limited types remembered before those no longer running are forgotten.
 _LIMITED_KEPT = 10_000
+# How long the slots an outcome write's short claim left idle wait for the next write to
+# claim for them, while jobs still run in this process (a write of no-op jobs comes within
+# milliseconds; longer jobs leave them to the dispatcher after this).
+MERGE_WAIT = 0.02
 
 
 class Slots(Protocol):
     @property
     def free(self) -> dict[str, int]: ...
+
+    @property
+    def running(self) -> int: ...
 
     def start(self, job: Claimed, lease_deadline: float) -> None: ...
 
@@ -96,10 +109,17 @@ class Dispatcher:
         self._wake = asyncio.Event()
         # Queues whose last claim got every job it asked for: more may be waiting there.
         self._full: set[str] = set()
+        # The free slots the dispatcher's claim in flight is for, and those an outcome
+        # write's claim in flight is for beyond the ones it frees: no other claim counts them.
+        self._claiming: dict[str, int] = {}
+        self._held: dict[str, int] = {}
+        # Until when free slots are left to the next outcome write (monotonic).
+        self._merge_until = 0.0
         self._stopping = False
 
     def wake(self) -> None:
         """Cut the idle wait short: new jobs may be due, or due at another time."""
+        self._merge_until = 0.0
         self._wake.set()
 
     def slot_freed(self, queue: str) -> None:
@@ -125,20 +145,42 @@ class Dispatcher:
     def lease_seconds(self) -> float:
         return self._lease_seconds
 
+    def _unclaimed(self) -> dict[str, int]:
+        """The free slots per queue that no claim in flight is for."""
+        return {
+            queue: n - self._claiming.get(queue, 0) - self._held.get(queue, 0)
+            for queue, n in self._slots.free.items()
+        }
+
     def claimable(self, freeing: Mapping[str, int]) -> dict[str, int]:
-        """How many jobs of each queue an outcome write that frees `freeing` slots may claim."""
+        """How many jobs of each queue an outcome write that frees `freeing` slots may claim:
+        those, and the free slots no other claim is for, which are the write's until
+        `hand_out()` or `claim_dropped()`."""
         if self._stopping or (self._limits is not None and self._limited_wanted()):
             return {}
         paused = self._paused()
-        return {queue: n for queue, n in freeing.items() if queue not in paused}
+        self._held = {q: n for q, n in self._unclaimed().items() if n > 0 and q not in paused}
+        wanted = {q: n for q, n in freeing.items() if q not in paused}
+        for queue, n in self._held.items():
+            wanted[queue] = wanted.get(queue, 0) + n
+        return wanted
 
     def hand_out(self, jobs: list[Claimed], asked: Mapping[str, int], claimed_at: float) -> None:
         """Start jobs that an outcome write claimed (`asked` for, per queue), in the slots it
-        freed; `claimed_at` is when that write began (monotonic)."""
+        freed and those it held; `claimed_at` is when that write began (monotonic)."""
+        self._held = {}
         self._note(jobs, asked)
         with logs.batch():
             for job in jobs:
                 self._slots.start(job, claimed_at + self._lease_seconds)
+        short = len(jobs) < sum(asked.values())
+        self._merge_until = self._clock() + MERGE_WAIT if short and self._slots.running else 0.0
+
+    def claim_dropped(self) -> None:
+        """An outcome write's claim failed: the slots it held are free for any claim."""
+        self._held = {}
+        self._merge_until = 0.0
+        self._wake.set()
 
     def stop(self) -> None:
         """Claim nothing more; `run()` returns once a claim in flight has been handed out."""
@@ -161,23 +203,31 @@ class Dispatcher:
         while not self._stopping:
             self._wake.clear()
             paused = self._paused()
-            free = {q: n for q, n in self._slots.free.items() if n > 0 and q not in paused}
+            free = {q: n for q, n in self._unclaimed().items() if n > 0 and q not in paused}
             if not free:
                 # Every slot is busy, so the last claims filled them: slot_freed() wakes us
                 # (or every queue with a free slot is paused: its resume wakes us).
                 await self._wake.wait()
                 continue
+            merging = self._merge_until - self._clock()
+            if merging > 0:
+                # The next outcome write claims for these slots too (see the docstring).
+                await self._idle(merging)
+                continue
             # The lease starts at the database's now() during the claim, so measuring from
             # before the round trip errs on the safe side.
             claimed_at = self._clock()
+            self._claiming = free
             try:
                 jobs = await self._claim(free)
             except Exception:
+                self._claiming = {}
                 # PgJobStore logs the outage once; back off so an outage is not a busy loop.
                 self._full.clear()
                 log.debug("claim failed", exc_info=True)
                 await self._idle(retry.failed())
                 continue
+            self._claiming = {}
             retry.succeeded()
             self._note(jobs, free)
             # A line per job started: one write for the claim.
