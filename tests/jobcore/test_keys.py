@@ -195,22 +195,28 @@ async def test_a_key_without_room_leaves_its_slots_to_other_keys(engine):
 
 async def test_keys_without_room_first_in_turn_are_passed_over_for_the_next_ones(engine):
     """A claimer whose turn starts at keys another claimer is taking jobs of right now (their
-    locks held by its open transaction), then at keys at their limit, still fills its slots
-    from the keys after them, one job a key."""
-    for k in range(40):
-        await _add(engine, 3, f"k{k:02}", start=_ago(60 - k))
+    locks held by its open transaction, one lock a key it took and no more), then at keys
+    at their limit, still fills its slots from the keys after them, one job a key: after
+    its first 20 keys it looks at as many again and 16 more, no further."""
+    for k in range(80):
+        await _add(engine, 3, f"k{k:02}", start=_ago(90 - k))
     limits = {"default": 1}
     async with engine.connect() as holder:
         raw = await driver(holder)
         async with raw.transaction():
-            held = await compiled.claim(raw, {"default": 8}, LEASE, key_limits=limits)
-            # Its transaction still open: keys k00-k07 are locked.
-            during = await _claim(engine, 8, KeyTurns(), key_limits=limits)
-    after = await _claim(engine, 8, KeyTurns(), key_limits=limits)
-    assert [job.concurrency_key for job in held] == [f"k{k:02}" for k in range(8)]
-    assert [job.concurrency_key for job in during] == [f"k{k:02}" for k in range(8, 16)]
-    # k00-k15 are at their limit now.
-    assert [job.concurrency_key for job in after] == [f"k{k:02}" for k in range(16, 24)]
+            held = await compiled.claim(raw, {"default": 20}, LEASE, key_limits=limits)
+            key_locks = await raw.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()"
+                " AND locktype = 'advisory' AND objsubid = 2"
+            )
+            # Its transaction still open: keys k00-k19 are locked.
+            during = await _claim(engine, 20, KeyTurns(), key_limits=limits)
+    after = await _claim(engine, 20, KeyTurns(), key_limits=limits)
+    assert [job.concurrency_key for job in held] == [f"k{k:02}" for k in range(20)]
+    assert key_locks == 20
+    assert [job.concurrency_key for job in during] == [f"k{k:02}" for k in range(20, 40)]
+    # k00-k39 are at their limit now: of the 56 keys it looks at, k40-k55 have room.
+    assert [job.concurrency_key for job in after] == [f"k{k:02}" for k in range(40, 56)]
 
 
 async def test_a_handler_that_outlived_its_attempt_still_holds_its_keys_unit(engine):

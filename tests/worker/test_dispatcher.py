@@ -152,6 +152,29 @@ async def test_slots_a_short_write_claim_left_idle_go_to_the_next_write_not_a_cl
     assert all(job.attempts == 1 for job in store.jobs.values())
 
 
+async def test_a_job_due_while_a_write_held_every_free_slot_is_claimed_once_the_write_returns():
+    """Two slots: A runs, B is due a moment later. A's write holds the other slot while in
+    flight, and its claim, made before B was due, gets nothing; the dispatcher, waking for
+    B meanwhile, finds every free slot held. Once the write returns, it claims B (long
+    before the poll interval)."""
+    store = FakeStore()
+    a = store.add("unit.dispatch.concurrent", {"seconds": 0.05})
+    b = store.add("unit.dispatch.concurrent", {"seconds": 0}, run_at=store.clock() + 0.1)
+    write = store.complete_and_claim
+
+    async def slow_complete_and_claim(*args: Any, **kwargs: Any) -> Any:
+        result = await write(*args, **kwargs)
+        await asyncio.sleep(0.15)  # its answer comes after B is due
+        return result
+
+    store.complete_and_claim = slow_complete_and_claim  # type: ignore[method-assign]
+    async with Stack(store, slots=2, poll_interval=60.0):
+        await until(lambda: store.status(b) is Status.COMPLETED, 5, "B completed")
+    assert store.status(a) is Status.COMPLETED
+    # A's write asked for its slot and the idle one; B was claimed by the dispatcher.
+    assert store.combined[0] == (1, 2) and len(store.claims) == 2, (store.combined, store.claims)
+
+
 async def test_once_stopped_completing_writes_claim_nothing():
     store = FakeStore()
     first = [store.add("unit.dispatch.concurrent", {"seconds": 0.2}) for _ in range(2)]

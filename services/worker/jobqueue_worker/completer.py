@@ -209,6 +209,10 @@ class Completer:
                     delay = retry.failed()
                     await asyncio.sleep(delay)
                 continue
+            except BaseException:
+                if claimer is not None and any(wanted.values()):
+                    claimer.claim_dropped()
+                raise
             lost_leases = set(lost)
             # The callbacks log a line per job: one write for the batch.
             with logs.batch():

@@ -113,6 +113,8 @@ class Dispatcher:
         # write's claim in flight is for beyond the ones it frees: no other claim counts them.
         self._claiming: dict[str, int] = {}
         self._held: dict[str, int] = {}
+        # The queues whose freed slots the outcome write in flight claims for.
+        self._refilling: set[str] = set()
         # Until when free slots are left to the next outcome write (monotonic).
         self._merge_until = 0.0
         self._stopping = False
@@ -161,6 +163,7 @@ class Dispatcher:
         paused = self._paused()
         self._held = {q: n for q, n in self._unclaimed().items() if n > 0 and q not in paused}
         wanted = {q: n for q, n in freeing.items() if q not in paused}
+        self._refilling = {q for q, n in wanted.items() if n > 0}
         for queue, n in self._held.items():
             wanted[queue] = wanted.get(queue, 0) + n
         return wanted
@@ -168,13 +171,18 @@ class Dispatcher:
     def hand_out(self, jobs: list[Claimed], asked: Mapping[str, int], claimed_at: float) -> None:
         """Start jobs that an outcome write claimed (`asked` for, per queue), in the slots it
         freed and those it held; `claimed_at` is when that write began (monotonic)."""
-        self._held = {}
-        self._note(jobs, asked)
+        held, self._held = self._held, {}
+        got = self._note(jobs, asked)
         with logs.batch():
             for job in jobs:
                 self._slots.start(job, claimed_at + self._lease_seconds)
-        short = len(jobs) < sum(asked.values())
+        # A queue whose freed slots the write did not refill: its idle slots wait for the
+        # next write while jobs still run here (the split this avoids is of those jobs).
+        short = any(got.get(q, 0) < asked[q] for q in self._refilling if q in asked)
         self._merge_until = self._clock() + MERGE_WAIT if short and self._slots.running else 0.0
+        if held or short:
+            # The dispatcher may have found every free slot held, or left one to this write.
+            self._wake.set()
 
     def claim_dropped(self) -> None:
         """An outcome write's claim failed: the slots it held are free for any claim."""
@@ -187,7 +195,8 @@ class Dispatcher:
         self._stopping = True
         self._wake.set()
 
-    def _note(self, jobs: list[Claimed], asked: Mapping[str, int]) -> None:
+    def _note(self, jobs: list[Claimed], asked: Mapping[str, int]) -> dict[str, int]:
+        """Which queues the claim filled; the jobs it got per queue."""
         got: dict[str, int] = {}
         for job in jobs:
             got[job.queue] = got.get(job.queue, 0) + 1
@@ -196,6 +205,7 @@ class Dispatcher:
                 self._full.add(queue)
             else:
                 self._full.discard(queue)
+        return got
 
     async def run(self) -> None:
         # Claims failing in a row (the database is unavailable): wait, not a busy loop.
@@ -210,7 +220,7 @@ class Dispatcher:
                 await self._wake.wait()
                 continue
             merging = self._merge_until - self._clock()
-            if merging > 0:
+            if merging > 0 and not (self._limits is not None and self._limited_wanted()):
                 # The next outcome write claims for these slots too (see the docstring).
                 await self._idle(merging)
                 continue
@@ -219,15 +229,16 @@ class Dispatcher:
             claimed_at = self._clock()
             self._claiming = free
             try:
-                jobs = await self._claim(free)
+                try:
+                    jobs = await self._claim(free)
+                finally:
+                    self._claiming = {}
             except Exception:
-                self._claiming = {}
                 # PgJobStore logs the outage once; back off so an outage is not a busy loop.
                 self._full.clear()
                 log.debug("claim failed", exc_info=True)
                 await self._idle(retry.failed())
                 continue
-            self._claiming = {}
             retry.succeeded()
             self._note(jobs, free)
             # A line per job started: one write for the claim.

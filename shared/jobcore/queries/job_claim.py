@@ -178,18 +178,22 @@ def _seen(stage: str, source: str, wanted: str, first: str) -> str:
     return f"""ask{stage} AS MATERIALIZED (
             SELECT k, tid, {first} + row_number() OVER () AS nth FROM ({source}) AS f
         ), room{stage} AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask{stage} WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST(:overrun_queues AS text[]),
-                              CAST(:overrun_keys AS text[]),
-                              CAST(:overrun_counts AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask{stage} AS a WHERE a.k <> ''),
-                CAST({wanted} AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask{stage} WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST(:overrun_queues AS text[]),
+                               CAST(:overrun_keys AS text[]),
+                               CAST(:overrun_counts AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST({wanted} AS integer) - (SELECT count(*) FROM ask{stage}
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask{stage} AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen{stage} AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n

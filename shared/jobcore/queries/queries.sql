@@ -157,18 +157,22 @@ SELECT c.id FROM (
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
         ), room1 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($15 AS text[]),
-                              CAST($16 AS text[]),
-                              CAST($17 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask1 AS a WHERE a.k <> ''),
-                CAST(w.n AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($15 AS text[]),
+                               CAST($16 AS text[]),
+                               CAST($17 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -182,18 +186,22 @@ SELECT c.id FROM (
         ), ask2 AS MATERIALIZED (
             SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
         ), room2 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($15 AS text[]),
-                              CAST($16 AS text[]),
-                              CAST($17 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask2 AS a WHERE a.k <> ''),
-                CAST((SELECT m FROM short) AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($15 AS text[]),
+                               CAST($16 AS text[]),
+                               CAST($17 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -343,18 +351,22 @@ SELECT c.id FROM (
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
         ), room1 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($16 AS text[]),
-                              CAST($17 AS text[]),
-                              CAST($18 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask1 AS a WHERE a.k <> ''),
-                CAST(w.n AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($16 AS text[]),
+                               CAST($17 AS text[]),
+                               CAST($18 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -368,18 +380,22 @@ SELECT c.id FROM (
         ), ask2 AS MATERIALIZED (
             SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
         ), room2 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($16 AS text[]),
-                              CAST($17 AS text[]),
-                              CAST($18 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask2 AS a WHERE a.k <> ''),
-                CAST((SELECT m FROM short) AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($16 AS text[]),
+                               CAST($17 AS text[]),
+                               CAST($18 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -523,18 +539,22 @@ SELECT c.id FROM (
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
         ), room1 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($18 AS text[]),
-                              CAST($19 AS text[]),
-                              CAST($20 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask1 AS a WHERE a.k <> ''),
-                CAST(w.n AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($18 AS text[]),
+                               CAST($19 AS text[]),
+                               CAST($20 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -548,18 +568,22 @@ SELECT c.id FROM (
         ), ask2 AS MATERIALIZED (
             SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
         ), room2 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($18 AS text[]),
-                              CAST($19 AS text[]),
-                              CAST($20 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask2 AS a WHERE a.k <> ''),
-                CAST((SELECT m FROM short) AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($18 AS text[]),
+                               CAST($19 AS text[]),
+                               CAST($20 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -715,18 +739,22 @@ SELECT c.id FROM (
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
         ), room1 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask1 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($19 AS text[]),
-                              CAST($20 AS text[]),
-                              CAST($21 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask1 AS a WHERE a.k <> ''),
-                CAST(w.n AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask1 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($19 AS text[]),
+                               CAST($20 AS text[]),
+                               CAST($21 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
@@ -740,18 +768,22 @@ SELECT c.id FROM (
         ), ask2 AS MATERIALIZED (
             SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
         ), room2 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM jobqueue.key_rooms(
-                w.queue,
-                ARRAY(SELECT k FROM ask2 WHERE k <> ''),
-                ARRAY(SELECT w.key_limit - coalesce((
-                          SELECT sum(o.n) FROM unnest(
-                              CAST($19 AS text[]),
-                              CAST($20 AS text[]),
-                              CAST($21 AS integer[])) AS o(q, k, n)
-                          WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                      FROM ask2 AS a WHERE a.k <> ''),
-                CAST((SELECT m FROM short) AS integer)) AS r
-            WHERE w.key_limit IS NOT NULL AND EXISTS (SELECT FROM ask2 WHERE k <> '')
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($19 AS text[]),
+                               CAST($20 AS text[]),
+                               CAST($21 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
                    CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
