@@ -8,6 +8,7 @@ from typing import Any
 
 from jobcore import JobContext, handler
 from jobcore.states import Status
+from jobqueue_worker import dispatcher as dispatcher_module
 from tests.worker.fakestore import FakeStore
 from tests.worker.stack import Stack
 from tests.worker.support import until
@@ -173,6 +174,25 @@ async def test_a_job_due_while_a_write_held_every_free_slot_is_claimed_once_the_
     assert store.status(a) is Status.COMPLETED
     # A's write asked for its slot and the idle one; B was claimed by the dispatcher.
     assert store.combined[0] == (1, 2) and len(store.claims) == 2, (store.combined, store.claims)
+
+
+async def test_a_job_that_falls_due_while_idle_slots_wait_for_a_write_starts_on_time(monkeypatch):
+    """Three slots: L runs for 1.5 s, Q ends at once, S is due 0.3 s after the start. Q's
+    write claims for its slot and the idle one and gets nothing (S is not due yet): those
+    slots are left to the next write while L runs, but not past S's time, when the
+    dispatcher claims S itself (with the wait for a write made long, S would otherwise
+    wait for L's write)."""
+    monkeypatch.setattr(dispatcher_module, "MERGE_WAIT", 5.0)
+    store = FakeStore()
+    start = store.clock()
+    store.add("unit.dispatch.concurrent", {"seconds": 1.5})
+    store.add("unit.dispatch.concurrent", {"seconds": 0})
+    s = store.add("unit.dispatch.concurrent", {"seconds": 0}, run_at=start + 0.3)
+    async with Stack(store, slots=3, poll_interval=60.0):
+        await until(lambda: store.status(s) is Status.COMPLETED, 5, "S completed")
+        started = store.clock() - start
+    assert started < 1.0, f"S completed {started:.2f}s after the start"
+    assert store.combined[0] == (1, 2), store.combined
 
 
 async def test_once_stopped_completing_writes_claim_nothing():

@@ -17,7 +17,8 @@ refilled by the commit that frees it. Such a write also claims for the slots
 that are free and that no other claim is for: where a write's claim came back
 short (fewer due jobs, or keys with room, than the slots it freed) while jobs
 still run here, the dispatcher leaves the idle slots to the next write for
-MERGE_WAIT rather than claiming for them in a statement of their own. Without
+MERGE_WAIT (never past the time a job is due) rather than claiming for them in
+a statement of their own. Without
 that, the jobs of a process split for good into groups that end and are written
 apart, twice the statements for the same jobs.
 
@@ -115,8 +116,10 @@ class Dispatcher:
         self._held: dict[str, int] = {}
         # The queues whose freed slots the outcome write in flight claims for.
         self._refilling: set[str] = set()
-        # Until when free slots are left to the next outcome write (monotonic).
+        # Until when free slots are left to the next outcome write, and when a drained
+        # queue's next job is due (or the poll, or a rate window, is): monotonic.
         self._merge_until = 0.0
+        self._due_at = float("inf")
         self._stopping = False
 
     def wake(self) -> None:
@@ -219,7 +222,8 @@ class Dispatcher:
                 # (or every queue with a free slot is paused: its resume wakes us).
                 await self._wake.wait()
                 continue
-            merging = self._merge_until - self._clock()
+            # Never past the time a job is due: that one is claimed at once.
+            merging = min(self._merge_until, self._due_at) - self._clock()
             if merging > 0 and not (self._limits is not None and self._limited_wanted()):
                 # The next outcome write claims for these slots too (see the docstring).
                 await self._idle(merging)
@@ -228,6 +232,7 @@ class Dispatcher:
             # before the round trip errs on the safe side.
             claimed_at = self._clock()
             self._claiming = free
+            self._due_at = float("inf")
             try:
                 try:
                     jobs = await self._claim(free)
@@ -250,7 +255,9 @@ class Dispatcher:
                 wait = await self._until_next_due(drained)
                 limited = self._limited_wait()
                 # A rate window that opens sooner ends the wait.
-                await self._idle(wait if limited is None else min(wait, limited))
+                wait = wait if limited is None else min(wait, limited)
+                self._due_at = self._clock() + wait
+                await self._idle(wait)
 
     async def _claim(self, free: dict[str, int]) -> list[Claimed]:
         if self._limits is None:
