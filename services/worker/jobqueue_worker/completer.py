@@ -200,19 +200,17 @@ class Completer:
                     )
                 else:
                     lost, claimed = await self._record(kind, outcomes), []
-            except Exception:
+            except BaseException as exc:
                 if claimer is not None and any(wanted.values()):
                     claimer.claim_dropped()
+                if not isinstance(exc, Exception):
+                    raise  # cancelled: the slots it held are given back all the same
                 # The store logs the outage; keep trying while the leases still hold.
                 items = self._drop_expired(items, margin=delay)
                 if items:
                     delay = retry.failed()
                     await asyncio.sleep(delay)
                 continue
-            except BaseException:
-                if claimer is not None and any(wanted.values()):
-                    claimer.claim_dropped()
-                raise
             lost_leases = set(lost)
             # The callbacks log a line per job: one write for the batch.
             with logs.batch():

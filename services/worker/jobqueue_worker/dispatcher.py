@@ -18,9 +18,9 @@ that are free and that no other claim is for: where a write's claim came back
 short (fewer due jobs, or keys with room, than the slots it freed) while jobs
 still run here, the dispatcher leaves the idle slots to the next write for
 MERGE_WAIT (never past the time a job is due) rather than claiming for them in
-a statement of their own. Without
-that, the jobs of a process split for good into groups that end and are written
-apart, twice the statements for the same jobs.
+a statement of their own. Without that, the jobs of a process split for good
+into groups that end and are written apart, twice the statements for the same
+jobs.
 
 Types with a limit (TYPE_CONCURRENCY, TYPE_RATE) are claimed here only, first in each
 claim (`claim_limited`), ranked against the other types' due jobs in claim order, so a
@@ -114,8 +114,6 @@ class Dispatcher:
         # write's claim in flight is for beyond the ones it frees: no other claim counts them.
         self._claiming: dict[str, int] = {}
         self._held: dict[str, int] = {}
-        # The queues whose freed slots the outcome write in flight claims for.
-        self._refilling: set[str] = set()
         # Until when free slots are left to the next outcome write, and when a drained
         # queue's next job is due (or the poll, or a rate window, is): monotonic.
         self._merge_until = 0.0
@@ -166,7 +164,6 @@ class Dispatcher:
         paused = self._paused()
         self._held = {q: n for q, n in self._unclaimed().items() if n > 0 and q not in paused}
         wanted = {q: n for q, n in freeing.items() if q not in paused}
-        self._refilling = {q for q, n in wanted.items() if n > 0}
         for queue, n in self._held.items():
             wanted[queue] = wanted.get(queue, 0) + n
         return wanted
@@ -181,7 +178,7 @@ class Dispatcher:
                 self._slots.start(job, claimed_at + self._lease_seconds)
         # A queue whose freed slots the write did not refill: its idle slots wait for the
         # next write while jobs still run here (the split this avoids is of those jobs).
-        short = any(got.get(q, 0) < asked[q] for q in self._refilling if q in asked)
+        short = any(got.get(q, 0) < n for q, n in asked.items() if n > held.get(q, 0))
         self._merge_until = self._clock() + MERGE_WAIT if short and self._slots.running else 0.0
         if held or short:
             # The dispatcher may have found every free slot held, or left one to this write.
