@@ -69,6 +69,7 @@ from bench.adapters.ours import Ours
 from bench.beacon import Receiver
 from bench.pressure_report import (
     PHASES,
+    SCENARIOS,
     first_vacuum_after,
     phase_figures,
     phase_of,
@@ -81,7 +82,6 @@ from bench.progress import Progress
 from bench.queues import _code_version, machine
 from bench.retention import StandInVacuum
 
-SCENARIOS = ("idle-xid", "repeatable-read", "rate-1.5x")
 PROCESSES, WORKERS = 2, 16
 SETTINGS = (
     "autovacuum",
@@ -241,10 +241,13 @@ def _check_alive(ours: Ours, held: asyncio.Task[Any] | None) -> None:
         raise RuntimeError("the horizon holder ended before the phase did")
 
 
-async def execute(config: Config) -> dict[str, Any]:
+async def execute(config: Config, progress: Progress | None = None) -> dict[str, Any]:
+    """Every scenario of `config`, one after the other; `progress` (one step a phase) is
+    the caller's when it runs this within a larger run (`bench.queues`)."""
     rx = await Receiver.open()
     workdir = Path(tempfile.mkdtemp(prefix="jobqueue-bench-pressure-"))
-    progress = Progress(len(config.scenarios) * len(PHASES))
+    own = progress is None
+    progress = progress or Progress(len(config.scenarios) * len(PHASES))
     scenarios: dict[str, Any] = {}
     errors = []
     admin = await asyncpg.connect(config.server)
@@ -265,7 +268,8 @@ async def execute(config: Config) -> dict[str, Any]:
                     {"scenario": name, "error": repr(exc), "trace": traceback.format_exc()}
                 )
     finally:
-        progress.close()
+        if own:
+            progress.close()
         await admin.close()
         rx.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -9,9 +9,17 @@ from typing import Any
 
 from bench.stats import latency_ms, median, ratio
 
+SCENARIOS = ("idle-xid", "repeatable-read", "rate-1.5x")
 PHASES = ("clean", "pressure", "recovery")
 # The jobs table counts as recovered once its dead tuples are under this again.
 DEAD_TUPLES_RECOVERED = 10_000
+
+# The targets (SPEC §22): completions under pressure at least this share of what the clean
+# phase completed (of what was offered, where the pressure is a higher rate), claim p99 at
+# most this many times the clean phase's, dead tuples recovered within this many seconds.
+COMPLETION_TARGET = 0.90
+CLAIM_P99_TARGET = 3.0
+RECOVERED_WITHIN_S = 300.0
 
 
 def per_second(counts: Mapping[int, int], seconds: float) -> list[int]:
@@ -100,6 +108,123 @@ def first_vacuum_after(samples: Sequence[tuple[float, int]], released: float) ->
         if at >= released and n > before[-1]:
             return at - released
     return None
+
+
+def completion_ratio(scenario: Mapping[str, Any]) -> float | None:
+    """Completions under pressure against the clean phase's; where the pressure is a higher
+    offered rate, against that rate, which the queue must keep up with."""
+    phases = scenario["phases"]
+    clean, pressure = phases["clean"], phases["pressure"]
+    stepped = pressure["target_rate"] / clean["target_rate"] if clean["target_rate"] else 1.0
+    base = clean["completed_per_s_median"] * stepped
+    return pressure["completed_per_s_median"] / base if base else None
+
+
+def summarize(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """What the queue benchmark's report keeps of a run of `bench.pressure.execute`: per
+    scenario its phases' figures (without the per-second samples) and its ratios."""
+    keep = ("phases", "ratios", "dead_tuples_recovered_s", "first_vacuum_after_release_s")
+    return {
+        "scenarios": {
+            name: {key: scenario[key] for key in keep}
+            | {"completion_ratio": completion_ratio(scenario)}
+            for name, scenario in measured.get("scenarios", {}).items()
+        },
+        "errors": [
+            {"scenario": e["scenario"], "error": e["error"]} for e in measured.get("errors", [])
+        ],
+    }
+
+
+def expected() -> list[tuple[str, str, str]]:
+    """The targets' lines for the report's table when they were not measured: (a part of the
+    name, the name, the goal), in the order of `targets()`."""
+    out = []
+    for name in SCENARIOS:
+        out += [
+            (
+                f"pressure {name}: completed/s",
+                f"pressure {name}: completed/s under pressure (ratio)",
+                f">= {COMPLETION_TARGET:.2f}",
+            ),
+            (
+                f"pressure {name}: claim p99",
+                f"pressure {name}: claim p99 under pressure vs clean (ratio)",
+                f"<= {CLAIM_P99_TARGET:g}",
+            ),
+            (
+                f"pressure {name}: jobs table",
+                f"pressure {name}: jobs table under "
+                f"{DEAD_TUPLES_RECOVERED:,} dead tuples after the release (s)",
+                f"<= {RECOVERED_WITHIN_S:.0f}",
+            ),
+        ]
+    return out
+
+
+def lines(summary: Mapping[str, Any]) -> list[str]:
+    """The report's section: per scenario and phase the rate, claim latency and backlog."""
+    if not summary.get("scenarios") and not summary.get("errors"):
+        return []
+    rows = []
+    for name, scenario in summary.get("scenarios", {}).items():
+        for phase, f in scenario["phases"].items():
+            rows.append(
+                [
+                    name,
+                    phase,
+                    _n(f["offered_per_s"]),
+                    _n(f["completed_per_s_median"]),
+                    _n(f["claim_p50_ms"], 1),
+                    _n(f["claim_p99_ms"], 1),
+                    _n(f["backlog_max"]),
+                ]
+            )
+    header = ["scenario", "phase", "offered/s", "completed/s (median)", "claim p50 ms"]
+    header += ["claim p99 ms", "backlog max"]
+    out = ["", "Under pressure (bench.pressure: 2 x 16 slots, a fixed offered rate)"]
+    out += _table(header, rows) if rows else []
+    out += [f"  {e['scenario']}: FAILED: {e['error']}" for e in summary.get("errors", [])]
+    return out
+
+
+def targets(measured: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per scenario run, its three targets, each `{target, goal, measured, met}` as the queue
+    benchmark's table lists them; a scenario that failed misses all three."""
+    out = []
+    failed = {error["scenario"] for error in measured.get("errors", [])}
+    for name in [*measured.get("scenarios", {}), *sorted(failed)]:
+        scenario = measured.get("scenarios", {}).get(name)
+        stepped = scenario is not None and (
+            scenario["phases"]["pressure"]["target_rate"]
+            != scenario["phases"]["clean"]["target_rate"]
+        )
+        completion = completion_ratio(scenario) if scenario else None
+        p99 = scenario["ratios"]["claim_p99_pressure_over_clean"] if scenario else None
+        after = scenario["dead_tuples_recovered_s"] if scenario else None
+        out += [
+            {
+                "target": f"pressure {name}: completed/s under pressure vs "
+                + ("offered (ratio)" if stepped else "clean (ratio)"),
+                "goal": f">= {COMPLETION_TARGET:.2f}",
+                "measured": completion,
+                "met": completion is not None and completion >= COMPLETION_TARGET,
+            },
+            {
+                "target": f"pressure {name}: claim p99 under pressure vs clean (ratio)",
+                "goal": f"<= {CLAIM_P99_TARGET:g}",
+                "measured": p99,
+                "met": p99 is not None and p99 <= CLAIM_P99_TARGET,
+            },
+            {
+                "target": f"pressure {name}: jobs table under {DEAD_TUPLES_RECOVERED:,} dead "
+                "tuples after the release (s)",
+                "goal": f"<= {RECOVERED_WITHIN_S:.0f}",
+                "measured": after,
+                "met": after is not None and after <= RECOVERED_WITHIN_S,
+            },
+        ]
+    return out
 
 
 # --- text ------------------------------------------------------------------------

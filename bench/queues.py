@@ -52,6 +52,7 @@ from bench import (
     listing,
     measure,
     pg,
+    pressure_report,
     procs,
     profile,
     retention,
@@ -112,6 +113,10 @@ class Config:
     retention_churn: int = 2_000_000
     retention_cycled: int = 400_000
     client_jobs: int = 100_000
+    # `bench.pressure`'s three scenarios at its sizes (~25 min; `--quick`: its short phases).
+    # On by default with the peers (`make bench-compare`), off without (`make bench`).
+    pressure: bool = False
+    pressure_quick: bool = False
     server: str = ""
     keep_logs: bool = False
     profile: bool = False
@@ -396,6 +401,13 @@ class Run:
             )
         )
 
+    async def pressure_session(self) -> None:
+        """`bench.pressure`'s scenarios, each phase a step of this run's progress."""
+        from bench import pressure  # it imports this module
+
+        measured = await pressure.execute(_pressure_config(self.config), self.progress)
+        self.results.append({"kind": "pressure", **measured})
+
     async def retention_sessions(self) -> None:
         """Pairs of drains, pruning and not, alternating; then one table `retention_churn`
         jobs pass through, measured each repeat against a fresh one."""
@@ -636,6 +648,10 @@ class Run:
                     self.client_session,
                 )
             await self.retention_sessions()
+            if c.pressure:
+                await self.step(
+                    "pressure: " + ", ".join(_pressure_config(c).scenarios), self.pressure_session
+                )
         finally:
             sink.close()
             self.rx.close()
@@ -675,6 +691,16 @@ def _timeout(jobs: int) -> float:
     return 120 + jobs / 20
 
 
+def _pressure_config(c: Config) -> Any:
+    from bench import pressure  # it imports this module
+
+    config = pressure.Config(server=c.server)
+    if c.pressure_quick:
+        for key, value in pressure.QUICK.items():
+            setattr(config, key, value)
+    return config
+
+
 def total_steps(c: Config) -> int:
     systems = 1 + (len(PEERS) if c.compare else 0)
     sweep = len([w for w in c.sweep if w != c.workers])
@@ -689,7 +715,16 @@ def total_steps(c: Config) -> int:
     kept = (2 * c.repeat if c.retention_prefill else 0) + (
         1 + 2 * c.repeat if c.retention_churn else 0
     )
-    return c.repeat * per_repeat + ((1 + 2 * c.repeat) if c.backlog else 0) + listed + waited + kept
+    pressed = 1 + len(pressure_report.PHASES) * len(_pressure_config(c).scenarios)
+    pressed = pressed if c.pressure else 0
+    return (
+        c.repeat * per_repeat
+        + ((1 + 2 * c.repeat) if c.backlog else 0)
+        + listed
+        + waited
+        + kept
+        + pressed
+    )
 
 
 async def postgres_version(server: str) -> str:
@@ -816,6 +851,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         f"(default {d.client_jobs:,})",
     )
     parser.add_argument(
+        "--pressure",
+        action=argparse.BooleanOptionalAction,
+        help="the pressure scenarios of `make bench-pressure` (~25 min; short with --quick); "
+        "default: on with --compare",
+    )
+    parser.add_argument(
         "--server",
         help="PostgreSQL maintenance URL (default $BENCH_DATABASE_URL, else the local server)",
     )
@@ -876,6 +917,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         config.features = False
     if args.no_keys:
         config.keys = False
+    config.pressure = args.compare if args.pressure is None else args.pressure
+    config.pressure_quick = args.quick
     config.keep_logs = args.keep_logs
     config.profile = args.profile
     if config.profile and not profile.available():

@@ -16,6 +16,7 @@ from bench import (
     features,
     keys,
     listing,
+    pressure_report,
     retention,
     scheduling,
     waiting,
@@ -162,6 +163,9 @@ def summarize(document: dict[str, Any]) -> dict[str, Any]:
     enqueued = client.summarize(results)
     if enqueued:
         summary["client"] = enqueued
+    pressed = [r for r in results if r["kind"] == "pressure"]
+    if pressed:
+        summary["pressure"] = pressure_report.summarize(pressed[0])
     summary["targets"] = _targets(summary)
     return summary
 
@@ -200,6 +204,8 @@ def _backlog(rows: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, An
 
 PEER_NAMES = {"pgqueuer": "PgQueuer", "procrastinate": "Procrastinate"}
 PICKUP_TARGETS = (("p50", 1.5), ("p99", 5.0))
+EQUAL_WORKERS = 10  # our drain at this WORKERS against PgQueuer's defaults (batch 10)
+EQUAL_TARGET = 2.0
 E2E_TARGET = 2.0  # our end to end over PgQueuer's, at least
 BATCH_TARGET = 40_000.0  # jobs/s through POST /jobs/batch
 
@@ -235,6 +241,18 @@ def _systems_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 ours.get("drain_2proc_jobs_per_s"),
                 systems.get(peer, {}).get("drain_2proc_jobs_per_s"),
                 bound,
+            )
+        )
+    equal = ours.get("drain_by_workers", {}).get(str(EQUAL_WORKERS), {})
+    for processes in (1, 2):
+        out.append(
+            _versus(
+                f"drain at WORKERS={EQUAL_WORKERS}, {processes} proc(s), vs PgQueuer at its "
+                "defaults (jobs/s)",
+                f">= {EQUAL_TARGET:g}x",
+                equal.get(f"{processes}proc_jobs_per_s"),
+                systems.get("pgqueuer", {}).get(f"drain_{processes}proc_jobs_per_s"),
+                EQUAL_TARGET,
             )
         )
     for p, bound in PICKUP_TARGETS:
@@ -288,6 +306,14 @@ EXPECTED = [
         features.target_name(features.STATED_PROCESSES, "procrastinate"),
         f">= {features.PEERS['procrastinate'][1]:g}x",
     ),
+    *[
+        (
+            f"drain at WORKERS={EQUAL_WORKERS}, {n} proc(s)",
+            f"drain at WORKERS={EQUAL_WORKERS}, {n} proc(s), vs PgQueuer at its defaults (jobs/s)",
+            f">= {EQUAL_TARGET:g}x",
+        )
+        for n in (1, 2)
+    ],
     ("idle pickup p50 from commit", "idle pickup p50 from commit (ms)", "<= 1.5"),
     ("idle pickup p99 from commit", "idle pickup p99 from commit (ms)", "<= 5"),
     (
@@ -381,6 +407,7 @@ EXPECTED = [
         "webhooks to a local sink, per worker process (jobs/s)",
         f">= {webhooks.TARGET_PER_PROCESS:.0f}, no retries",
     ),
+    *pressure_report.expected(),
 ]
 
 
@@ -394,6 +421,7 @@ def _targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     gathered += costs.targets(summary.get("costs", {}))
     gathered += retention.targets(summary.get("retention", {}))
     gathered += client.targets(summary.get("client", {}))
+    gathered += pressure_report.targets(summary.get("pressure", {}))
     hooks = summary.get("webhooks")
     if hooks:
         gathered.append(
@@ -587,6 +615,7 @@ def render(document: dict[str, Any]) -> str:
     out += waiting.lines(summary.get("waiting", {}))
     out += retention.lines(summary.get("retention", {}))
     out += client.lines(summary.get("client", {}))
+    out += pressure_report.lines(summary.get("pressure", {}))
     hooks = summary.get("webhooks")
     if hooks:
         out += [

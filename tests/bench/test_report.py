@@ -542,3 +542,99 @@ def test_the_drain_beside_a_paused_backlog_is_set_against_the_plain_drain_of_its
         " WORKERS=50: 9,600 jobs/s vs without 10,000 jobs/s: 0.96x"
     ) in render(doc)
     assert verdicts(document([session("jobqueue", 2, 10_000), paused_row(8_000)]))[PAUSED] is False
+
+
+EQUAL_1 = "drain at WORKERS=10, 1 proc(s), vs PgQueuer at its defaults (jobs/s)"
+EQUAL_2 = "drain at WORKERS=10, 2 proc(s), vs PgQueuer at its defaults (jobs/s)"
+
+
+def test_the_drain_at_ten_slots_is_set_against_pgqueuers_drain_with_as_many_processes() -> None:
+    doc = document(
+        [
+            session("jobqueue", 1, 9_000, workers=10),
+            session("jobqueue", 2, 12_000, workers=10),
+            session("jobqueue", 2, 20_000),  # WORKERS=50: not this target's
+            session("pgqueuer", 1, 5_000),
+            session("pgqueuer", 2, 5_000),
+        ]
+    )
+    text = render(doc)
+    assert target_line(text, EQUAL_1) == ["MISSED", EQUAL_1, ">= 2x", "9,000 vs 5,000", "1.80x"]
+    assert target_line(text, EQUAL_2) == ["met", EQUAL_2, ">= 2x", "12,000 vs 5,000", "2.40x"]
+    alone = render(document([session("jobqueue", 1, 9_000, workers=10)]))
+    assert target_line(alone, EQUAL_1)[0] == "not measured"
+
+
+def pressure_scenario(
+    clean: float, pressure: float, p99: tuple[float, float], recovered: float | None, rate=800.0
+) -> dict[str, Any]:
+    def phase(completed: float, p99_ms: float, target: float) -> dict[str, Any]:
+        return {
+            "target_rate": target,
+            "offered_per_s": target,
+            "completed_per_s_median": completed,
+            "claim_p50_ms": p99_ms / 3,
+            "claim_p99_ms": p99_ms,
+            "backlog_max": 7,
+        }
+
+    phases = {
+        "clean": phase(clean, p99[0], 800.0),
+        "pressure": phase(pressure, p99[1], rate),
+        "recovery": phase(clean, p99[0], 800.0),
+    }
+    return {
+        "phases": phases,
+        "ratios": {"claim_p99_pressure_over_clean": p99[1] / p99[0]},
+        "dead_tuples_recovered_s": recovered,
+        "first_vacuum_after_release_s": recovered,
+        "samples": [{"at": 0.0}],
+    }
+
+
+def test_the_pressure_scenarios_each_end_the_table_with_their_three_targets() -> None:
+    measured = {
+        "kind": "pressure",
+        "scenarios": {
+            "idle-xid": pressure_scenario(800, 790, (10.0, 25.0), 40.0),
+            # Keeps up with 1.5x the rate: judged against what was offered, not clean.
+            "rate-1.5x": pressure_scenario(800, 1_100, (10.0, 31.0), None, rate=1_200.0),
+        },
+        "errors": [{"scenario": "repeatable-read", "error": "RuntimeError('boom')"}],
+    }
+    doc = document([measured])
+    met = verdicts(doc)
+    assert met["pressure idle-xid: completed/s under pressure vs clean (ratio)"] is True
+    assert met["pressure idle-xid: claim p99 under pressure vs clean (ratio)"] is True
+    assert met["pressure idle-xid: jobs table under 10,000 dead tuples after the release (s)"]
+    rate = "pressure rate-1.5x: completed/s under pressure vs offered (ratio)"
+    assert met[rate] is True  # 1,100 of 1,200 offered: 0.92
+    assert met["pressure rate-1.5x: claim p99 under pressure vs clean (ratio)"] is False
+    assert (
+        met["pressure rate-1.5x: jobs table under 10,000 dead tuples after the release (s)"]
+        is False
+    )
+    # A scenario that failed misses each of its targets rather than disappearing.
+    assert [t for t, ok in met.items() if t.startswith("pressure repeatable-read")] == [
+        "pressure repeatable-read: completed/s under pressure vs clean (ratio)",
+        "pressure repeatable-read: claim p99 under pressure vs clean (ratio)",
+        "pressure repeatable-read: jobs table under 10,000 dead tuples after the release (s)",
+    ]
+    assert not any(ok for t, ok in met.items() if t.startswith("pressure repeatable-read"))
+    text = render(doc)
+    assert target_line(text, rate) == ["met", rate, ">= 0.90", "0.92x"]
+    assert "Under pressure (bench.pressure" in text
+    assert "repeatable-read: FAILED: RuntimeError('boom')" in text
+    assert "samples" not in doc["summary"]["pressure"]["scenarios"]["idle-xid"]
+
+
+def test_pressure_runs_with_the_peers_unless_turned_off_and_counts_a_step_per_phase() -> None:
+    url = ["--server", "postgresql://unused"]
+    assert parse_args(["--quick", *url]).pressure is False
+    compared = parse_args(["--quick", "--compare", *url])
+    assert compared.pressure is True and compared.pressure_quick is True
+    off = parse_args(["--quick", "--compare", "--no-pressure", *url])
+    assert total_steps(compared) - total_steps(off) == 1 + 3 * 3
+    unmeasured = render(document([session("jobqueue", 2, 10_000)]))
+    line = "pressure idle-xid: claim p99 under pressure vs clean (ratio)"
+    assert target_line(unmeasured, line) == ["not measured", line, "<= 3", "-"]
