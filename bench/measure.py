@@ -8,10 +8,14 @@ that recorded the completion. Both read this machine's one wall clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import random
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from bench.adapters.base import Adapter
@@ -105,6 +109,33 @@ async def pickup_latency(
         await asyncio.sleep(random.uniform(0.01, 0.03))
     await wait_drained(adapter, limit)
     return {"from_commit": latency_ms(from_commit), "from_call": latency_ms(from_call)}
+
+
+# Other work on the machine, for the pickup under load: a process that keeps one core busy,
+# at the default priority, as the rest of a shared machine would.
+_SPIN = "while True: pass"
+
+
+@contextlib.contextmanager
+def busy(processes: int) -> Iterator[list[int]]:
+    """`processes` processes each spinning on a core (a load average of about as many) for
+    the block; their pids are yielded, and they are killed at its end."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL)
+        for _ in range(processes)
+    ]
+    try:
+        yield [p.pid for p in spinners]
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
+
+
+def load_average() -> float:
+    """The 1-minute load average: what the machine ran while a measurement did."""
+    return os.getloadavg()[0]
 
 
 async def end_to_end(

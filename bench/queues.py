@@ -83,6 +83,9 @@ class Config:
     processes: list[int] = field(default_factory=lambda: [1, 2])
     sweep: list[int] = field(default_factory=lambda: [10, 50, 200])
     latency_samples: int = 400
+    # Processes spinning on the CPU while the pickup is measured again ("with other work on
+    # the machine"); 0 skips that measurement.
+    pickup_load: int = 2
     e2e_jobs: int = 5_000
     concurrency: int = 16
     single_requests: int = 5_000
@@ -226,6 +229,16 @@ class Run:
                 figures["pickup"] = await measure.pickup_latency(
                     adapter, self.rx, config.latency_samples
                 )
+                if config.pickup_load:
+                    with measure.busy(config.pickup_load):
+                        loaded = await measure.pickup_latency(
+                            adapter, self.rx, config.latency_samples
+                        )
+                        # Read within the block: the spinners have run for the whole
+                        # measurement, seconds, so the 1-minute average is on its way up.
+                        loaded["load_average"] = measure.load_average()
+                    loaded["spinners"] = config.pickup_load
+                    figures["pickup_loaded"] = loaded
             # Our worker's CPU per job, which the drain with the features on is set against.
             pids = (
                 profile.worker_children(adapter.worker_procs[0].pid)
@@ -754,6 +767,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--processes", help="worker process counts to drain with (default 1,2)")
     parser.add_argument("--sweep", help="our WORKERS values for the drain sweep, e.g. 10,50,200")
     parser.add_argument("--latency-samples", type=int)
+    parser.add_argument(
+        "--pickup-load",
+        type=int,
+        help="processes spinning on the CPU while the pickup is measured again, 0 skips it "
+        f"(default {d.pickup_load})",
+    )
     parser.add_argument("--e2e-jobs", type=int)
     parser.add_argument("--concurrency", type=int, help="HTTP / submit clients")
     parser.add_argument("--single-requests", type=int)
@@ -875,6 +894,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "repeat",
         "workers",
         "latency_samples",
+        "pickup_load",
         "e2e_jobs",
         "concurrency",
         "single_requests",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -638,3 +639,43 @@ def test_pressure_runs_with_the_peers_unless_turned_off_and_counts_a_step_per_ph
     unmeasured = render(document([session("jobqueue", 2, 10_000)]))
     line = "pressure idle-xid: claim p99 under pressure vs clean (ratio)"
     assert target_line(unmeasured, line) == ["not measured", line, "<= 3", "-"]
+
+
+LOADED = "pickup p99 from commit with other work on the machine (ms)"
+
+
+def test_the_pickup_with_other_work_on_the_machine_has_a_target_of_its_own() -> None:
+    def loaded(p99: float) -> dict[str, Any]:
+        figures = {"p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": p99}
+        return {"pickup_loaded": {"from_commit": figures, "load_average": 1.9, "spinners": 2}}
+
+    doc = document(
+        [
+            session("jobqueue", 2, 10_000, **pickup(1.0), **loaded(4.0)),
+            session("jobqueue", 2, 10_000, **pickup(1.0), **loaded(9.0)),
+            session("jobqueue", 2, 10_000, **pickup(1.0), **loaded(6.0)),
+        ]
+    )
+    text = render(doc)
+    assert target_line(text, LOADED) == ["MISSED", LOADED, "<= 5", "6.00"]
+    assert (
+        "pickup from commit with 2 processes spinning on the CPU (load average 1.9 at the end),"
+        " p50/p95/p99 ms: jobqueue: 1.00/2.00/6.00" in text
+    )
+    met = render(document([session("jobqueue", 2, 10_000, **pickup(1.0), **loaded(4.9))]))
+    assert target_line(met, LOADED)[0] == "met"
+    assert target_line(render(document([session("jobqueue", 2, 10_000)])), LOADED)[0] == (
+        "not measured"
+    )
+
+
+def test_the_spinning_processes_run_for_the_block_and_are_gone_after_it() -> None:
+    from bench.measure import busy
+
+    with busy(2) as pids:
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, 0)  # running
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
