@@ -133,6 +133,25 @@ def busy(processes: int) -> Iterator[list[int]]:
             p.wait()
 
 
+async def round_trips(url: str, samples: int) -> dict[str, float]:
+    """`SELECT 1` on a connection of its own, `samples` times, 10–30 ms apart as the pickup's
+    submits: what one round trip to PostgreSQL takes on this machine as it is, the least a
+    pickup (a notification, then a claim) can take."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        took = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            await conn.fetchval("SELECT 1")
+            took.append(time.perf_counter() - started)
+            await asyncio.sleep(random.uniform(0.01, 0.03))
+    finally:
+        await conn.close()
+    return latency_ms(took)
+
+
 def load_average() -> float:
     """The 1-minute load average: what the machine ran while a measurement did."""
     return os.getloadavg()[0]

@@ -234,6 +234,10 @@ class Run:
                         loaded = await measure.pickup_latency(
                             adapter, self.rx, config.latency_samples
                         )
+                        if isinstance(adapter, Ours):
+                            loaded["round_trip"] = await measure.round_trips(
+                                adapter.url, config.latency_samples
+                            )
                         # Read within the block: the spinners have run for the whole
                         # measurement, seconds, so the 1-minute average is on its way up.
                         loaded["load_average"] = measure.load_average()

@@ -59,6 +59,10 @@ def _system(sessions: list[dict[str, Any]]) -> dict[str, Any]:
     loaded = [r["pickup_loaded"] for r in sessions if "pickup_loaded" in r]
     for p in ("p50_ms", "p95_ms", "p99_ms"):
         figures[f"pickup_loaded_from_commit_{p}"] = _med([r["from_commit"] for r in loaded], p)
+    for p in ("p50_ms", "p99_ms"):
+        figures[f"pickup_loaded_round_trip_{p}"] = _med(
+            [r["round_trip"] for r in loaded if "round_trip" in r], p
+        )
     figures["pickup_loaded_load_average"] = _med(loaded, "load_average")
     figures["pickup_loaded_spinners"] = _med(loaded, "spinners")
     return {key: value for key, value in figures.items() if value is not None}
@@ -578,6 +582,15 @@ def render(document: dict[str, Any]) -> str:
                 + "/".join(
                     _n(figures[f"pickup_loaded_from_commit_{p}"], 2)
                     for p in ("p50_ms", "p95_ms", "p99_ms")
+                )
+                + (
+                    ""
+                    if figures.get("pickup_loaded_round_trip_p99_ms") is None
+                    else "; one SELECT 1 round trip meanwhile, p50/p99 ms: "
+                    + "/".join(
+                        _n(figures[f"pickup_loaded_round_trip_{p}"], 2)
+                        for p in ("p50_ms", "p99_ms")
+                    )
                 )
             )
     for name, figures in systems.items():

@@ -647,7 +647,15 @@ LOADED = "pickup p99 from commit with other work on the machine (ms)"
 def test_the_pickup_with_other_work_on_the_machine_has_a_target_of_its_own() -> None:
     def loaded(p99: float) -> dict[str, Any]:
         figures = {"p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": p99}
-        return {"pickup_loaded": {"from_commit": figures, "load_average": 1.9, "spinners": 2}}
+        trip = {"p50_ms": 0.3, "p99_ms": p99 - 1}
+        return {
+            "pickup_loaded": {
+                "from_commit": figures,
+                "round_trip": trip,
+                "load_average": 1.9,
+                "spinners": 2,
+            }
+        }
 
     doc = document(
         [
@@ -660,7 +668,8 @@ def test_the_pickup_with_other_work_on_the_machine_has_a_target_of_its_own() -> 
     assert target_line(text, LOADED) == ["MISSED", LOADED, "<= 5", "6.00"]
     assert (
         "pickup from commit with 2 processes spinning on the CPU (load average 1.9 at the end),"
-        " p50/p95/p99 ms: jobqueue: 1.00/2.00/6.00" in text
+        " p50/p95/p99 ms: jobqueue: 1.00/2.00/6.00; one SELECT 1 round trip meanwhile, p50/p99"
+        " ms: 0.30/5.00" in text
     )
     met = render(document([session("jobqueue", 2, 10_000, **pickup(1.0), **loaded(4.9))]))
     assert target_line(met, LOADED)[0] == "met"
