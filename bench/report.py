@@ -237,6 +237,14 @@ def _versus(
     }
 
 
+def _bounded(name: str, value: float | None, way: str, bound: float) -> dict[str, Any] | None:
+    """A target on one figure of ours: at most (`<=`) or at least (`>=`) `bound`."""
+    if value is None:
+        return None
+    met = value <= bound if way == "<=" else value >= bound
+    return {"target": name, "goal": f"{way} {bound:g}", "measured": value, "met": met}
+
+
 def _systems_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets on the figures of `summary["systems"]`: drains and end to end against the
     peers, idle pickup, bulk submit over HTTP."""
@@ -267,25 +275,15 @@ def _systems_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         )
     for p, bound in PICKUP_TARGETS:
         value = ours.get(f"pickup_from_commit_{p}_ms")
-        if value is not None:
-            out.append(
-                {
-                    "target": f"idle pickup {p} from commit (ms)",
-                    "goal": f"<= {bound:g}",
-                    "measured": value,
-                    "met": value <= bound,
-                }
-            )
-    loaded = ours.get("pickup_loaded_from_commit_p99_ms")
-    if loaded is not None:
-        out.append(
-            {
-                "target": "pickup p99 from commit with other work on the machine (ms)",
-                "goal": f"<= {LOADED_PICKUP_TARGET:g}",
-                "measured": loaded,
-                "met": loaded <= LOADED_PICKUP_TARGET,
-            }
+        out.append(_bounded(f"idle pickup {p} from commit (ms)", value, "<=", bound))
+    out.append(
+        _bounded(
+            "pickup p99 from commit with other work on the machine (ms)",
+            ours.get("pickup_loaded_from_commit_p99_ms"),
+            "<=",
+            LOADED_PICKUP_TARGET,
         )
+    )
     e2e = summary.get("e2e_processes")
     out.append(
         _versus(
@@ -297,16 +295,14 @@ def _systems_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             E2E_TARGET,
         )
     )
-    batch = ours.get("http_batch_jobs_per_s")
-    if batch is not None:
-        out.append(
-            {
-                "target": "bulk submit via POST /jobs/batch (jobs/s)",
-                "goal": f">= {BATCH_TARGET:.0f}",
-                "measured": batch,
-                "met": batch >= BATCH_TARGET,
-            }
+    out.append(
+        _bounded(
+            "bulk submit via POST /jobs/batch (jobs/s)",
+            ours.get("http_batch_jobs_per_s"),
+            ">=",
+            BATCH_TARGET,
         )
+    )
     return [t for t in out if t is not None]
 
 
