@@ -100,7 +100,9 @@ bench-pressure: install
 bench-install: install
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,bench]'
 
-# Ours against Procrastinate and PgQueuer, interleaved in the same run, with ratios.
+# Ours against Procrastinate and PgQueuer, interleaved in the same run, with ratios; then the
+# pressure scenarios of bench-pressure, their targets in the same table (~50 min;
+# BENCH_ARGS=--no-pressure leaves them out).
 bench-compare: bench-install
 	$(BIN)/python -m bench.queues --compare $(BENCH_ARGS)
 
