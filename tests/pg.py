@@ -18,6 +18,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import make_url
 
+from jobcore import compiled, history
+from jobcore.schema import jobs
+
 ROOT = Path(__file__).resolve().parent.parent
 _LOCK = 0x6A7174657374  # any constant shared by test workers
 
@@ -140,3 +143,26 @@ async def explain(
     finally:
         await conn.execute("RESET plan_cache_mode")
         await conn.execute(f"DEALLOCATE {name}")
+
+
+_JOB_COLUMNS = ", ".join(jobs.c.keys())
+
+
+async def move(engine, ids: list[uuid.UUID]) -> None:
+    """Move completed jobs to `jobs_history` as the move does: deleted from `jobs` and
+    inserted there in one statement, every column named; their leaves added first."""
+    async with engine.connect() as conn:
+        d = await driver(conn)
+        finished = await d.fetch("SELECT finished_at FROM jobqueue.jobs WHERE id = ANY($1)", ids)
+        for row in finished:
+            leaves = await compiled.history_leaves(d)
+            leaf = history.leaf_at(row["finished_at"], history.HOUR, leaves)
+            if leaf not in leaves:
+                assert await compiled.history_add_leaf(d, leaf)
+        await d.fetch(
+            f"""WITH moved AS (DELETE FROM jobqueue.jobs WHERE id = ANY($1)
+                               RETURNING {_JOB_COLUMNS})
+                INSERT INTO jobqueue.jobs_history ({_JOB_COLUMNS})
+                SELECT {_JOB_COLUMNS} FROM moved""",
+            ids,
+        )

@@ -25,9 +25,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore.control import JOB_CANCEL_MANY, JOB_REQUEST_CANCEL_MANY, JOB_RETRY_MANY
 from jobcore.errors import InvalidRequest
-from jobcore.queries.common import JOB_COLUMNS
+from jobcore.queries.common import HISTORY_COLUMNS, JOB_COLUMNS
 from jobcore.rows import Job, job_from_row
-from jobcore.schema import QUEUE_PATTERN, jobs
+from jobcore.schema import QUEUE_PATTERN, jobs, jobs_history
 from jobcore.search import MAX_LIMIT, Filters, list_jobs
 from jobcore.states import Operation, Status
 from jobcore.validation import QUEUE, check_string
@@ -49,11 +49,13 @@ _TRIES = 5
 # Seconds between tries: a row held by a claimer or a completer is free again within ms.
 _PAUSE = 0.01
 
-JOB_GET_MANY = (
-    sa.select(*JOB_COLUMNS)
-    .where(c.id == sa.any_(sa.bindparam("job_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))))
-    .order_by(c.id.desc())
-)
+_IDS = sa.bindparam("job_ids", type_=pg.ARRAY(pg.UUID(as_uuid=True)))
+# In either table (a job is in one): completed jobs move to `jobs_history`.
+_FOUND = sa.union_all(
+    sa.select(*JOB_COLUMNS).where(c.id == sa.any_(_IDS)),
+    sa.select(*HISTORY_COLUMNS).where(jobs_history.c.id == sa.any_(_IDS)),
+).subquery("found")
+JOB_GET_MANY = sa.select(_FOUND).order_by(_FOUND.c.id.desc())
 
 # By their SQL name, for `jobcore.queries.named()`.
 NAMED = {"job_get_many": JOB_GET_MANY}

@@ -20,12 +20,12 @@ transaction open one, or run in the caller's (`_transaction`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID, uuid4
 
-from jobcore import maintenance, queries
+from jobcore import history, maintenance, queries
 from jobcore.catalog import recorder_name
 from jobcore.queries.job_types import record_from_row, record_params
 from jobcore.rows import (
@@ -61,10 +61,32 @@ _CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
 _OUTCOMES = {op: STATEMENTS[f"job_set_outcome_{op}"] for op in ATTEMPT_OUTCOMES}
 
 
+# lock_not_available (a lock_timeout ran out), duplicate_table, and a leaf another worker
+# attached meanwhile (its range overlaps: invalid_object_definition).
+_BUSY = frozenset({"55P03", "42P07", "42P17"})
+
+
 def _transaction(conn: Driver) -> contextlib.AbstractAsyncContextManager[Any]:
     """A transaction of its own, or none inside the caller's (the worker runs every call in
     one that carries its settings)."""
     return contextlib.nullcontext() if conn.is_in_transaction() else conn.transaction()
+
+
+@contextlib.asynccontextmanager
+async def _atomic(conn: Driver) -> AsyncIterator[None]:
+    """A transaction of its own, or a savepoint in the caller's: a failure undoes what ran
+    inside, and only that."""
+    if not conn.is_in_transaction():
+        async with conn.transaction():
+            yield
+        return
+    await conn.fetch("SAVEPOINT jobqueue_atomic")
+    try:
+        yield
+    except BaseException:
+        await conn.fetch("ROLLBACK TO SAVEPOINT jobqueue_atomic")
+        raise
+    await conn.fetch("RELEASE SAVEPOINT jobqueue_atomic")
 
 
 def _slots(slots: Mapping[str, int]) -> dict[str, list[Any]]:
@@ -405,10 +427,60 @@ async def resign(conn: Driver, task: str, holder: UUID) -> None:
 
 async def prune(conn: Driver, status: Status, age_seconds: float) -> int:
     """Delete at most `maintenance.PRUNE_BATCH` jobs of the finished `status` that finished
-    more than `age_seconds` ago; how many it deleted (fewer than the batch: none are left)."""
+    more than `age_seconds` ago, in `jobs` (and, completed, as many again in
+    `jobs_history`); how many it deleted (fewer than the batch: none are left)."""
     statement = STATEMENTS[f"job_prune_{status}"]
     rows = await conn.fetch(statement.sql, *statement.args({"age": age_seconds}))
-    return int(rows[0]["pruned"])
+    pruned = int(rows[0]["pruned"])
+    if status is Status.COMPLETED:
+        statement = STATEMENTS["history_prune"]
+        values = {"age": age_seconds, "batch": maintenance.PRUNE_BATCH}
+        rows = await conn.fetch(statement.sql, *statement.args(values))
+        pruned += int(rows[0]["pruned"])
+    return pruned
+
+
+async def history_leaves(conn: Driver) -> list[history.Leaf]:
+    """The leaves of `jobs_history` (`jobcore.history`), oldest first."""
+    statement = STATEMENTS["history_list_leaves"]
+    rows = await conn.fetch(statement.sql, *statement.args({"parent": history.parent()}))
+    return sorted(leaf for row in rows if (leaf := history.parse(row["name"])) is not None)
+
+
+async def history_add_leaf(conn: Driver, leaf: history.Leaf) -> bool:
+    """Add `leaf` to `jobs_history`; False if it could not now (another worker adds it, or
+    the parent's lock is held: the caller tries again later)."""
+    try:
+        async with _atomic(conn):
+            for sql in history.create_sql(leaf):
+                await conn.fetch(sql)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) in _BUSY:
+            return False
+        raise
+    return True
+
+
+async def history_drop_expired(conn: Driver, age_seconds: float) -> int | None:
+    """Drop the oldest leaf of `jobs_history` whose every job finished more than
+    `age_seconds` ago; how many jobs it held, or None if there is none (or its lock is
+    held by a reader now: the next round tries again)."""
+    cutoff = (await conn.fetch("SELECT now() AS now"))[0]["now"]
+    cutoff -= timedelta(seconds=age_seconds)
+    leaves = history.expired(await history_leaves(conn), cutoff)
+    if not leaves:
+        return None
+    leaf = leaves[0]
+    try:
+        async with _atomic(conn):
+            held = int((await conn.fetch(history.count_sql(leaf)))[0]["n"])
+            for sql in history.drop_sql(leaf):
+                await conn.fetch(sql)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) in _BUSY:
+            return None
+        raise
+    return held
 
 
 async def table_stats(conn: Driver) -> list[TableStats]:

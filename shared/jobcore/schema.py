@@ -7,6 +7,8 @@ with another `DATABASE_SCHEMA` rewrites that qualifier where SQL is sent (`jobco
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
@@ -14,10 +16,9 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0013"
-# The revisions this code works on; services refuse to start on any other. 0013 adds
-# `key_rooms()`, which every claim under KEY_CONCURRENCY calls, so this code needs it
-# (docs/upgrading.md).
+SCHEMA_REVISION = "0014"
+# The revisions this code works on; services refuse to start on any other. 0014 adds
+# `jobs_history`, which every read of finished jobs reads (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 
 # What a job's routing fields may hold; the API and the table check the same rules.
@@ -37,57 +38,68 @@ metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in Status)
 
+
+def _job_columns(*, keyed: bool) -> list[sa.Column[Any]]:
+    """A job's columns, as `jobs` and `jobs_history` both hold them; `keyed`: `id` is the
+    primary key (a partitioned table's key would have to hold its partition key)."""
+    return [
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=keyed, nullable=False),
+        sa.Column("type", sa.Text, nullable=False),
+        sa.Column("payload", pg.JSONB(none_as_null=False), nullable=False),
+        sa.Column("status", sa.Text, nullable=False, server_default=Status.PENDING.value),
+        sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("max_attempts", sa.Integer, nullable=False),
+        sa.Column(
+            "run_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column("locked_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("last_error", sa.Text, nullable=True),
+        # The claim statement that last took the job (a random id per statement): lets a worker
+        # hand back what a claim took when the claim's answer never reached it.
+        sa.Column("claim_id", pg.UUID(as_uuid=True), nullable=True),
+        sa.Column("queue", sa.Text, nullable=False, server_default="default"),
+        # Higher runs first.
+        sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
+        # This job's per-attempt limit in seconds; NULL: the worker's JOB_TIMEOUT.
+        sa.Column("timeout", sa.Float, nullable=True),
+        sa.Column("idempotency_key", sa.Text, nullable=True),
+        # Jobs of one key share its KEY_CONCURRENCY and take turns with other keys' jobs (fair
+        # dispatch); NULL: no key (the key-less jobs take their turn as one more key, '').
+        # Compared in byte order ("C"), as the worker compares them (`jobcore.turns`).
+        sa.Column("concurrency_key", sa.Text(collation="C"), nullable=True),
+        # The worker process that holds the current lease (`<host>:<pid>`), written by every
+        # claim and kept once the attempt ends (who ran it last); NULL until the first claim.
+        sa.Column("leased_by", sa.Text, nullable=True),
+        # What the handler returned (JSON; NULL for None), set by `complete`.
+        sa.Column("result", pg.JSONB(none_as_null=True), nullable=True),
+        # When an operator asked to stop the running attempt; the holder ends it `cancelled`.
+        sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True),
+        # When the job reached a finished status (completed, failed, dead_letter, cancelled);
+        # retention counts age from it.
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        # Someone waits for the job to finish (`GET /jobs/{id}?wait=`): the write that finishes
+        # it notifies. False for almost every job, so finishing costs no notification.
+        sa.Column("awaited", sa.Boolean, nullable=False, server_default=sa.false()),
+        # The submitting request's W3C trace context (`traceparent`), for the attempt's span to
+        # link to; NULL when tracing is off.
+        sa.Column("traceparent", sa.Text, nullable=True),
+        # The failed attempts, oldest first, the last ERRORS_KEPT: [{"attempt", "at", "error",
+        # "traceback"}]; NULL until one fails.
+        sa.Column("errors", pg.JSONB(none_as_null=True), nullable=True),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+    ]
+
+
 jobs = sa.Table(
     "jobs",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
-    sa.Column("type", sa.Text, nullable=False),
-    sa.Column("payload", pg.JSONB(none_as_null=False), nullable=False),
-    sa.Column("status", sa.Text, nullable=False, server_default=Status.PENDING.value),
-    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("max_attempts", sa.Integer, nullable=False),
-    sa.Column("run_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-    sa.Column("locked_until", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("last_error", sa.Text, nullable=True),
-    # The claim statement that last took the job (a random id per statement): lets a worker
-    # hand back what a claim took when the claim's answer never reached it.
-    sa.Column("claim_id", pg.UUID(as_uuid=True), nullable=True),
-    sa.Column("queue", sa.Text, nullable=False, server_default="default"),
-    # Higher runs first.
-    sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
-    # This job's per-attempt limit in seconds; NULL: the worker's JOB_TIMEOUT.
-    sa.Column("timeout", sa.Float, nullable=True),
-    sa.Column("idempotency_key", sa.Text, nullable=True),
-    # Jobs of one key share its KEY_CONCURRENCY and take turns with other keys' jobs (fair
-    # dispatch); NULL: no key (the key-less jobs take their turn as one more key, '').
-    # Compared in byte order ("C"), as the worker compares them (`jobcore.turns`).
-    sa.Column("concurrency_key", sa.Text(collation="C"), nullable=True),
-    # The worker process that holds the current lease (`<host>:<pid>`), written by every
-    # claim and kept once the attempt ends (who ran it last); NULL until the first claim.
-    sa.Column("leased_by", sa.Text, nullable=True),
-    # What the handler returned (JSON; NULL for None), set by `complete`.
-    sa.Column("result", pg.JSONB(none_as_null=True), nullable=True),
-    # When an operator asked to stop the running attempt; the holder ends it `cancelled`.
-    sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True),
-    # When the job reached a finished status (completed, failed, dead_letter, cancelled);
-    # retention counts age from it.
-    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-    # Someone waits for the job to finish (`GET /jobs/{id}?wait=`): the write that finishes
-    # it notifies. False for almost every job, so finishing costs no notification.
-    sa.Column("awaited", sa.Boolean, nullable=False, server_default=sa.false()),
-    # The submitting request's W3C trace context (`traceparent`), for the attempt's span to
-    # link to; NULL when tracing is off.
-    sa.Column("traceparent", sa.Text, nullable=True),
-    # The failed attempts, oldest first, the last ERRORS_KEPT: [{"attempt", "at", "error",
-    # "traceback"}]; NULL until one fails.
-    sa.Column("errors", pg.JSONB(none_as_null=True), nullable=True),
-    sa.Column(
-        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
-    ),
-    sa.Column(
-        "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
-    ),
+    *_job_columns(keyed=True),
     sa.CheckConstraint(f"status IN ({_STATUSES})", name="jobs_status_check"),
     sa.CheckConstraint("attempts >= 0", name="jobs_attempts_check"),
     sa.CheckConstraint("max_attempts BETWEEN 1 AND 100", name="jobs_max_attempts_check"),
@@ -178,6 +190,31 @@ jobs = sa.Table(
         unique=True,
         postgresql_where=sa.text("idempotency_key IS NOT NULL"),
     ),
+)
+
+# Completed jobs moved out of `jobs` after they finished (`jobcore.history`), partitioned by
+# when they finished, one leaf per hour or day: retention drops a leaf whole once its end
+# is older than RETENTION_COMPLETED, and deletes row by row only in the leaf it ends in.
+# `jobs` keeps the live jobs and the rest (failed, cancelled and dead letters, which an
+# operator may retry or cancel, and keyed jobs, whose idempotency key its unique index
+# keeps unique), and stays small however many jobs have run. No primary key: a
+# partitioned table's would have to hold `finished_at`; a job is in one table or the other
+# (the move deletes what it inserts, in one statement).
+jobs_history = sa.Table(
+    "jobs_history",
+    metadata,
+    *_job_columns(keyed=False),
+    sa.CheckConstraint(
+        f"status = '{Status.COMPLETED.value}' AND finished_at IS NOT NULL"
+        " AND idempotency_key IS NULL",
+        name="jobs_history_moved_check",
+    ),
+    sa.Index("jobs_history_id_idx", "id"),
+    # Listing, newest first: every job here has the status completed.
+    sa.Index("jobs_history_type_idx", "type", "id"),
+    sa.Index("jobs_history_queue_idx", "queue", "id"),
+    sa.Index("jobs_history_finished_idx", "finished_at"),
+    postgresql_partition_by="RANGE (finished_at)",
 )
 
 # TYPE_RATE: attempts of a type started in its current fixed window (aligned on the database

@@ -24,12 +24,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from jobcore.queries.common import JOB_COLUMNS, status_literal
+from jobcore.queries.common import HISTORY_COLUMNS, JOB_COLUMNS, status_literal
 from jobcore.rows import Job, job_from_row
-from jobcore.schema import jobs
+from jobcore.schema import jobs, jobs_history
 from jobcore.states import Status
 
 c = jobs.c
+h = jobs_history.c
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
@@ -58,9 +59,14 @@ def _statement(
     # Built once per shape (a few hundred at most): building a union of six branches costs
     # more CPU than the database spends on the page.
     if statuses is None and not by_type and not by_queue:
-        # Nothing to narrow by: the primary key, backwards.
-        return _branch(None, by_type, by_queue, after)
-    branches = [_branch(status, by_type, by_queue, after) for status in sorted(statuses or Status)]
+        # Nothing to narrow by: the primary key, backwards (and the history's id index).
+        branches = [_branch(None, by_type, by_queue, after)]
+    else:
+        branches = [
+            _branch(status, by_type, by_queue, after) for status in sorted(statuses or Status)
+        ]
+    if statuses is None or Status.COMPLETED in statuses:
+        branches.append(_history_branch(by_type, by_queue, after))
     if len(branches) == 1:
         return branches[0]
     merged = sa.union_all(*branches).subquery("page")
@@ -88,6 +94,29 @@ def _branch(status: Status | None, by_type: bool, by_queue: bool, after: bool) -
         query = query.where(c.queue == sa.bindparam("queue"))
     if after:
         query = query.where(c.id < sa.bindparam("before"))
+    return query.order_by(*order).limit(sa.bindparam("limit"))
+
+
+def _history_branch(by_type: bool, by_queue: bool, after: bool) -> Any:
+    # Completed jobs moved out of `jobs` (`jobcore.history`), each leaf read backwards through
+    # the index that leads with the filter given, the leaves merged. The status is checked
+    # all the same: the table holds completed jobs only, but this release lists as
+    # completed nothing else, whatever a later one moves there.
+    # The filter that leads the index is a range, in the sort, as the status is above: so
+    # the index is the only path in that order, also for a common type.
+    query = sa.select(*HISTORY_COLUMNS).where(h.status == status_literal(Status.COMPLETED))
+    order = [h.id.desc()]
+    if by_type:
+        query = query.where(h.type.between(sa.bindparam("type"), sa.bindparam("type")))
+        order = [h.type.desc(), h.id.desc()]
+    if by_queue:
+        if by_type:
+            query = query.where(h.queue == sa.bindparam("queue"))
+        else:
+            query = query.where(h.queue.between(sa.bindparam("queue"), sa.bindparam("queue")))
+            order = [h.queue.desc(), h.id.desc()]
+    if after:
+        query = query.where(h.id < sa.bindparam("before"))
     return query.order_by(*order).limit(sa.bindparam("limit"))
 
 
@@ -126,8 +155,9 @@ async def list_jobs(
 # Per queue: due and scheduled pending jobs and their oldest due time (an index-only read
 # of the pending rows in `jobs_claim_queue_idx`), processing jobs (the leased rows in
 # `jobs_lease_idx`) and dead letters (a range of `jobs_queue_idx`). The queues are found as
-# a loose index scan of `jobs_queue_idx` (one probe per queue, whatever it holds) and among
-# the leased rows: no finished row is read to count anything.
+# loose index scans of `jobs_queue_idx` and `jobs_history_queue_idx` (one probe per queue
+# and leaf, whatever they hold) and among the leased rows: no finished row is read to count
+# anything.
 _PENDING = f"'{Status.PENDING.value}'"
 _PROCESSING = f"'{Status.PROCESSING.value}'"
 _DEAD_LETTER = f"'{Status.DEAD_LETTER.value}'"
@@ -139,10 +169,18 @@ WITH RECURSIVE known(queue) AS (
     SELECT (SELECT queue FROM jobqueue.jobs WHERE status <> {_PROCESSING} AND queue > known.queue
             ORDER BY queue LIMIT 1)
     FROM known WHERE known.queue IS NOT NULL
+), moved(queue) AS (
+    (SELECT queue FROM jobqueue.jobs_history ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT queue FROM jobqueue.jobs_history WHERE queue > moved.queue
+            ORDER BY queue LIMIT 1)
+    FROM moved WHERE moved.queue IS NOT NULL
 ), running AS (
     SELECT queue, count(*) AS n FROM jobqueue.jobs WHERE status = {_PROCESSING} GROUP BY queue
 ), queues AS (
     SELECT queue FROM known WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM moved WHERE queue IS NOT NULL
     UNION
     SELECT queue FROM running
 )
@@ -194,7 +232,8 @@ async def queue_depths(conn: AsyncConnection) -> list[QueueDepth]:
 # The dashboard's chart: for each minute of the last hour (the current minute and the 59
 # before it, on the database clock, every one of them present) and each finished status,
 # how many jobs finished; a minute without any has one row with status and count NULL. A
-# range read of `jobs_finished_idx` over that hour: its cost follows the hour's throughput,
+# range read of `jobs_finished_idx` over that hour, and of the hour's leaves of
+# `jobs_history_finished_idx`: its cost follows the hour's throughput,
 # never the table's size. A job retried since it finished has no `finished_at` any more and
 # is not counted.
 CHART_MINUTES = 60
@@ -205,8 +244,10 @@ JOB_COUNT_FINISHED_PER_MINUTE = sa.text(
     f"""
 WITH finished AS (
     SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
-    FROM jobqueue.jobs
-    WHERE finished_at >= {_FIRST_MINUTE}
+    FROM (SELECT finished_at, status FROM jobqueue.jobs WHERE finished_at >= {_FIRST_MINUTE}
+          UNION ALL
+          SELECT finished_at, status FROM jobqueue.jobs_history
+          WHERE finished_at >= {_FIRST_MINUTE}) AS hour_
     GROUP BY 1, 2
 )
 SELECT m.minute, f.status, f.n AS finished
@@ -236,8 +277,11 @@ QUEUE_GET_HOUR = sa.text(
 WITH finished AS (
     SELECT queue, date_trunc('minute', finished_at) AS minute, count(*) AS n,
            min(run_at) AS oldest
-    FROM jobqueue.jobs
-    WHERE finished_at >= {_FIRST_MINUTE}
+    FROM (SELECT queue, finished_at, run_at FROM jobqueue.jobs
+          WHERE finished_at >= {_FIRST_MINUTE}
+          UNION ALL
+          SELECT queue, finished_at, run_at FROM jobqueue.jobs_history
+          WHERE finished_at >= {_FIRST_MINUTE}) AS hour_
     GROUP BY 1, 2
 ), unfinished AS (
     SELECT queue, min(oldest) AS oldest FROM (

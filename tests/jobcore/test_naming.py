@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -13,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobcore import compiled, migrate, naming, search, store
+from jobcore import compiled, history, migrate, naming, search, store
 from jobcore.db import make_engine
 from jobcore.errors import ConfigError
 from jobcore.ids import new_id
@@ -141,11 +142,22 @@ async def test_the_hot_paths_run_in_the_schema_database_schema_names(other_schem
         stats = await compiled.table_stats(await pg.driver(conn))
     assert {s.name for s in stats} == {
         "queueing.jobs",
+        "queueing.jobs_history",
         "queueing.job_rate_windows",
         "queueing.maintenance_leases",
         "queueing.job_types",
         "queueing.queue_pauses",
     }
+    # The history's leaves are made, listed and dropped there too.
+    leaf = history.leaf_at(datetime.now(UTC) - timedelta(hours=3), history.HOUR, [])
+    async with other_engine.connect() as conn:
+        d = await pg.driver(conn)
+        assert await compiled.history_add_leaf(d, leaf)
+        assert await compiled.history_leaves(d) == [leaf]
+        where = await d.fetch("SELECT schemaname FROM pg_tables WHERE tablename = $1", leaf.name)
+        assert [row["schemaname"] for row in where] == ["queueing"]
+        assert await compiled.history_drop_expired(d, 3600.0) == 0
+        assert await compiled.history_leaves(d) == []
 
 
 async def test_enqueue_names_the_schema_it_is_given(other_schema):

@@ -227,6 +227,14 @@ async def test_before_0010_nothing_is_paused_and_a_pause_asks_for_the_migration(
     try:
         async with engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
+            # The queue depths read `jobs_history` (0014) too: here only `queue_pauses` is
+            # missing.
+            await conn.execute(
+                sa.text(
+                    "CREATE TABLE jobqueue.jobs_history (LIKE jobqueue.jobs)"
+                    " PARTITION BY RANGE (finished_at)"
+                )
+            )
             assert await pauses.paused_queues(conn) == []
             assert await pauses.queues_with_pauses(conn) == []
             assert await pauses.resume(conn, "mail") is False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -17,10 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.listing import FILL
-from jobcore import maintenance, search
+from jobcore import compiled, history, maintenance, queries, search
 from jobcore.db import make_engine
 from jobcore.runner import Compiled
-from jobcore.schema import LIST_INDEXES
+from jobcore.schema import LIST_INDEXES, jobs
 from jobcore.search import Filters
 from jobcore.states import FINISHED, Status
 from tests import pg
@@ -48,10 +49,12 @@ def big_database(pg_server: str, pg_template: str) -> Iterator[tuple[str, str]]:
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(FILL, ROWS, timeout=600)
-            await conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=600)
             middle = await conn.fetchval(
                 "SELECT id FROM jobqueue.jobs ORDER BY id OFFSET $1 LIMIT 1", ROWS // 2
             )
+            await _fill_history(conn)
+            await conn.execute("VACUUM ANALYZE jobqueue.jobs", timeout=600)
+            await conn.execute("ANALYZE jobqueue.jobs_history", timeout=600)
         finally:
             await conn.close()
         return str(middle)
@@ -60,6 +63,27 @@ def big_database(pg_server: str, pg_template: str) -> Iterator[tuple[str, str]]:
         yield url, asyncio.run(fill())
     finally:
         pg.drop_database(pg_server, name)
+
+
+async def _fill_history(conn: asyncpg.Connection) -> None:
+    """`jobs_history` in daily leaves, holding as many completed jobs again as `jobs` (copies
+    under ids of their own: the same times, types, queues), as a deployment whose
+    completed jobs have moved has them."""
+    now = await conn.fetchval("SELECT now()")
+    for days in range(10, -1, -1):  # the days FILL's jobs finished in
+        leaves = await compiled.history_leaves(conn)
+        leaf = history.leaf_at(now - timedelta(days=days), history.DAY, leaves)
+        if leaf not in leaves:
+            assert await compiled.history_add_leaf(conn, leaf)
+    columns = [column.name for column in jobs.c if column.name != "id"]
+    named = ", ".join(columns)
+    await conn.execute(
+        f"""INSERT INTO jobqueue.jobs_history (id, {named})
+            SELECT encode(overlay(uuid_send(id) PLACING substring(uuid_send(gen_random_uuid())
+                                                        FROM 9) FROM 9), 'hex')::uuid, {named}
+            FROM jobqueue.jobs WHERE status = 'completed'""",
+        timeout=600,
+    )
 
 
 @pytest.fixture
@@ -112,6 +136,35 @@ def _leading(filters: Filters) -> set[str]:
     return {"jobs_status_idx"}
 
 
+# A leaf's indexes are named after the leaf and the columns (`<leaf>_type_id_idx`): the
+# parent's index each stands for, by the name's end.
+_HISTORY = {
+    "_id_idx": "jobs_history_id_idx",
+    "_type_id_idx": "jobs_history_type_idx",
+    "_queue_id_idx": "jobs_history_queue_idx",
+    "_finished_at_idx": "jobs_history_finished_idx",
+}
+
+
+def _parent_index(name: str) -> str:
+    if not name.startswith(history.PREFIX) or name in _HISTORY.values():
+        return name
+    return next(
+        _HISTORY[end] for end in sorted(_HISTORY, key=len, reverse=True) if name.endswith(end)
+    )
+
+
+def _history_leading(filters: Filters) -> set[str]:
+    """The history's indexes that lead with the filters given."""
+    if filters.type is not None and filters.queue is not None:
+        return {"jobs_history_type_idx", "jobs_history_queue_idx"}
+    if filters.type is not None:
+        return {"jobs_history_type_idx"}
+    if filters.queue is not None:
+        return {"jobs_history_queue_idx"}
+    return {"jobs_history_id_idx"}
+
+
 def _values(filters: Filters, before: str | None) -> dict:
     return {"limit": LIMIT + 1, "type": filters.type, "queue": filters.queue, "before": before}
 
@@ -139,12 +192,18 @@ async def test_every_list_filter_reads_its_list_index_never_the_whole_table(
     before = big_database[1] if page == "cursor" else None
     statement = search.list_statement(filters, after=before is not None)
     plan = await _plan(big, statement, _values(filters, before), generic=False)
-    reads = _reads(plan)
+    reads = [(kind, {_parent_index(i) for i in indexes}) for kind, indexes in _reads(plan)]
     assert "Seq Scan" not in {kind for kind, _ in reads}, plan
+    # Completed jobs moved to the history: one read per leaf, through its index that leads
+    # with the filters given.
+    moved = [indexes for _, indexes in reads if any(i.startswith("jobs_history") for i in indexes)]
+    statuses = set(filters.statuses or Status)
+    assert len(moved) == (len(await _leaves(big)) if C in statuses else 0), plan
+    assert all(indexes <= _history_leading(filters) for indexes in moved), plan
+    reads = [read for read in reads if read[1] not in moved]
     if filters == Filters():
         assert reads == [("Index Scan", {"jobs_pkey"})], plan
         return
-    statuses = set(filters.statuses or Status)
     running = [indexes for _, indexes in reads if "jobs_lease_idx" in indexes]
     others = [indexes for _, indexes in reads if "jobs_lease_idx" not in indexes]
     # Running jobs through the lease index (they are few); every other status requested
@@ -152,6 +211,11 @@ async def test_every_list_filter_reads_its_list_index_never_the_whole_table(
     assert running == ([{"jobs_lease_idx"}] if R in statuses else []), plan
     assert len(others) == len(statuses - {R}), plan
     assert all(indexes <= _leading(filters) for indexes in others), plan
+
+
+async def _leaves(engine: AsyncEngine) -> list[history.Leaf]:
+    async with engine.connect() as conn:
+        return await compiled.history_leaves(await driver(conn))
 
 
 @pytest.mark.parametrize(
@@ -169,10 +233,14 @@ async def test_a_page_not_filtered_by_both_type_and_queue_reads_one_page_per_sta
             sa.text("SELECT count(*) FROM jobqueue.jobs WHERE status = 'processing'")
         )
     branches = len(set(filters.statuses or Status) - {R}) if filters != Filters() else 1
+    # The history's leaves, merged: each gives its first entry, and the page at most
+    # `limit` + 1 in all.
+    moved = LIMIT + 1 + len(await _leaves(big)) if C in set(filters.statuses or Status) else 0
     for before in (None, big_database[1]):
         statement = search.list_statement(filters, after=before is not None)
         root = await _analyze(big, statement, _values(filters, before))
         assert _jobs_rows_read(root) <= branches * (LIMIT + 1) + running, json.dumps(root)
+        assert _jobs_rows_read(root, history.PREFIX) <= moved, json.dumps(root)
 
 
 async def _analyze(engine: AsyncEngine, statement, values: dict) -> dict:
@@ -186,16 +254,18 @@ async def _analyze(engine: AsyncEngine, statement, values: dict) -> dict:
     return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
 
 
-def _jobs_rows_read(node: dict) -> int:
-    """Rows the plan's reads of the jobs table returned or filtered out, over every loop."""
+def _jobs_rows_read(node: dict, table: str = "jobs") -> int:
+    """Rows the plan's reads of the jobs table (or of the history's leaves, by the prefix
+    of their names) returned or filtered out, over every loop."""
     own = 0
-    if node.get("Relation Name") == "jobs":
+    name = node.get("Relation Name", "")
+    if name == table or (table == history.PREFIX and name.startswith(table)):
         loops = node.get("Actual Loops", 1)
         removed = node.get("Rows Removed by Filter", 0) + node.get(
             "Rows Removed by Index Recheck", 0
         )
         own = (node.get("Actual Rows", 0) + removed) * loops
-    return own + sum(_jobs_rows_read(child) for child in node.get("Plans", []))
+    return own + sum(_jobs_rows_read(child, table) for child in node.get("Plans", []))
 
 
 # --- queue depths and retention --------------------------------------------------------------
@@ -206,12 +276,13 @@ async def test_queue_depths_read_indexes_only(big, generic):
     plan = await _plan(big, search.QUEUE_GET_DEPTHS, {}, generic)
     reads = _reads(plan)
     assert "Seq Scan" not in {kind for kind, _ in reads}, plan
-    used = set().union(*(indexes for _, indexes in reads))
+    used = {_parent_index(i) for _, indexes in reads for i in indexes}
     assert used <= {
         "jobs_queue_idx",
         "jobs_claim_queue_idx",
         "jobs_claim_key_idx",
         "jobs_lease_idx",
+        "jobs_history_queue_idx",  # the queues found among the moved jobs, one probe each
     }, plan
 
 
@@ -227,10 +298,31 @@ async def test_queue_depths_read_no_finished_job(big):
             ).all()
         )
         queues = await conn.scalar(sa.text("SELECT count(DISTINCT queue) FROM jobqueue.jobs"))
+        moved = await conn.scalar(sa.text("SELECT count(*) FROM jobqueue.jobs_history"))
     counted = counts.get("pending", 0) + counts.get("processing", 0) + counts.get("dead_letter", 0)
-    assert sum(counts.values()) > 10 * counted  # the finished jobs are there to be skipped
+    # The finished jobs are there to be skipped, in both tables.
+    assert sum(counts.values()) > 10 * counted and moved > 10 * counted
     root = await _analyze(big, search.QUEUE_GET_DEPTHS, {})
     assert _jobs_rows_read(root) <= counted + 2 * queues + 2, json.dumps(root)
+    # In the history, a probe per queue (and one past the last) in each leaf.
+    leaves = len(await _leaves(big))
+    assert _jobs_rows_read(root, history.PREFIX) <= (queues + 1) * leaves, json.dumps(root)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_the_history_prune_reads_the_finished_index_of_the_leaves_it_may_delete_from(
+    big, generic
+):
+    """Leaves that end before the cutoff are dropped whole; the prune reads by `finished_at`
+    and, with the cutoff known at execution, only the leaves it falls in or after."""
+    values = {"age": 3 * 86400.0, "batch": maintenance.PRUNE_BATCH}
+    plan = await _plan(big, history.HISTORY_PRUNE, values, generic)
+    reads = _reads(plan)
+    assert reads and "Seq Scan" not in {kind for kind, _ in reads}, plan
+    assert {_parent_index(i) for _, indexes in reads for i in indexes} <= {
+        "jobs_history_finished_idx",
+        "jobs_history_id_idx",
+    }, plan
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
@@ -245,3 +337,13 @@ async def test_each_prune_selects_through_the_status_index(big, status, generic)
         n for n in _nodes(plan) if "status" in n.get("Index Cond", "") + n.get("Filter", "")
     ]
     assert selecting and all(n.get("Index Name") == "jobs_status_idx" for n in selecting), plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_a_record_is_read_by_id_in_both_tables(big, big_database, generic):
+    plan = await _plan(big, queries.JOB_GET, {"id": big_database[1]}, generic)
+    reads = _reads(plan)
+    assert "Seq Scan" not in {kind for kind, _ in reads}, plan
+    used = [_parent_index(i) for _, indexes in reads for i in indexes]
+    assert sorted(set(used)) == ["jobs_history_id_idx", "jobs_pkey"], plan
+    assert used.count("jobs_history_id_idx") == len(await _leaves(big)), plan

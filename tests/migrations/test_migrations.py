@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from alembic import command
@@ -13,7 +14,8 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
-from jobcore.schema import SCHEMA_REVISION, metadata
+from jobcore import history
+from jobcore.schema import SCHEMA_REVISION, jobs, metadata
 from tests import pg
 from tests.procs import BIN
 
@@ -155,3 +157,40 @@ def test_an_upgrade_interrupted_after_its_first_commit_can_be_run_again(empty_da
     command.upgrade(config, "0003")
     command.upgrade(config, "head")
     assert _state(empty_database_url) == (SCHEMA_REVISION, True)
+
+
+def test_downgrading_past_the_history_moves_its_jobs_back(empty_database_url):
+    config = pg.alembic_config(empty_database_url)
+    command.upgrade(config, "head")
+    engine = _sync_engine(empty_database_url)
+    columns = ", ".join(jobs.c.keys())
+    leaf = history.leaf_at(datetime.now(UTC), history.HOUR, [])
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, status,"
+                    " attempts, result, finished_at) SELECT gen_random_uuid(), 'sleep',"
+                    " '{}', 3, 'completed', 1, '{\"n\": 1}', now()"
+                    " FROM generate_series(1, 10)"
+                )
+            )
+            before = conn.execute(sa.text(f"SELECT {columns} FROM jobqueue.jobs")).all()
+            for sql in history.create_sql(leaf):
+                conn.execute(sa.text(sql))
+            conn.execute(
+                sa.text(
+                    f"WITH moved AS (DELETE FROM jobqueue.jobs RETURNING {columns})"
+                    f" INSERT INTO jobqueue.jobs_history ({columns}) SELECT {columns} FROM moved"
+                )
+            )
+        command.downgrade(config, "0013")
+        with engine.connect() as conn:
+            after = conn.execute(sa.text(f"SELECT {columns} FROM jobqueue.jobs")).all()
+            assert sorted(after) == sorted(before) and len(after) == 10
+            assert conn.scalar(sa.text("SELECT to_regclass('jobqueue.jobs_history')")) is None
+            assert conn.scalar(sa.text(f"SELECT to_regclass('jobqueue.{leaf.name}')")) is None
+        command.upgrade(config, "head")
+        assert _state(empty_database_url) == (SCHEMA_REVISION, True)
+    finally:
+        engine.dispose()

@@ -21,7 +21,7 @@ from jobcore.settings import DURATION_LIMITS, load_worker_settings
 from jobcore.states import Operation, Status
 from jobqueue_worker.database import PgJobStore
 from jobqueue_worker.maintenance import Lead, Retention, TakingTurns, retention_ages
-from tests.pg import driver
+from tests.pg import driver, move
 from tests.worker.support import eventually
 
 AGE = 1.0  # seconds: the retention the tests use
@@ -302,3 +302,28 @@ async def _none_left(engine) -> bool:
 
 async def test_the_longest_retention_is_a_valid_prune(pg):
     await pg.prune(Status.COMPLETED, DURATION_LIMITS["retention_completed"])
+
+
+async def test_an_expired_leaf_of_the_history_is_dropped_whole_and_counted(engine, pg):
+    moved = await insert(engine, Status.COMPLETED, 20)
+    kept = await insert(engine, Status.COMPLETED, 3)
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(moved))
+            .values(finished_at=sa.func.now() - sa.text("interval '5 hours'"))
+        )
+    await move(engine, moved + kept)
+    counted_before = _pruned("completed")
+    counting = Counting(pg)
+    retention = Retention(counting, {Status.COMPLETED: 3600.0})  # type: ignore[arg-type]
+    assert await retention.run_once() == {Status.COMPLETED: 20}
+    # One step: the leaf, dropped (and counted) whole, then nothing left to delete.
+    assert counting.prunes == [(Status.COMPLETED, 20)]
+    assert _pruned("completed") == counted_before + 20
+    async with engine.connect() as conn:
+        d = await driver(conn)
+        assert len(await compiled.history_leaves(d)) == 1
+        left = await d.fetch("SELECT id FROM jobqueue.jobs_history")
+    assert {row["id"] for row in left} == set(kept)
+    await retention.lead.resign()

@@ -115,7 +115,7 @@ __all__ = [
 
 def named() -> dict[str, Any]:
     """Every statement by its SQL name, in a stable order."""
-    from jobcore import bulk, control, maintenance, notifications, pauses, search
+    from jobcore import bulk, control, history, maintenance, notifications, pauses, search
 
     found: dict[str, Any] = {
         "job_submit": JOB_SUBMIT,
@@ -155,5 +155,6 @@ def named() -> dict[str, Any]:
     found.update(maintenance.NAMED)
     found.update(pauses.NAMED)
     found.update(bulk.NAMED)
+    found.update(history.NAMED)
     found["notification_send"] = notifications.NOTIFICATION_SEND
     return found

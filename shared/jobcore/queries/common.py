@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from jobcore.rows import JOB_FIELDS
-from jobcore.schema import ERRORS_KEPT, jobs
+from jobcore.schema import ERRORS_KEPT, jobs, jobs_history
 from jobcore.states import FINISHED, Operation, Status
 
 c = jobs.c
@@ -44,6 +44,9 @@ def guard(operation: Operation) -> Any:
 
 
 JOB_COLUMNS = [jobs.c[name] for name in JOB_FIELDS]
+# The same columns of `jobs_history`, where completed jobs move (`jobcore.history`): a read
+# of finished jobs reads both tables.
+HISTORY_COLUMNS = [jobs_history.c[name] for name in JOB_FIELDS]
 
 
 def unnest(**arrays: tuple[str, Any]) -> Any:

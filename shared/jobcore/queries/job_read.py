@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from jobcore.queries.common import JOB_COLUMNS, NOTIFY_CHANNEL, c, status_literal
+from jobcore.queries.common import NOTIFY_CHANNEL, c, status_literal
+from jobcore.rows import JOB_FIELDS
+from jobcore.schema import jobs, jobs_history
 from jobcore.states import Status
 
 # --- reads ----------------------------------------------------------------
 
-# The full record: the columns every answer has, and the failed attempts ([] for none).
-JOB_GET = sa.select(
-    *JOB_COLUMNS,
-    sa.func.coalesce(c.errors, sa.literal_column("'[]'::jsonb")).label("errors"),
-    c.leased_by,
-).where(c.id == sa.bindparam("id"))
+
+# The full record: the columns every answer has, and the failed attempts ([] for none). A
+# job is in one of the tables: the statement's snapshot sees it before its move or after.
+def _get(table: sa.Table) -> sa.Select[Any]:
+    t = table.c
+    return sa.select(
+        *(t[name] for name in JOB_FIELDS),
+        sa.func.coalesce(t.errors, sa.literal_column("'[]'::jsonb")).label("errors"),
+        t.leased_by,
+    ).where(t.id == sa.bindparam("id"))
+
+
+JOB_GET = sa.union_all(_get(jobs), _get(jobs_history))
 
 
 # --- admission (the API's MAX_PENDING) ----------------------------------------

@@ -46,7 +46,9 @@ FROM unnest($1::UUID[], $2::TEXT[], $3::TEXT[], $4::INTEGER[], $5::TEXT[], $6::T
 -- parameters: $1 id
 SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.concurrency_key, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at, coalesce(jobqueue.jobs.errors, '[]'::jsonb) AS errors, jobqueue.jobs.leased_by 
 FROM jobqueue.jobs 
-WHERE jobqueue.jobs.id = $1::UUID;
+WHERE jobqueue.jobs.id = $1::UUID UNION ALL SELECT jobqueue.jobs_history.id, jobqueue.jobs_history.type, jobqueue.jobs_history.payload, jobqueue.jobs_history.status, jobqueue.jobs_history.attempts, jobqueue.jobs_history.max_attempts, jobqueue.jobs_history.run_at, jobqueue.jobs_history.locked_until, jobqueue.jobs_history.lease_token, jobqueue.jobs_history.last_error, jobqueue.jobs_history.idempotency_key, jobqueue.jobs_history.created_at, jobqueue.jobs_history.updated_at, jobqueue.jobs_history.queue, jobqueue.jobs_history.priority, jobqueue.jobs_history.timeout, jobqueue.jobs_history.concurrency_key, jobqueue.jobs_history.result, jobqueue.jobs_history.cancel_requested_at, jobqueue.jobs_history.finished_at, coalesce(jobqueue.jobs_history.errors, '[]'::jsonb) AS errors, jobqueue.jobs_history.leased_by 
+FROM jobqueue.jobs_history 
+WHERE jobqueue.jobs_history.id = $1::UUID;
 
 -- name: job_count_pending
 -- parameters: $1 others, $2 queues, $3 caps
@@ -1461,10 +1463,18 @@ WITH RECURSIVE known(queue) AS (
     SELECT (SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND queue > known.queue
             ORDER BY queue LIMIT 1)
     FROM known WHERE known.queue IS NOT NULL
+), moved(queue) AS (
+    (SELECT queue FROM jobqueue.jobs_history ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT queue FROM jobqueue.jobs_history WHERE queue > moved.queue
+            ORDER BY queue LIMIT 1)
+    FROM moved WHERE moved.queue IS NOT NULL
 ), running AS (
     SELECT queue, count(*) AS n FROM jobqueue.jobs WHERE status = 'processing' GROUP BY queue
 ), queues AS (
     SELECT queue FROM known WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM moved WHERE queue IS NOT NULL
     UNION
     SELECT queue FROM running
 )
@@ -1487,8 +1497,10 @@ ORDER BY q.queue;
 -- parameters: (none)
 WITH finished AS (
     SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS n
-    FROM jobqueue.jobs
-    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    FROM (SELECT finished_at, status FROM jobqueue.jobs WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+          UNION ALL
+          SELECT finished_at, status FROM jobqueue.jobs_history
+          WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes') AS hour_
     GROUP BY 1, 2
 )
 SELECT m.minute, f.status, f.n AS finished
@@ -1502,8 +1514,11 @@ ORDER BY m.minute, f.status;
 WITH finished AS (
     SELECT queue, date_trunc('minute', finished_at) AS minute, count(*) AS n,
            min(run_at) AS oldest
-    FROM jobqueue.jobs
-    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    FROM (SELECT queue, finished_at, run_at FROM jobqueue.jobs
+          WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+          UNION ALL
+          SELECT queue, finished_at, run_at FROM jobqueue.jobs_history
+          WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes') AS hour_
     GROUP BY 1, 2
 ), unfinished AS (
     SELECT queue, min(oldest) AS oldest FROM (
@@ -1654,9 +1669,30 @@ WHERE jobqueue.queue_pauses.queue = $1::VARCHAR) AS paused;
 
 -- name: job_get_many
 -- parameters: $1 job_ids
-SELECT jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.status, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.run_at, jobqueue.jobs.locked_until, jobqueue.jobs.lease_token, jobqueue.jobs.last_error, jobqueue.jobs.idempotency_key, jobqueue.jobs.created_at, jobqueue.jobs.updated_at, jobqueue.jobs.queue, jobqueue.jobs.priority, jobqueue.jobs.timeout, jobqueue.jobs.concurrency_key, jobqueue.jobs.result, jobqueue.jobs.cancel_requested_at, jobqueue.jobs.finished_at 
+SELECT found.id, found.type, found.payload, found.status, found.attempts, found.max_attempts, found.run_at, found.locked_until, found.lease_token, found.last_error, found.idempotency_key, found.created_at, found.updated_at, found.queue, found.priority, found.timeout, found.concurrency_key, found.result, found.cancel_requested_at, found.finished_at 
+FROM (SELECT jobqueue.jobs.id AS id, jobqueue.jobs.type AS type, jobqueue.jobs.payload AS payload, jobqueue.jobs.status AS status, jobqueue.jobs.attempts AS attempts, jobqueue.jobs.max_attempts AS max_attempts, jobqueue.jobs.run_at AS run_at, jobqueue.jobs.locked_until AS locked_until, jobqueue.jobs.lease_token AS lease_token, jobqueue.jobs.last_error AS last_error, jobqueue.jobs.idempotency_key AS idempotency_key, jobqueue.jobs.created_at AS created_at, jobqueue.jobs.updated_at AS updated_at, jobqueue.jobs.queue AS queue, jobqueue.jobs.priority AS priority, jobqueue.jobs.timeout AS timeout, jobqueue.jobs.concurrency_key AS concurrency_key, jobqueue.jobs.result AS result, jobqueue.jobs.cancel_requested_at AS cancel_requested_at, jobqueue.jobs.finished_at AS finished_at 
 FROM jobqueue.jobs 
-WHERE jobqueue.jobs.id = ANY ($1::UUID[]) ORDER BY jobqueue.jobs.id DESC;
+WHERE jobqueue.jobs.id = ANY ($1::UUID[]) UNION ALL SELECT jobqueue.jobs_history.id AS id, jobqueue.jobs_history.type AS type, jobqueue.jobs_history.payload AS payload, jobqueue.jobs_history.status AS status, jobqueue.jobs_history.attempts AS attempts, jobqueue.jobs_history.max_attempts AS max_attempts, jobqueue.jobs_history.run_at AS run_at, jobqueue.jobs_history.locked_until AS locked_until, jobqueue.jobs_history.lease_token AS lease_token, jobqueue.jobs_history.last_error AS last_error, jobqueue.jobs_history.idempotency_key AS idempotency_key, jobqueue.jobs_history.created_at AS created_at, jobqueue.jobs_history.updated_at AS updated_at, jobqueue.jobs_history.queue AS queue, jobqueue.jobs_history.priority AS priority, jobqueue.jobs_history.timeout AS timeout, jobqueue.jobs_history.concurrency_key AS concurrency_key, jobqueue.jobs_history.result AS result, jobqueue.jobs_history.cancel_requested_at AS cancel_requested_at, jobqueue.jobs_history.finished_at AS finished_at 
+FROM jobqueue.jobs_history 
+WHERE jobqueue.jobs_history.id = ANY ($1::UUID[])) AS found ORDER BY found.id DESC;
+
+-- name: history_list_leaves
+-- parameters: $1 parent
+SELECT c.relname AS name FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE i.inhparent = CAST($1 AS regclass);
+
+-- name: history_prune
+-- parameters: $1 age, $2 batch
+WITH gone AS (
+    DELETE FROM jobqueue.jobs_history
+    WHERE finished_at < now() - CAST($1 AS float8) * interval '1 second'
+      AND id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs_history
+        WHERE finished_at < now() - CAST($1 AS float8) * interval '1 second'
+        ORDER BY finished_at LIMIT $2))
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM gone;
 
 -- name: notification_send
 -- parameters: $1 token

@@ -1,0 +1,256 @@
+"""`jobs_history`, where completed jobs move out of `jobs` (`jobcore.history`): its leaves,
+every read of finished jobs finding a job in either table, and retention there (a leaf
+dropped whole, the rest row by row, never waiting behind a reader)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from jobcore import bulk, compiled, control, history, search, store
+from jobcore.ids import new_id
+from jobcore.rows import NewJob
+from jobcore.schema import jobs
+from jobcore.states import Status
+from tests.pg import driver, move
+
+HOUR = 3600.0
+T = datetime(2026, 12, 7, 13, 25, tzinfo=UTC)
+
+# --- leaves -------------------------------------------------------------------------------
+
+
+def test_a_leaf_is_named_after_its_bounds_and_read_back_from_its_name():
+    leaf = history.leaf_at(T, history.HOUR, [])
+    assert (leaf.lower, leaf.upper) == (T.replace(minute=0), T.replace(minute=0) + history.HOUR)
+    assert leaf.name == "jobs_history_20261207t13_20261207t14"
+    assert history.parse(leaf.name) == leaf
+    day = history.leaf_at(T, history.DAY, [])
+    assert day.name == "jobs_history_20261207t00_20261208t00"
+    for foreign in ("jobs_history_x", "jobs_history_20261207t14_20261207t13", "jobs", "other"):
+        assert history.parse(foreign) is None
+
+
+def test_a_leaf_is_hourly_while_retention_keeps_jobs_two_days_at_most():
+    assert history.leaf_width(24 * HOUR) == history.leaf_width(1.0) == history.HOUR
+    assert history.leaf_width(48 * HOUR) == history.HOUR
+    assert history.leaf_width(49 * HOUR) == history.DAY
+    assert history.leaf_width(0) == history.DAY  # kept forever
+
+
+def test_a_new_leaf_never_overlaps_one_made_under_another_width():
+    hour = history.leaf_at(T, history.HOUR, [])
+    # Daily from then on: the day's leaf starts where the hour's ends, and a moment in the
+    # hour's leaf gets that leaf.
+    later = history.leaf_at(T + 2 * history.HOUR, history.DAY, [hour])
+    assert (later.lower, later.upper) == (hour.upper, T.replace(hour=0, minute=0) + history.DAY)
+    assert history.leaf_at(T, history.DAY, [hour, later]) == hour
+    before = history.leaf_at(T - 2 * history.HOUR, history.DAY, [hour, later])
+    assert (before.lower, before.upper) == (T.replace(hour=0, minute=0), hour.lower)
+
+
+def test_only_leaves_that_ended_before_the_cutoff_have_expired():
+    leaves = [history.leaf_at(T + i * history.HOUR, history.HOUR, []) for i in (2, 0, 1)]
+    assert history.expired(leaves, T + 2 * history.HOUR) == sorted(leaves)[:2]
+    assert history.expired(leaves, T) == []
+
+
+# --- a job in either table ------------------------------------------------------------------
+
+
+async def _submit(engine, *, type_: str = "t", queue: str = "default") -> uuid.UUID:
+    async with engine.begin() as conn:
+        job, _ = await store.submit(
+            conn, NewJob(id=new_id(), type=type_, payload={"n": 1}, max_attempts=3, queue=queue)
+        )
+    return job.id
+
+
+async def _complete(engine, job_id: uuid.UUID, finished_ago: float = 0.0) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(
+                status="completed",
+                attempts=1,
+                result={"ok": True},
+                errors=[{"attempt": 1, "error": "boom", "at": "x", "traceback": None}],
+                finished_at=sa.func.now() - sa.text(f"interval '{finished_ago} seconds'"),
+            )
+        )
+
+
+async def _where(engine, job_id: uuid.UUID) -> list[str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            sa.text(
+                "SELECT 'jobs' FROM jobqueue.jobs WHERE id = :id UNION ALL"
+                " SELECT 'history' FROM jobqueue.jobs_history WHERE id = :id"
+            ),
+            {"id": job_id},
+        )
+        return [row[0] for row in rows]
+
+
+async def test_a_moved_job_reads_as_it_did_before_its_move(engine):
+    job_id = await _submit(engine)
+    await _complete(engine, job_id)
+    async with engine.connect() as conn:
+        before = await store.get(conn, job_id)
+    await move(engine, [job_id])
+    assert await _where(engine, job_id) == ["history"]
+    async with engine.connect() as conn:
+        after = await store.get(conn, job_id)
+        assert after == before and after is not None
+        assert after.result == {"ok": True} and after.errors and after.status is Status.COMPLETED
+        assert await store.get(conn, uuid.uuid4()) is None
+
+
+async def test_lists_merge_both_tables_newest_first_page_by_page(engine):
+    ids = [await _submit(engine, type_="a" if i % 2 else "b", queue=f"q{i % 3}") for i in range(9)]
+    for job_id in ids[:6]:
+        await _complete(engine, job_id)
+    await move(engine, ids[:4:2] + ids[1:4:2][:1])  # some completed jobs moved, some not
+    cases = [
+        (search.Filters(), ids),
+        (search.Filters(statuses={Status.COMPLETED}), ids[:6]),
+        (search.Filters(statuses={Status.COMPLETED, Status.PENDING}), ids),
+        (search.Filters(statuses={Status.PENDING}), ids[6:]),
+        (search.Filters(type="a"), ids[1::2]),
+        (search.Filters(queue="q1"), ids[1::3]),
+        (search.Filters(statuses={Status.COMPLETED}, type="b", queue="q0"), [ids[0]]),
+    ]
+    async with engine.connect() as conn:
+        for filters, expected in cases:
+            seen, before = [], None
+            while True:
+                page, before = await search.list_jobs(conn, filters, 2, before)
+                seen += [job.id for job in page]
+                if before is None:
+                    break
+            assert seen == sorted(expected, reverse=True), filters
+
+
+async def test_bulk_reads_by_id_find_moved_jobs(engine):
+    ids = [await _submit(engine) for _ in range(3)]
+    await _complete(engine, ids[0])
+    await move(engine, ids[:1])
+    async with engine.connect() as conn:
+        found = await bulk._get_many(conn, ids)
+    assert [job.id for job in found] == sorted(ids, reverse=True)
+
+
+async def test_a_moved_job_cannot_be_retried_cancelled_or_waited_for(engine):
+    job_id = await _submit(engine)
+    await _complete(engine, job_id)
+    await move(engine, [job_id])
+    async with engine.begin() as conn:
+        assert await control.manual_retry(conn, job_id) is None
+        refused = await control.cancel(conn, job_id)
+        assert refused is not None and refused[1] is control.Cancelled.REFUSED
+        assert refused[0].status is Status.COMPLETED
+        assert not await control.watch(conn, job_id)  # finished: nothing to wait for
+
+
+async def test_queue_depths_and_the_charts_count_moved_jobs(engine):
+    job_id = await _submit(engine, queue="only-history")
+    await _complete(engine, job_id)
+    await move(engine, [job_id])
+    async with engine.connect() as conn:
+        depths = {d.queue: d for d in await search.queue_depths(conn)}
+        assert depths["only-history"].pending == 0
+        minutes = (await conn.execute(search.JOB_COUNT_FINISHED_PER_MINUTE)).all()
+        assert sum(row.finished or 0 for row in minutes if row.status == "completed") == 1
+        hour = (await conn.execute(search.QUEUE_GET_HOUR)).all()
+        assert sum(row.finished for row in hour if row.queue == "only-history") == 1
+
+
+# --- retention ------------------------------------------------------------------------------
+
+
+async def _leaves(engine) -> list[history.Leaf]:
+    async with engine.connect() as conn:
+        return await compiled.history_leaves(await driver(conn))
+
+
+async def test_retention_drops_an_expired_leaf_whole_and_deletes_in_the_one_the_cutoff_cuts(
+    engine,
+):
+    old = [await _submit(engine) for _ in range(3)]
+    cut = [await _submit(engine) for _ in range(2)]
+    young = await _submit(engine)
+    for job_id in old:
+        await _complete(engine, job_id, finished_ago=5 * HOUR)
+    await _complete(engine, cut[0], finished_ago=2 * HOUR + 60)
+    await _complete(engine, cut[1], finished_ago=2 * HOUR - 60)
+    await _complete(engine, young)
+    await move(engine, [*old, *cut, young])
+    leaves = await _leaves(engine)
+    async with engine.connect() as conn:
+        d = await driver(conn)
+        # Every leaf that ended more than 2 h ago goes, the oldest first, counted.
+        dropped = []
+        while (n := await compiled.history_drop_expired(d, 2 * HOUR)) is not None:
+            dropped.append(n)
+        assert sum(dropped) >= 3
+        remaining = await compiled.history_leaves(d)
+        assert [leaf for leaf in leaves if leaf not in remaining] == history.expired(
+            leaves, datetime.now(UTC) - timedelta(hours=2)
+        )
+        # Row by row in the leaf the cutoff falls in: what finished before it.
+        pruned = 0
+        while n := await compiled.prune(d, Status.COMPLETED, 2 * HOUR):
+            pruned += n
+    kept = {job_id for job_id in [*old, *cut, young] if await _where(engine, job_id)}
+    assert kept == {cut[1], young}
+    assert sum(dropped) + pruned == 4
+
+
+async def test_a_drop_waits_for_no_reader_and_is_tried_again_later(engine):
+    job_id = await _submit(engine)
+    await _complete(engine, job_id, finished_ago=3 * HOUR)
+    await move(engine, [job_id])
+    async with engine.connect() as reader:
+        # A report in REPEATABLE READ that read the history holds its lock to the end.
+        await reader.execute(sa.text("BEGIN ISOLATION LEVEL REPEATABLE READ"))
+        await reader.execute(sa.text("SELECT count(*) FROM jobqueue.jobs_history"))
+        async with engine.connect() as conn:
+            began = time.monotonic()
+            assert await compiled.history_drop_expired(await driver(conn), HOUR) is None
+            assert time.monotonic() - began < 2
+            # Readers queued behind the drop were not held up past its lock timeout.
+            async with engine.connect() as other:
+                got = await asyncio.wait_for(store.get(other, job_id), 2)
+                assert got is not None
+        await reader.execute(sa.text("COMMIT"))
+    async with engine.connect() as conn:
+        assert await compiled.history_drop_expired(await driver(conn), HOUR) == 1
+    assert await _where(engine, job_id) == []
+
+
+async def test_a_leaf_is_added_once(engine):
+    leaf = history.leaf_at(datetime.now(UTC), history.HOUR, [])
+    async with engine.connect() as conn:
+        d = await driver(conn)
+        assert await compiled.history_add_leaf(d, leaf)
+        assert not await compiled.history_add_leaf(d, leaf)
+        overlapping = history.Leaf(leaf.lower, leaf.lower + history.DAY)
+        assert not await compiled.history_add_leaf(d, overlapping)
+        assert await compiled.history_leaves(d) == [leaf]
+
+
+@pytest.mark.parametrize("n", [0, 1])
+async def test_nothing_expired_drops_nothing(engine, n):
+    for _ in range(n):
+        job_id = await _submit(engine)
+        await _complete(engine, job_id)
+        await move(engine, [job_id])
+    async with engine.connect() as conn:
+        assert await compiled.history_drop_expired(await driver(conn), HOUR) is None
+    assert len(await _leaves(engine)) == n
