@@ -61,9 +61,12 @@ _CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
 _OUTCOMES = {op: STATEMENTS[f"job_set_outcome_{op}"] for op in ATTEMPT_OUTCOMES}
 
 
-# lock_not_available (a lock_timeout ran out), duplicate_table, and a leaf another worker
-# attached meanwhile (its range overlaps: invalid_object_definition).
-_BUSY = frozenset({"55P03", "42P07", "42P17"})
+# lock_not_available (a lock_timeout ran out); a leaf another worker adds at the same
+# moment: duplicate_table, or unique_violation (the two CREATE TABLEs raced in the
+# catalog), or its range overlapping once attached (invalid_object_definition).
+_BUSY = frozenset({"55P03", "42P07", "23505", "42P17"})
+# check_violation: a row that no partition takes.
+_NO_PARTITION = "23514"
 
 
 def _transaction(conn: Driver) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -459,6 +462,38 @@ async def history_add_leaf(conn: Driver, leaf: history.Leaf) -> bool:
             return False
         raise
     return True
+
+
+async def history_move(conn: Driver, retention_seconds: float, batch: int) -> int:
+    """Move at most `batch` completed jobs without a key from `jobs` to `jobs_history`, the
+    oldest first, adding the leaves they need first (`jobcore.history`); how many moved
+    (fewer than the batch: none are left). 0 also when a leaf could not be added now or
+    one was dropped meanwhile: the next call tries again."""
+    statement = STATEMENTS["history_get_oldest"]
+    found = (await conn.fetch(statement.sql))[0]
+    if found["oldest"] is None:
+        return 0
+    now = found["now"]
+    start = history.move_start(found["oldest"], now, retention_seconds)
+    leaves = await history_leaves(conn)
+    width = history.leaf_width(retention_seconds)
+    for leaf in history.leaves_to_add(leaves, start, now, width):
+        if not await history_add_leaf(conn, leaf):
+            return 0
+        leaves.append(leaf)
+    covering = [leaf for leaf in sorted(leaves) if leaf.upper > start]
+    statement = STATEMENTS["history_move"]
+    values = {"since": covering[0].lower, "until": covering[-1].upper, "batch": batch}
+    try:
+        async with _atomic(conn):
+            rows = await conn.fetch(statement.sql, *statement.args(values))
+    except Exception as exc:
+        # A job whose leaf retention dropped meanwhile: it has expired, and retention
+        # deletes it from `jobs`.
+        if getattr(exc, "sqlstate", None) == _NO_PARTITION:
+            return 0
+        raise
+    return int(rows[0]["moved"])
 
 
 async def history_drop_expired(conn: Driver, age_seconds: float) -> int | None:

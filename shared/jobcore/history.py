@@ -1,5 +1,5 @@
-"""The leaves of `jobs_history`, where completed jobs move out of `jobs`: their names and
-bounds, creating one, and retention there (docs/pressure.md, "History").
+"""`jobs_history`, where completed jobs move out of `jobs`: the move, the leaves (their
+names and bounds, adding one) and retention there (docs/pressure.md, "History").
 
 Each leaf holds the jobs that finished in one hour (or one day: `leaf_width`), and is named
 after its bounds in UTC (`jobs_history_20261207t13_20261207t14`), so the leaves are listed
@@ -23,7 +23,8 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 
 from jobcore import naming
-from jobcore.schema import jobs_history
+from jobcore.schema import jobs, jobs_history
+from jobcore.states import Status
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -93,6 +94,40 @@ def expired(leaves: list[Leaf], cutoff: datetime) -> list[Leaf]:
     return sorted(leaf for leaf in leaves if leaf.upper <= cutoff)
 
 
+# How far back the move reaches: completed jobs older than this (or than retention, if it
+# is shorter: retention deletes those from `jobs`) stay where they are, so an upgrade of a
+# deployment that keeps years of jobs does not make a leaf for each of those days.
+MOVE_LOOKBACK = 7 * DAY
+
+
+def move_start(oldest: datetime, now: datetime, retention_seconds: float) -> datetime:
+    """Where the move starts: at the oldest movable job, within MOVE_LOOKBACK (or the
+    retention, if shorter) of now."""
+    reach = MOVE_LOOKBACK
+    if retention_seconds > 0:
+        reach = min(reach, timedelta(seconds=retention_seconds))
+    return max(oldest, now - reach)
+
+
+def leaves_to_add(
+    leaves: list[Leaf], start: datetime, now: datetime, width: timedelta
+) -> list[Leaf]:
+    """The leaves missing for the jobs that finished from `start` to the end of the leaf
+    after the current one (so a job finishing as the hour turns has its leaf already),
+    oldest first: with the existing ones, they cover that span without a gap."""
+    missing: list[Leaf] = []
+    present = list(leaves)
+    moment = start
+    while True:
+        leaf = leaf_at(moment, width, present)
+        if leaf not in present:
+            missing.append(leaf)
+            present.append(leaf)
+        if leaf.lower > now:
+            return missing
+        moment = leaf.upper
+
+
 # The leaves there are, by name (the caller parses them).
 HISTORY_LIST_LEAVES = sa.text(
     """
@@ -117,6 +152,51 @@ WITH gone AS (
 )
 SELECT count(*) AS pruned FROM gone"""
 ).columns(sa.column("pruned", sa.BigInteger))
+
+
+_MOVED = ", ".join(jobs.c.keys())
+# The move: at most `batch` completed jobs without a key that finished in [since, until),
+# oldest first, deleted from `jobs` and inserted into `jobs_history` in one statement (a
+# reader's snapshot sees each in one table or the other); how many. Every column is named:
+# the two tables' columns are the same, in whatever order each was built. A row another
+# transaction holds is skipped (retention's prune of `jobs`); nothing else writes a
+# completed job. The revision that starts the move adds the index it reads them through,
+# `jobs (finished_at) WHERE status = 'completed' AND idempotency_key IS NULL`.
+HISTORY_MOVE = (
+    sa.text(
+        f"""
+WITH moved AS (
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
+        WHERE status = '{Status.COMPLETED.value}' AND idempotency_key IS NULL
+          AND finished_at >= :since AND finished_at < :until
+        ORDER BY finished_at LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING {_MOVED}
+), kept AS (
+    INSERT INTO jobqueue.jobs_history ({_MOVED}) SELECT {_MOVED} FROM moved
+    RETURNING 1
+)
+SELECT count(*) AS moved FROM kept"""
+    )
+    .bindparams(
+        sa.bindparam("since", type_=sa.DateTime(timezone=True)),
+        sa.bindparam("until", type_=sa.DateTime(timezone=True)),
+        sa.bindparam("batch", type_=sa.Integer),
+    )
+    .columns(sa.column("moved", sa.BigInteger))
+)
+
+# When the oldest job the move would take finished (NULL: none), and the database's now.
+HISTORY_GET_OLDEST = sa.text(
+    f"""
+SELECT (SELECT min(finished_at) FROM jobqueue.jobs
+        WHERE status = '{Status.COMPLETED.value}' AND idempotency_key IS NULL) AS oldest,
+       now() AS now"""
+).columns(
+    sa.column("oldest", sa.DateTime(timezone=True)), sa.column("now", sa.DateTime(timezone=True))
+)
 
 
 def parent() -> str:
@@ -162,4 +242,9 @@ def drop_sql(leaf: Leaf) -> list[str]:
 
 
 # By their SQL name, for `jobcore.queries.named()`.
-NAMED = {"history_list_leaves": HISTORY_LIST_LEAVES, "history_prune": HISTORY_PRUNE}
+NAMED = {
+    "history_list_leaves": HISTORY_LIST_LEAVES,
+    "history_prune": HISTORY_PRUNE,
+    "history_move": HISTORY_MOVE,
+    "history_get_oldest": HISTORY_GET_OLDEST,
+}

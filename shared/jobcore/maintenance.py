@@ -18,6 +18,7 @@ from jobcore.states import FINISHED, Status
 
 # The tasks that have a leader.
 GAUGES = "queue_gauges"
+HISTORY = "history"
 RETENTION = "retention"
 VACUUM = "vacuum"
 

@@ -5,6 +5,7 @@ dropped whole, the rest row by row, never waiting behind a reader)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -254,3 +255,180 @@ async def test_nothing_expired_drops_nothing(engine, n):
     async with engine.connect() as conn:
         assert await compiled.history_drop_expired(await driver(conn), HOUR) is None
     assert len(await _leaves(engine)) == n
+
+
+# --- the move -------------------------------------------------------------------------------
+
+
+def test_the_move_starts_at_the_oldest_job_within_the_lookback_or_the_retention():
+    now = T
+    old = now - timedelta(days=30)
+    assert history.move_start(old, now, 0) == now - history.MOVE_LOOKBACK
+    assert history.move_start(old, now, 24 * HOUR) == now - timedelta(hours=24)
+    assert history.move_start(now - timedelta(minutes=5), now, 24 * HOUR) == now - timedelta(
+        minutes=5
+    )
+
+
+def test_the_leaves_to_add_cover_from_the_start_to_the_next_leaf_without_a_gap():
+    start = T - timedelta(hours=3, minutes=10)
+    existing = [history.leaf_at(T - history.HOUR, history.HOUR, [])]
+    added = history.leaves_to_add(existing, start, T, history.HOUR)
+    leaves = sorted(existing + added)
+    assert leaves[0].lower <= start and leaves[-1].lower > T
+    assert all(a.upper == b.lower for a, b in itertools.pairwise(leaves))
+    assert existing[0] not in added
+    assert history.leaves_to_add(leaves, start, T, history.HOUR) == []
+
+
+async def _move(engine, retention: float = 24 * HOUR, batch: int = 5000) -> int:
+    async with engine.connect() as conn:
+        return await compiled.history_move(await driver(conn), retention, batch)
+
+
+async def _submit_keyed(engine, key: str) -> uuid.UUID:
+    async with engine.begin() as conn:
+        job, _ = await store.submit(
+            conn, NewJob(id=new_id(), type="t", payload={}, max_attempts=3, idempotency_key=key)
+        )
+    return job.id
+
+
+async def test_the_move_takes_completed_jobs_without_a_key_and_nothing_else(engine):
+    movable = [await _submit(engine) for _ in range(5)]
+    keyed = await _submit_keyed(engine, "k-1")
+    pending = await _submit(engine)
+    failed = await _submit(engine)
+    for job_id in [*movable, keyed]:
+        await _complete(engine, job_id)
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == failed)
+            .values(status="failed", finished_at=sa.func.now())
+        )
+        before = {job_id: await store.get(conn, job_id) for job_id in movable}
+    assert await _move(engine, batch=3) == 3
+    assert await _move(engine, batch=3) == 2
+    assert await _move(engine, batch=3) == 0
+    for job_id in movable:
+        assert await _where(engine, job_id) == ["history"]
+    for job_id in (keyed, pending, failed):
+        assert await _where(engine, job_id) == ["jobs"]
+    async with engine.connect() as conn:
+        assert {job_id: await store.get(conn, job_id) for job_id in movable} == before
+    # Its leaves: the one it needed, and the next hour's.
+    leaves = await _leaves(engine)
+    assert len(leaves) in (2, 3) and all(a.upper == b.lower for a, b in itertools.pairwise(leaves))
+
+
+async def test_a_job_older_than_the_retention_stays_for_retention_to_delete(engine):
+    old = await _submit(engine)
+    await _complete(engine, old, finished_ago=3 * HOUR)
+    young = await _submit(engine)
+    await _complete(engine, young)
+    assert await _move(engine, retention=2 * HOUR) == 1
+    assert await _where(engine, old) == ["jobs"] and await _where(engine, young) == ["history"]
+    assert await _move(engine, retention=2 * HOUR) == 0  # and it is not read again
+
+
+async def test_the_move_skips_a_job_another_transaction_holds(engine):
+    held, free = await _submit(engine), await _submit(engine)
+    for job_id in (held, free):
+        await _complete(engine, job_id)
+    async with engine.connect() as other:
+        await other.execute(sa.text("BEGIN"))
+        await other.execute(
+            sa.text("SELECT 1 FROM jobqueue.jobs WHERE id = :id FOR UPDATE"), {"id": held}
+        )
+        assert await asyncio.wait_for(_move(engine), 5) == 1
+        await other.execute(sa.text("ROLLBACK"))
+    assert await _move(engine) == 1
+    assert await _where(engine, held) == ["history"]
+
+
+async def test_a_move_into_a_leaf_dropped_meanwhile_moves_nothing_and_raises_nothing(
+    engine, monkeypatch
+):
+    job_id = await _submit(engine)
+    await _complete(engine, job_id)
+    leaves_then = history.leaves_to_add
+
+    def and_drop_them(leaves, start, now, width):
+        # The leaves are listed, then retention drops the one the job needs.
+        return [] if leaves else leaves_then(leaves, start, now, width)
+
+    assert await _move(engine, batch=1) == 1  # its leaf exists now
+    other = await _submit(engine)
+    await _complete(engine, other)
+    async with engine.begin() as conn:
+        for leaf in await compiled.history_leaves(await driver(conn)):
+            await conn.execute(sa.text(f"DROP TABLE jobqueue.{leaf.name}"))
+    monkeypatch.setattr(history, "leaves_to_add", and_drop_them)
+    monkeypatch.setattr(compiled, "history_leaves", _stale(await _leaves_listed(engine)))
+    assert await _move(engine) == 0
+    assert await _where(engine, other) == ["jobs"]
+
+
+async def _leaves_listed(engine) -> list[history.Leaf]:
+    return [history.leaf_at(datetime.now(UTC), history.HOUR, [])]
+
+
+def _stale(leaves: list[history.Leaf]):
+    async def listed(conn) -> list[history.Leaf]:
+        return list(leaves)
+
+    return listed
+
+
+async def _left(engine) -> int:
+    async with engine.connect() as conn:
+        return int(await conn.scalar(sa.text("SELECT count(*) FROM jobqueue.jobs")))
+
+
+async def test_movers_and_readers_racing_find_every_job_once(engine):
+    """Two movers at once, in small batches, while readers read records and lists: each
+    job is moved once, and every read finds it, in one table or the other."""
+    ids = [await _submit(engine) for _ in range(600)]
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs).values(status="completed", attempts=1, finished_at=sa.func.now())
+        )
+    done = asyncio.Event()
+    missing: list[uuid.UUID] = []
+    doubled: list[uuid.UUID] = []
+
+    async def mover() -> int:
+        # Until nothing is left: a call that could not add a leaf (the other mover was
+        # adding it) moves nothing, and the next tries again.
+        moved = 0
+        deadline = time.monotonic() + 60
+        while await _left(engine):
+            assert time.monotonic() < deadline, "the movers never finished"
+            moved += await _move(engine, batch=25)
+        return moved
+
+    async def reader(k: int) -> None:
+        async with engine.connect() as conn:
+            while not done.is_set():
+                for job_id in ids[k::8][:20]:
+                    if await store.get(conn, job_id) is None:
+                        missing.append(job_id)
+                page, _ = await search.list_jobs(conn, search.Filters(), 200, None)
+                seen = [job.id for job in page]
+                doubled.extend(job_id for job_id in seen if seen.count(job_id) > 1)
+                await conn.rollback()
+
+    readers = [asyncio.create_task(reader(k)) for k in range(8)]
+    moved = await asyncio.gather(mover(), mover())
+    done.set()
+    await asyncio.gather(*readers)
+    assert sum(moved) == len(ids)
+    assert missing == [] and doubled == []
+    async with engine.connect() as conn:
+        counts = (
+            await conn.execute(
+                sa.text("SELECT count(*), count(DISTINCT id) FROM jobqueue.jobs_history")
+            )
+        ).one()
+    assert tuple(counts) == (len(ids), len(ids))

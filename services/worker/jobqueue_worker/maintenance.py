@@ -76,6 +76,8 @@ class MaintenanceStore(Protocol):
 
     async def prune(self, status: Status, age_seconds: float) -> int: ...
 
+    async def move_history(self, retention_seconds: float, batch: int) -> int: ...
+
     async def table_stats(self) -> list[TableStats]: ...
 
     async def vacuum(self, table: str) -> None: ...
@@ -108,6 +110,10 @@ class TakingTurns:
     async def prune(self, status: Status, age_seconds: float) -> int:
         async with self._turn:
             return await self._store.prune(status, age_seconds)
+
+    async def move_history(self, retention_seconds: float, batch: int) -> int:
+        async with self._turn:
+            return await self._store.move_history(retention_seconds, batch)
 
     async def table_stats(self) -> list[TableStats]:
         async with self._turn:

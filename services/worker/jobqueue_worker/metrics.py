@@ -76,6 +76,9 @@ class _Series:
         self.JOBS_PRUNED = Counter(
             "jobs_pruned_total", "Finished jobs deleted by retention, by their status.", ["status"]
         )
+        self.JOBS_MOVED = Counter(
+            "jobs_moved_total", "Completed jobs moved from jobs to jobs_history."
+        )
         # "mostrecent": the supervisor shows the time a child set last, kept after that child
         # exits; a series no child has set yet (timestamp 0) is left out, so the gauge is absent
         # until the first complete run and where retention is off (the alert on a stalled
@@ -143,6 +146,7 @@ def initialise() -> None:
     for status in sorted(FINISHED):
         _series().JOBS_PRUNED.labels(status=status)
     _series().NOTIFICATIONS_UNHEARD.inc(0)
+    _series().JOBS_MOVED.inc(0)
 
 
 # Attempts finished in this turn of the event loop: (kind, applied, duration).
@@ -226,6 +230,10 @@ def notifications_unheard() -> None:
 
 def jobs_pruned(status: Status, n: int) -> None:
     _series().JOBS_PRUNED.labels(status=status).inc(n)
+
+
+def jobs_moved(n: int) -> None:
+    _series().JOBS_MOVED.inc(n)
 
 
 def retention_ran() -> None:

@@ -1694,6 +1694,29 @@ WITH gone AS (
 )
 SELECT count(*) AS pruned FROM gone;
 
+-- name: history_move
+-- parameters: $1 since, $2 until, $3 batch
+WITH moved AS (
+    DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM jobqueue.jobs
+        WHERE status = 'completed' AND idempotency_key IS NULL
+          AND finished_at >= $1::TIMESTAMP WITH TIME ZONE AND finished_at < $2::TIMESTAMP WITH TIME ZONE
+        ORDER BY finished_at LIMIT $3::INTEGER
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING id, type, payload, status, attempts, max_attempts, run_at, locked_until, lease_token, last_error, claim_id, queue, priority, timeout, idempotency_key, concurrency_key, leased_by, result, cancel_requested_at, finished_at, awaited, traceparent, errors, created_at, updated_at
+), kept AS (
+    INSERT INTO jobqueue.jobs_history (id, type, payload, status, attempts, max_attempts, run_at, locked_until, lease_token, last_error, claim_id, queue, priority, timeout, idempotency_key, concurrency_key, leased_by, result, cancel_requested_at, finished_at, awaited, traceparent, errors, created_at, updated_at) SELECT id, type, payload, status, attempts, max_attempts, run_at, locked_until, lease_token, last_error, claim_id, queue, priority, timeout, idempotency_key, concurrency_key, leased_by, result, cancel_requested_at, finished_at, awaited, traceparent, errors, created_at, updated_at FROM moved
+    RETURNING 1
+)
+SELECT count(*) AS moved FROM kept;
+
+-- name: history_get_oldest
+-- parameters: (none)
+SELECT (SELECT min(finished_at) FROM jobqueue.jobs
+        WHERE status = 'completed' AND idempotency_key IS NULL) AS oldest,
+       now() AS now;
+
 -- name: notification_send
 -- parameters: $1 token
 SELECT pg_notify('jobqueue_check', $1::VARCHAR) AS sent;

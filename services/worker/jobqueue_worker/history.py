@@ -1,0 +1,65 @@
+"""Moving completed jobs out of `jobs` (task HISTORY): the leader moves them to
+`jobs_history` every HISTORY_INTERVAL, a batch at a time until none are left
+(`jobcore.history`), so `jobs` keeps the live jobs and stays small however many have run.
+
+Batches are paced: after each, a pause as long as the batch took, so the move uses the
+database at most half the time it runs and a queue finishing jobs faster than that still
+gets its share. `jobs_moved_total` counts the jobs moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jobcore.maintenance import HISTORY
+from jobqueue_worker import metrics
+from jobqueue_worker.loops import sleep_until
+from jobqueue_worker.maintenance import LedLoop, MaintenanceStore
+
+HISTORY_INTERVAL = 5.0
+HISTORY_LEASE_ROUNDS = 3
+# Jobs per statement: each holds its row locks briefly.
+MOVE_BATCH = 5000
+MIN_MOVE_PAUSE = 0.02
+
+
+class History(LedLoop):
+    """The leader of HISTORY moves the completed jobs without a key to `jobs_history` every
+    `interval` seconds; RETENTION_COMPLETED sets how wide its leaves are."""
+
+    name = "history"
+
+    def __init__(
+        self,
+        store: MaintenanceStore,
+        retention_completed: float,
+        interval: float = HISTORY_INTERVAL,
+        lease: float | None = None,
+        batch: int = MOVE_BATCH,
+    ) -> None:
+        super().__init__(store, HISTORY, interval, lease or HISTORY_LEASE_ROUNDS * interval)
+        self.retention = retention_completed
+        self.batch = batch
+        self._stop = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop  # a long run stops between batches
+        await super().run(stop)
+
+    async def run_once(self) -> int:
+        """Move if this process leads the task; how many jobs it moved."""
+        moved = 0
+        if not await self.lead.take():
+            return moved
+        while True:
+            began = time.monotonic()
+            n = await self.store.move_history(self.retention, self.batch)
+            if n:
+                moved += n
+                metrics.jobs_moved(n)
+            if n < self.batch:
+                return moved
+            pause = max(MIN_MOVE_PAUSE, time.monotonic() - began)
+            if await sleep_until(self._stop, pause) or not await self.lead.take():
+                return moved

@@ -1,0 +1,97 @@
+"""Moving completed jobs to `jobs_history` on the real PostgreSQL: the leader of the task
+alone moves them, batch after batch until none are left, and counts them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import REGISTRY
+
+from jobcore import compiled
+from jobcore.maintenance import HISTORY
+from jobcore.states import Status
+from jobqueue_worker.history import History
+from jobqueue_worker.maintenance import Lead, TakingTurns
+from tests.pg import driver
+from tests.worker.support import eventually
+from tests.worker.test_retention import insert, remaining
+
+DAY = 86400.0
+
+
+def _moved() -> float:
+    return REGISTRY.get_sample_value("jobs_moved_total") or 0.0
+
+
+async def _history(engine) -> set:
+    async with engine.connect() as conn:
+        rows = await (await driver(conn)).fetch("SELECT id FROM jobqueue.jobs_history")
+    return {row["id"] for row in rows}
+
+
+class Counting:
+    """The worker's store, counting the move statements."""
+
+    def __init__(self, pg) -> None:
+        self.pg = pg
+        self.moves: list[int] = []
+
+    async def take_lead(self, *args):
+        return await self.pg.take_lead(*args)
+
+    async def resign(self, *args):
+        return await self.pg.resign(*args)
+
+    async def move_history(self, retention: float, batch: int) -> int:
+        n = await self.pg.move_history(retention, batch)
+        self.moves.append(n)
+        return n
+
+
+async def test_the_leader_moves_completed_jobs_batch_after_batch_and_counts_them(engine, pg):
+    completed = await insert(engine, Status.COMPLETED, 5)
+    failed = await insert(engine, Status.FAILED, 2)
+    pending = await insert(engine, Status.PENDING, 2)
+    counted = _moved()
+    counting = Counting(pg)
+    history = History(counting, DAY, batch=2)  # type: ignore[arg-type]
+    assert await history.run_once() == 5
+    assert counting.moves == [2, 2, 1]
+    assert _moved() == counted + 5
+    assert await _history(engine) == set(completed)
+    assert await remaining(engine) == {"failed": set(failed), "pending": set(pending)}
+    assert await history.run_once() == 0  # nothing left
+    await history.lead.resign()
+
+
+async def test_only_the_leader_moves(engine, pg):
+    completed = await insert(engine, Status.COMPLETED, 3)
+    other = Lead(pg, HISTORY, 3600)
+    assert await other.take()
+    history = History(TakingTurns(pg), DAY)
+    assert await history.run_once() == 0
+    assert await _history(engine) == set()
+    await other.resign()
+    assert await history.run_once() == 3
+    assert await _history(engine) == set(completed)
+    await history.lead.resign()
+
+
+async def test_the_loop_moves_jobs_as_they_complete_until_it_stops(engine, pg):
+    history = History(TakingTurns(pg), DAY, interval=0.05)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(history.run(stop))
+    try:
+        for _ in range(3):
+            batch = await insert(engine, Status.COMPLETED, 10)
+
+            async def moved(batch: list = batch) -> bool:
+                return set(batch) <= await _history(engine)
+
+            await eventually(moved, 10, "the batch moved", interval=0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+    assert not history.lead.held  # it resigned
+    async with engine.connect() as conn:
+        assert len(await compiled.history_leaves(await driver(conn))) >= 2
