@@ -20,6 +20,7 @@ import asyncio
 import time
 from typing import Any
 
+from bench import pg
 from bench.adapters.base import log_tail, to_the_end
 from bench.adapters.ours import Ours
 from bench.adapters.ours_jobs import JOB_TYPE
@@ -92,7 +93,7 @@ async def drain_window(
     finally:
         await to_the_end(adapter.stop_workers())
     rows = await adapter.sql.conn.fetch(
-        "SELECT extract(epoch FROM updated_at) AS at FROM jobqueue.jobs"
+        f"SELECT extract(epoch FROM updated_at) AS at FROM {pg.RETAINED}"
         " WHERE status = 'completed' AND updated_at >= to_timestamp($1)"
         " ORDER BY updated_at LIMIT $2",
         since,

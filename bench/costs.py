@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import measure, profile
+from bench import measure, pg, profile
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE, LIMITED_TYPE, SLEEP_SECONDS, SLEEP_TYPE
@@ -129,7 +129,8 @@ async def limits_session(
         figures = await drain_with_cpu(ours, rx, processes, jobs, limit, env)
         assert ours.sql.conn is not None
         rows = await ours.sql.conn.fetch(
-            "SELECT type = $1, extract(epoch FROM max(updated_at))::float8 FROM jobqueue.jobs"
+            "SELECT type = $1, extract(epoch FROM max(updated_at))::float8"
+            f" FROM {pg.RETAINED}"
             " WHERE status = 'completed' GROUP BY 1",
             LIMITED_TYPE,
         )

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import costs, measure, profile, retention, scheduling, step
+from bench import costs, measure, pg, profile, retention, scheduling, step
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE, LIMITED_TYPE
@@ -56,7 +56,7 @@ STATED_PROCESSES = 2  # the process count the targets are stated for
 FIRST_PRUNE_LIMIT = 60.0  # seconds retention gets to delete its first batch
 
 _OLD = (
-    "SELECT count(*) FROM jobqueue.jobs"
+    f"SELECT count(*) FROM {pg.RETAINED}"
     " WHERE status = 'completed' AND finished_at < now() - interval '1 hour'"
 )
 

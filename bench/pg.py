@@ -15,6 +15,9 @@ import asyncpg
 
 DEFAULT_SERVER = "postgresql://127.0.0.1:5432/postgres"
 PREFIX = "jq_bench_"
+# Every job jobqueue keeps, wherever it is: the workers move completed jobs from `jobs` to
+# `jobs_history` (the same columns, in the same order) soon after they finish.
+RETAINED = "(SELECT * FROM jobqueue.jobs UNION ALL SELECT * FROM jobqueue.jobs_history) AS jobs"
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -417,6 +417,12 @@ EXPECTED = [
         f"{retention.CHURN_TARGET_PCT:g}%",
         "claim p50/p99 and drain",
     ),
+    (
+        "expired jobs of that table",
+        "retention of the expired jobs of that table (RETENTION_COMPLETED=1h, from the "
+        "worker's start)",
+        f"<= {retention.RETENTION_TARGET_S:g} s",
+    ),
     ("backlog within 20%", "backlog within 20% of empty table", "claim p50/p99 and drain"),
     (
         "transactional enqueue_many",

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import measure
+from bench import measure, pg
 from bench.adapters.base import to_the_end
 from bench.adapters.ours import MAX_ATTEMPTS, Ours
 from bench.adapters.ours_jobs import JOB_TYPE
@@ -59,7 +59,7 @@ async def lateness(ours: Ours, rx: Receiver, samples: int) -> dict[str, Any]:
     await ours.insert(jobs)
     assert ours.sql.conn is not None
     rows = await ours.sql.conn.fetch(
-        "SELECT id::text, extract(epoch FROM run_at)::float8 FROM jobqueue.jobs"
+        f"SELECT id::text, extract(epoch FROM run_at)::float8 FROM {pg.RETAINED}"
         " WHERE id = ANY($1::uuid[])",
         [job.id for job in jobs],
     )

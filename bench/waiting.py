@@ -112,7 +112,8 @@ async def latency(ours: Ours, clients: int, samples: int) -> dict[str, Any]:
     await asyncio.gather(*(client() for _ in range(clients)))
     assert ours.sql.conn is not None
     rows = await ours.sql.conn.fetch(
-        "SELECT id, extract(epoch FROM finished_at)::float8 AS at, awaited FROM jobqueue.jobs"
+        "SELECT id, extract(epoch FROM finished_at)::float8 AS at, awaited"
+        f" FROM {pg.RETAINED}"
         " WHERE id = ANY($1::uuid[])",
         list(arrived),
     )
@@ -205,7 +206,7 @@ async def thousand(ours: Ours, waiters: int, limit: float = 120) -> dict[str, An
         await sampler
         await sampler_conn.close()
     rows = await ours.sql.conn.fetch(
-        "SELECT id, extract(epoch FROM finished_at)::float8 AS at FROM jobqueue.jobs"
+        f"SELECT id, extract(epoch FROM finished_at)::float8 AS at FROM {pg.RETAINED}"
         " WHERE id = ANY($1::uuid[])",
         [job.id for job in jobs],
     )

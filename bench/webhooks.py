@@ -139,10 +139,10 @@ async def session(
         await drain(ours, url, warmup, pids)
         figures = await drain(ours, url, jobs, pids)
         figures["retries"] = int(
-            await ours.sql.value("SELECT count(*) FROM jobqueue.jobs WHERE attempts > 1")
+            await ours.sql.value(f"SELECT count(*) FROM {pg.RETAINED} WHERE attempts > 1")
         )
         figures["not_completed"] = int(
-            await ours.sql.value("SELECT count(*) FROM jobqueue.jobs WHERE status <> 'completed'")
+            await ours.sql.value(f"SELECT count(*) FROM {pg.RETAINED} WHERE status <> 'completed'")
         )
         return {"processes": processes, "workers": workers, **figures}
     finally:

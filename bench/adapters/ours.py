@@ -212,7 +212,7 @@ class Ours:
     async def last_completion(self) -> float:
         return float(
             await self.sql.value(
-                "SELECT extract(epoch FROM max(updated_at)) FROM jobqueue.jobs"
+                f"SELECT extract(epoch FROM max(updated_at)) FROM {pg.RETAINED}"
                 " WHERE status = 'completed'"
             )
         )

@@ -464,11 +464,14 @@ async def history_add_leaf(conn: Driver, leaf: history.Leaf) -> bool:
     return True
 
 
-async def history_move(conn: Driver, retention_seconds: float, batch: int) -> int:
-    """Move at most `batch` completed jobs without a key from `jobs` to `jobs_history`, the
-    oldest first, adding the leaves they need first (`jobcore.history`); how many moved
-    (fewer than the batch: none are left). 0 also when a leaf could not be added now or
-    one was dropped meanwhile: the next call tries again."""
+async def history_move(
+    conn: Driver, retention_seconds: float, batch: int, after: float = history.MOVE_AFTER
+) -> int:
+    """Move at most `batch` completed jobs without a key, finished more than `after`
+    seconds ago, from `jobs` to `jobs_history`, the oldest first, adding the leaves they
+    need first (`jobcore.history`); how many moved (fewer than the batch: none are left).
+    0 also when a leaf could not be added now or one was dropped meanwhile: the next call
+    tries again."""
     statement = STATEMENTS["history_get_oldest"]
     found = (await conn.fetch(statement.sql))[0]
     if found["oldest"] is None:
@@ -483,7 +486,8 @@ async def history_move(conn: Driver, retention_seconds: float, batch: int) -> in
         leaves.append(leaf)
     covering = [leaf for leaf in sorted(leaves) if leaf.upper > start]
     statement = STATEMENTS["history_move"]
-    values = {"since": covering[0].lower, "until": covering[-1].upper, "batch": batch}
+    until = min(covering[-1].upper, now - timedelta(seconds=after))
+    values = {"since": covering[0].lower, "until": until, "batch": batch}
     try:
         async with _atomic(conn):
             rows = await conn.fetch(statement.sql, *statement.args(values))

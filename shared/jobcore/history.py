@@ -94,6 +94,10 @@ def expired(leaves: list[Leaf], cutoff: datetime) -> list[Leaf]:
     return sorted(leaf for leaf in leaves if leaf.upper <= cutoff)
 
 
+# A completed job moves once it has been finished this long: the jobs just finished are the
+# ones read the most (by waiters, pollers, the dashboard), and `jobs` then holds a minute of
+# them at most, which costs the claim nothing.
+MOVE_AFTER = 60.0
 # How far back the move reaches: completed jobs older than this (or than retention, if it
 # is shorter: retention deletes those from `jobs`) stay where they are, so an upgrade of a
 # deployment that keeps years of jobs does not make a leaf for each of those days.
@@ -160,8 +164,7 @@ _MOVED = ", ".join(jobs.c.keys())
 # reader's snapshot sees each in one table or the other); how many. Every column is named:
 # the two tables' columns are the same, in whatever order each was built. A row another
 # transaction holds is skipped (retention's prune of `jobs`); nothing else writes a
-# completed job. The revision that starts the move adds the index it reads them through,
-# `jobs (finished_at) WHERE status = 'completed' AND idempotency_key IS NULL`.
+# completed job. Read through `jobs_movable_idx`, which holds exactly those jobs.
 HISTORY_MOVE = (
     sa.text(
         f"""

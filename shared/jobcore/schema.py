@@ -16,9 +16,9 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0014"
-# The revisions this code works on; services refuse to start on any other. 0014 adds
-# `jobs_history`, which every read of finished jobs reads (docs/upgrading.md).
+SCHEMA_REVISION = "0015"
+# The revisions this code works on; services refuse to start on any other. 0015 adds the
+# index the move of completed jobs into `jobs_history` (0014) reads (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 
 # What a job's routing fields may hold; the API and the table check the same rules.
@@ -183,6 +183,15 @@ jobs = sa.Table(
         "jobs_finished_idx",
         "finished_at",
         postgresql_where=sa.text("finished_at IS NOT NULL"),
+    ),
+    # The completed jobs that move to `jobs_history` (`jobcore.history`), oldest first: the
+    # move reads exactly those, however many keyed or failed jobs `jobs` keeps.
+    sa.Index(
+        "jobs_movable_idx",
+        "finished_at",
+        postgresql_where=sa.text(
+            f"status = '{Status.COMPLETED.value}' AND idempotency_key IS NULL"
+        ),
     ),
     sa.Index(
         "jobs_idempotency_key_idx",

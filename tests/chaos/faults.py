@@ -749,7 +749,7 @@ def _at_rest(c: Chaos, ids: list[str]) -> bool:
     """Whether every job of `ids` finished (retention may have deleted it since)."""
     try:
         ((n,),) = c.system.query(
-            "SELECT count(*) FROM jobqueue.jobs WHERE id = ANY(%s::uuid[])"
+            f"SELECT count(*) FROM {audit.jobs(c.system.query)} WHERE id = ANY(%s::uuid[])"
             " AND status IN ('completed', 'failed', 'dead_letter', 'cancelled')",
             (ids,),
         )
@@ -785,7 +785,9 @@ def _stopped(pid: int) -> bool:
 
 def _token_after(c: Chaos, job_id: str, token: int) -> bool:
     try:
-        rows = c.system.query("SELECT lease_token FROM jobqueue.jobs WHERE id = %s", (job_id,))
+        rows = c.system.query(
+            f"SELECT lease_token FROM {audit.jobs(c.system.query)} WHERE id = %s", (job_id,)
+        )
     except Exception:
         return False
     return bool(rows) and int(rows[0][0]) > token
@@ -835,7 +837,7 @@ def stalled(query: Callable[..., list[tuple[Any, ...]]], since: float) -> str | 
             "  'completed', 'failed', 'dead_letter', 'cancelled')"
             "  AND updated_at >= to_timestamp(%s)),"
             " count(*) FILTER (WHERE (status = 'pending' AND run_at <= now())"
-            "  OR (status = 'processing' AND type <> %s)) FROM jobqueue.jobs",
+            f"  OR (status = 'processing' AND type <> %s)) FROM {audit.jobs(query)}",
             (since, LONG_TYPE),
         )
     except Exception as exc:

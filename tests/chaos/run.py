@@ -217,7 +217,7 @@ def _unsettled(system: System, ids: list[str]) -> int:
     retention's record (the checker calls those lost)."""
     try:
         ((n,),) = system.query(
-            "SELECT count(*) FROM jobqueue.jobs WHERE id = ANY(%s::uuid[])"
+            f"SELECT count(*) FROM {audit.jobs(system.query)} WHERE id = ANY(%s::uuid[])"
             " AND status NOT IN ('completed', 'failed', 'dead_letter', 'cancelled')",
             (ids,),
         )
@@ -227,7 +227,9 @@ def _unsettled(system: System, ids: list[str]) -> int:
 
 
 def _count(system: System, ids: list[str]) -> int:
-    ((n,),) = system.query("SELECT count(*) FROM jobqueue.jobs WHERE id = ANY(%s::uuid[])", (ids,))
+    ((n,),) = system.query(
+        f"SELECT count(*) FROM {audit.jobs(system.query)} WHERE id = ANY(%s::uuid[])", (ids,)
+    )
     return int(n)
 
 
@@ -263,7 +265,7 @@ def _rows(system: System) -> list[JobRow]:
         for r in system.query(
             "SELECT id, type, status, attempts, max_attempts, lease_token, idempotency_key,"
             " coalesce(locked_until < now(), false), queue, extract(epoch FROM finished_at)"
-            " FROM jobqueue.jobs"
+            f" FROM {audit.jobs(system.query)}"
         )
     ]
 

@@ -76,11 +76,16 @@ RETENTION_VARIABLES = {
     "RETENTION_DEAD_LETTER": "dead_letter",
 }
 DEFAULT_RETENTION = 30.0
+# Completed jobs are kept this many times as long: a minute after they finish the workers
+# move them to `jobs_history` (`jobcore.history.MOVE_AFTER`), so the run goes through the
+# move, and through retention there, as well.
+COMPLETED_FACTOR = 3.0
 
 
 def retention_ages(retention: float) -> dict[str, float]:
     """The age (seconds) at which the chaos workers delete each finished status."""
     ages = {status: retention for status in RETENTION_VARIABLES.values()}
+    ages["completed"] = retention * COMPLETED_FACTOR
     return {**ages, "cancelled": ages["failed"]}
 
 
@@ -295,7 +300,10 @@ class System:
             "WORKERS": str(self._slots),
             "QUEUES": QUEUES,
             "KEY_CONCURRENCY": f"*:{KEY_LIMIT}",
-            **{name: f"{self.retention:g}s" for name in RETENTION_VARIABLES},
+            **{
+                name: f"{retention_ages(self.retention)[status]:g}s"
+                for name, status in RETENTION_VARIABLES.items()
+            },
         }
         head = [
             *(

@@ -281,9 +281,9 @@ def test_the_leaves_to_add_cover_from_the_start_to_the_next_leaf_without_a_gap()
     assert history.leaves_to_add(leaves, start, T, history.HOUR) == []
 
 
-async def _move(engine, retention: float = 24 * HOUR, batch: int = 5000) -> int:
+async def _move(engine, retention: float = 24 * HOUR, batch: int = 5000, after: float = 0) -> int:
     async with engine.connect() as conn:
-        return await compiled.history_move(await driver(conn), retention, batch)
+        return await compiled.history_move(await driver(conn), retention, batch, after)
 
 
 async def _submit_keyed(engine, key: str) -> uuid.UUID:
@@ -330,6 +330,14 @@ async def test_a_job_older_than_the_retention_stays_for_retention_to_delete(engi
     assert await _move(engine, retention=2 * HOUR) == 1
     assert await _where(engine, old) == ["jobs"] and await _where(engine, young) == ["history"]
     assert await _move(engine, retention=2 * HOUR) == 0  # and it is not read again
+
+
+async def test_a_job_just_finished_stays_until_it_has_been_finished_a_while(engine):
+    job_id = await _submit(engine)
+    await _complete(engine, job_id, finished_ago=30)
+    assert await _move(engine, after=60) == 0
+    assert await _where(engine, job_id) == ["jobs"]
+    assert await _move(engine, after=20) == 1
 
 
 async def test_the_move_skips_a_job_another_transaction_holds(engine):

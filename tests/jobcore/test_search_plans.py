@@ -347,3 +347,17 @@ async def test_a_record_is_read_by_id_in_both_tables(big, big_database, generic)
     used = [_parent_index(i) for _, indexes in reads for i in indexes]
     assert sorted(set(used)) == ["jobs_history_id_idx", "jobs_pkey"], plan
     assert used.count("jobs_history_id_idx") == len(await _leaves(big)), plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_the_move_selects_through_the_index_of_movable_jobs(big, generic):
+    """Completed jobs without a key, oldest first: however many failed, keyed or pending
+    jobs `jobs` holds, the move reads none of them."""
+    async with big.connect() as conn:
+        now = await conn.scalar(sa.text("SELECT now()"))
+    values = {"since": now - timedelta(days=3), "until": now, "batch": maintenance.PRUNE_BATCH}
+    plan = await _plan(big, history.HISTORY_MOVE, values, generic)
+    reads = _reads(plan)
+    assert "Seq Scan" not in {kind for kind, _ in reads}, plan
+    selecting = [n for n in _nodes(plan) if "finished_at" in n.get("Index Cond", "")]
+    assert selecting and all(n["Index Name"] == "jobs_movable_idx" for n in selecting), plan

@@ -284,7 +284,7 @@ class FakeStore:
             del self.jobs[job_id]
         return len(old)
 
-    async def move_history(self, retention_seconds: float, batch: int) -> int:
+    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
         await asyncio.sleep(0)
         self._check()
         return 0  # one table in memory: a completed job is found where it is

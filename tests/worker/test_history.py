@@ -42,8 +42,8 @@ class Counting:
     async def resign(self, *args):
         return await self.pg.resign(*args)
 
-    async def move_history(self, retention: float, batch: int) -> int:
-        n = await self.pg.move_history(retention, batch)
+    async def move_history(self, retention: float, batch: int, after: float) -> int:
+        n = await self.pg.move_history(retention, batch, after)
         self.moves.append(n)
         return n
 
@@ -54,7 +54,7 @@ async def test_the_leader_moves_completed_jobs_batch_after_batch_and_counts_them
     pending = await insert(engine, Status.PENDING, 2)
     counted = _moved()
     counting = Counting(pg)
-    history = History(counting, DAY, batch=2)  # type: ignore[arg-type]
+    history = History(counting, DAY, batch=2, after=0)  # type: ignore[arg-type]
     assert await history.run_once() == 5
     assert counting.moves == [2, 2, 1]
     assert _moved() == counted + 5
@@ -68,7 +68,7 @@ async def test_only_the_leader_moves(engine, pg):
     completed = await insert(engine, Status.COMPLETED, 3)
     other = Lead(pg, HISTORY, 3600)
     assert await other.take()
-    history = History(TakingTurns(pg), DAY)
+    history = History(TakingTurns(pg), DAY, after=0)
     assert await history.run_once() == 0
     assert await _history(engine) == set()
     await other.resign()
@@ -78,7 +78,7 @@ async def test_only_the_leader_moves(engine, pg):
 
 
 async def test_the_loop_moves_jobs_as_they_complete_until_it_stops(engine, pg):
-    history = History(TakingTurns(pg), DAY, interval=0.05)
+    history = History(TakingTurns(pg), DAY, interval=0.05, after=0)
     stop = asyncio.Event()
     loop = asyncio.create_task(history.run(stop))
     try:
@@ -95,3 +95,12 @@ async def test_the_loop_moves_jobs_as_they_complete_until_it_stops(engine, pg):
     assert not history.lead.held  # it resigned
     async with engine.connect() as conn:
         assert len(await compiled.history_leaves(await driver(conn))) >= 2
+
+
+async def test_a_job_moves_once_it_has_been_finished_a_while(engine, pg):
+    """The jobs just finished stay where their readers look first."""
+    young = await insert(engine, Status.COMPLETED, 2)
+    history = History(TakingTurns(pg), DAY, after=3600)
+    assert await history.run_once() == 0
+    assert await remaining(engine) == {"completed": set(young)}
+    await history.lead.resign()

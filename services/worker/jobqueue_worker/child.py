@@ -41,6 +41,7 @@ from jobqueue_worker.dispatcher import Dispatcher
 from jobqueue_worker.executor import Executor
 from jobqueue_worker.floorcheck import FloorCheck
 from jobqueue_worker.heartbeat import Heartbeat
+from jobqueue_worker.history import History
 from jobqueue_worker.launch import RECYCLE_EXIT
 from jobqueue_worker.listener import Listener
 from jobqueue_worker.liveness import RECYCLING, RUNNING, STOPPING, Beacon, Watchdog, start_heartbeat
@@ -174,6 +175,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
     retention = Retention(
         turns, retention_ages(settings), batch_interval=PRUNE_BATCH / settings.retention_rate
     )
+    history = History(turns, settings.retention_completed)
     vacuum = Vacuum(turns, settings.vacuum_dead_tuples)
     declared = schedules()
     type_record = TypeRecord(store, declared)
@@ -227,6 +229,7 @@ async def _run(settings: WorkerSettings, index: int, beacon: Beacon) -> int:
         asyncio.create_task(listener.run(heartbeat_stop), name=listener.name),
         asyncio.create_task(queue_gauges.run(maintenance_stop), name=queue_gauges.name),
         asyncio.create_task(retention.run(maintenance_stop), name=retention.name),
+        asyncio.create_task(history.run(maintenance_stop), name=history.name),
         asyncio.create_task(vacuum.run(maintenance_stop), name=vacuum.name),
         asyncio.create_task(type_record.run(maintenance_stop), name=type_record.name),
     }

@@ -516,8 +516,10 @@ class PgJobStore:
             dropped = await self._run("prune", compiled.history_drop_expired, age_seconds)
         return (dropped or 0) + await self._run("prune", compiled.prune, status, age_seconds)
 
-    async def move_history(self, retention_seconds: float, batch: int) -> int:
-        return await self._run("move_history", compiled.history_move, retention_seconds, batch)
+    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
+        return await self._run(
+            "move_history", compiled.history_move, retention_seconds, batch, after
+        )
 
     async def table_stats(self) -> list[TableStats]:
         return await self._run("table_stats", compiled.table_stats)

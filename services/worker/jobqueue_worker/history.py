@@ -1,6 +1,7 @@
-"""Moving completed jobs out of `jobs` (task HISTORY): the leader moves them to
-`jobs_history` every HISTORY_INTERVAL, a batch at a time until none are left
-(`jobcore.history`), so `jobs` keeps the live jobs and stays small however many have run.
+"""Moving completed jobs out of `jobs` (task HISTORY): the leader moves those finished more
+than a minute ago (`jobcore.history.MOVE_AFTER`) to `jobs_history` every HISTORY_INTERVAL,
+a batch at a time until none are left, so `jobs` keeps the live jobs and stays small
+however many have run.
 
 Batches are paced: after each, a pause as long as the batch took, so the move uses the
 database at most half the time it runs and a queue finishing jobs faster than that still
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from jobcore.history import MOVE_AFTER
 from jobcore.maintenance import HISTORY
 from jobqueue_worker import metrics
 from jobqueue_worker.loops import sleep_until
@@ -37,10 +39,12 @@ class History(LedLoop):
         interval: float = HISTORY_INTERVAL,
         lease: float | None = None,
         batch: int = MOVE_BATCH,
+        after: float = MOVE_AFTER,
     ) -> None:
         super().__init__(store, HISTORY, interval, lease or HISTORY_LEASE_ROUNDS * interval)
         self.retention = retention_completed
         self.batch = batch
+        self.after = after
         self._stop = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -54,7 +58,7 @@ class History(LedLoop):
             return moved
         while True:
             began = time.monotonic()
-            n = await self.store.move_history(self.retention, self.batch)
+            n = await self.store.move_history(self.retention, self.batch, self.after)
             if n:
                 moved += n
                 metrics.jobs_moved(n)

@@ -76,7 +76,7 @@ class MaintenanceStore(Protocol):
 
     async def prune(self, status: Status, age_seconds: float) -> int: ...
 
-    async def move_history(self, retention_seconds: float, batch: int) -> int: ...
+    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int: ...
 
     async def table_stats(self) -> list[TableStats]: ...
 
@@ -111,9 +111,9 @@ class TakingTurns:
         async with self._turn:
             return await self._store.prune(status, age_seconds)
 
-    async def move_history(self, retention_seconds: float, batch: int) -> int:
+    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
         async with self._turn:
-            return await self._store.move_history(retention_seconds, batch)
+            return await self._store.move_history(retention_seconds, batch, after)
 
     async def table_stats(self) -> list[TableStats]:
         async with self._turn:
