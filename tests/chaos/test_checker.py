@@ -706,6 +706,22 @@ def test_a_job_cancelled_without_being_asked_or_after_another_outcome_is_a_viola
     ]
 
 
+def test_a_dead_letter_cancelled_by_a_cancel_asked_after_it_died_is_no_violation() -> None:
+    rows = [row("a", "cancelled", attempts=1, max_attempts=1, finished_at=ended(2.0)),
+            row("b", "cancelled", attempts=1, max_attempts=1, finished_at=ended(2.0))]  # fmt: skip
+    records = [
+        {**r, "max_attempts": 1}
+        for r in [*run("a", 1, 0, 0.5, "error"), *run("b", 1, 0, 0.5, "error")]
+    ]
+    logs = [finished("a", 1, 0.51, "dead_letter"), finished("b", 1, 0.51, "dead_letter")]
+    report = with_cancels(
+        rows, records, logs, [cancel("a", 1.9, 1.95, 200), cancel("b", 0.2, 0.25, 202)]
+    )
+    # b's cancel came before it died: the dead letter won that race, and b ended cancelled all
+    # the same.
+    assert report.violations == ["job b ended cancelled after lease 1 wrote dead_letter"]
+
+
 def test_a_409_for_a_job_that_could_still_be_cancelled_is_a_violation() -> None:
     rows = [row("a", "dead_letter", attempts=1, max_attempts=1)]
     records = [{**r, "max_attempts": 1} for r in run("a", 1, 0, 0.5, "error")]

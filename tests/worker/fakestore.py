@@ -284,6 +284,11 @@ class FakeStore:
             del self.jobs[job_id]
         return len(old)
 
+    async def drop_history(self, age_seconds: float) -> int | None:
+        await asyncio.sleep(0)
+        self._check()
+        return None  # no history table in memory
+
     async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
         await asyncio.sleep(0)
         self._check()

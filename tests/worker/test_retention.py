@@ -33,6 +33,7 @@ class Counting:
     def __init__(self, pg: PgJobStore) -> None:
         self.pg = pg
         self.prunes: list[tuple[Status, int]] = []
+        self.drops: list[int] = []  # the jobs of each leaf of the history dropped
         self.began: list[float] = []  # when each prune statement was sent (monotonic)
         self.after_prune = lambda: None
 
@@ -50,6 +51,12 @@ class Counting:
         n = await self.pg.prune(status, age)
         self.prunes.append((status, n))
         self.after_prune()
+        return n
+
+    async def drop_history(self, age):
+        n = await self.pg.drop_history(age)
+        if n is not None:
+            self.drops.append(n)
         return n
 
 
@@ -318,12 +325,33 @@ async def test_an_expired_leaf_of_the_history_is_dropped_whole_and_counted(engin
     counting = Counting(pg)
     retention = Retention(counting, {Status.COMPLETED: 3600.0})  # type: ignore[arg-type]
     assert await retention.run_once() == {Status.COMPLETED: 20}
-    # One step: the leaf, dropped (and counted) whole, then nothing left to delete.
-    assert counting.prunes == [(Status.COMPLETED, 20)]
+    # The leaf, dropped (and counted) whole, then nothing left to delete row by row.
+    assert counting.drops == [20] and counting.prunes == [(Status.COMPLETED, 0)]
     assert _pruned("completed") == counted_before + 20
     async with engine.connect() as conn:
         d = await driver(conn)
         assert len(await compiled.history_leaves(d)) == 1
         left = await d.fetch("SELECT id FROM jobqueue.jobs_history")
     assert {row["id"] for row in left} == set(kept)
+    await retention.lead.resign()
+
+
+async def test_expired_leaves_are_dropped_one_after_another_without_a_pause(engine, pg):
+    """A DROP writes no row: unlike a batch of deletes, it leaves the queue's work alone."""
+    ids = await insert(engine, Status.COMPLETED, 30)
+    async with engine.begin() as conn:
+        for hours, chunk in ((5, ids[:10]), (7, ids[10:20]), (9, ids[20:])):
+            await conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id.in_(chunk))
+                .values(finished_at=sa.func.now() - sa.text(f"interval '{hours} hours'"))
+            )
+    await move(engine, ids)
+    counting = Counting(pg)
+    # A second between full batches: three paced steps would take seconds.
+    retention = Retention(counting, {Status.COMPLETED: 3600.0}, batch_interval=1.0)  # type: ignore[arg-type]
+    began = time.monotonic()
+    assert await retention.run_once() == {Status.COMPLETED: 30}
+    assert counting.drops == [10, 10, 10]
+    assert time.monotonic() - began < 1.0
     await retention.lead.resign()

@@ -71,6 +71,9 @@ class Tables:
     async def prune(self, status: Status, age_seconds: float) -> int:
         return 0
 
+    async def drop_history(self, age_seconds: float) -> int | None:
+        return None
+
     async def table_stats(self) -> list[TableStats]:
         return list(self.tables.values())
 

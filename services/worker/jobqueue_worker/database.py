@@ -508,13 +508,12 @@ class PgJobStore:
         await self._run("record_types", compiled.record_types, records, by)
 
     async def prune(self, status: Status, age_seconds: float) -> int:
-        """One step of retention for `status`: completed, first a leaf of `jobs_history`
-        that has expired whole, dropped in a transaction of its own (so its lock is held no
-        longer than the drop), then a batch of rows deleted (`compiled.prune`)."""
-        dropped: int | None = None
-        if status is Status.COMPLETED:
-            dropped = await self._run("prune", compiled.history_drop_expired, age_seconds)
-        return (dropped or 0) + await self._run("prune", compiled.prune, status, age_seconds)
+        return await self._run("prune", compiled.prune, status, age_seconds)
+
+    async def drop_history(self, age_seconds: float) -> int | None:
+        """Drop the oldest leaf of `jobs_history` that expired whole, in a transaction of
+        its own (its lock held no longer than the drop); its jobs, or None if none."""
+        return await self._run("prune", compiled.history_drop_expired, age_seconds)
 
     async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
         return await self._run(

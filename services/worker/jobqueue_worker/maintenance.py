@@ -12,7 +12,8 @@ its lease runs out.
 - `Retention` (task RETENTION) deletes, every RETENTION_INTERVAL, the finished jobs older
   than their status's retention (RETENTION_COMPLETED, RETENTION_FAILED,
   RETENTION_DEAD_LETTER; 0 keeps them), at most PRUNE_BATCH per statement, pausing
-  between statements as long as the last one took, and counts them in `jobs_pruned_total`;
+  between statements as long as the last one took (completed jobs in `jobs_history` first,
+  a whole leaf at a time, unpaced), and counts them in `jobs_pruned_total`;
   a run that goes through every status sets `jobs_retention_last_run_timestamp_seconds`.
 - `jobqueue_worker.vacuum.Vacuum` (task VACUUM) vacuums the tables autovacuum leaves alone.
 """
@@ -76,6 +77,8 @@ class MaintenanceStore(Protocol):
 
     async def prune(self, status: Status, age_seconds: float) -> int: ...
 
+    async def drop_history(self, age_seconds: float) -> int | None: ...
+
     async def move_history(self, retention_seconds: float, batch: int, after: float) -> int: ...
 
     async def table_stats(self) -> list[TableStats]: ...
@@ -110,6 +113,10 @@ class TakingTurns:
     async def prune(self, status: Status, age_seconds: float) -> int:
         async with self._turn:
             return await self._store.prune(status, age_seconds)
+
+    async def drop_history(self, age_seconds: float) -> int | None:
+        async with self._turn:
+            return await self._store.drop_history(age_seconds)
 
     async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
         async with self._turn:
@@ -323,7 +330,16 @@ class Retention(LedLoop):
 
     async def _prune(self, status: Status, age: float, pruned: dict[Status, int]) -> bool:
         """Delete `status`'s jobs older than `age` until a statement finds fewer than a full
-        batch; False if the run must end (stopping, or the lead was lost)."""
+        batch; False if the run must end (stopping, or the lead was lost). Completed jobs
+        in `jobs_history` go first, a leaf at a time, unpaced: a DROP writes no row."""
+        while status is Status.COMPLETED:
+            dropped = await self.store.drop_history(age)
+            if dropped is None:
+                break
+            pruned[status] += dropped
+            metrics.jobs_pruned(status, dropped)
+            if self._stop.is_set() or not await self.lead.take():
+                return False
         while True:
             began = time.monotonic()
             n = await self.store.prune(status, age)
