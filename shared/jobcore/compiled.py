@@ -477,6 +477,8 @@ async def history_move(
     if found["oldest"] is None:
         return 0
     now = found["now"]
+    if found["oldest"] >= now - timedelta(seconds=after):
+        return 0  # nothing has been finished long enough: one statement, no leaf yet
     start = history.move_start(found["oldest"], now, retention_seconds)
     leaves = await history_leaves(conn)
     width = history.leaf_width(retention_seconds)
