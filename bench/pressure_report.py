@@ -14,7 +14,7 @@ PHASES = ("clean", "pressure", "recovery")
 # The jobs table counts as recovered once its dead tuples are under this again.
 DEAD_TUPLES_RECOVERED = 10_000
 
-# The targets (SPEC §22): completions under pressure at least this share of what the clean
+# The targets (docs/pressure.md): completions under pressure at least this share of what the clean
 # phase completed (of what was offered, where the pressure is a higher rate), claim p99 at
 # most this many times the clean phase's, dead tuples recovered within this many seconds.
 COMPLETION_TARGET = 0.90
