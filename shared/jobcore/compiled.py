@@ -453,15 +453,7 @@ async def history_leaves(conn: Driver) -> list[history.Leaf]:
 async def history_add_leaf(conn: Driver, leaf: history.Leaf) -> bool:
     """Add `leaf` to `jobs_history`; False if it could not now (another worker adds it, or
     the parent's lock is held: the caller tries again later)."""
-    try:
-        async with _atomic(conn):
-            for sql in history.create_sql(leaf):
-                await conn.fetch(sql)
-    except Exception as exc:
-        if getattr(exc, "sqlstate", None) in _BUSY:
-            return False
-        raise
-    return True
+    return await _unless_busy(conn, history.create_sql(leaf)) is not None
 
 
 async def history_move(
@@ -512,16 +504,20 @@ async def history_drop_expired(conn: Driver, age_seconds: float) -> int | None:
     if not leaves:
         return None
     leaf = leaves[0]
+    answers = await _unless_busy(conn, [history.count_sql(leaf), *history.drop_sql(leaf)])
+    return None if answers is None else int(answers[0][0]["n"])
+
+
+async def _unless_busy(conn: Driver, statements: list[str]) -> list[list[Any]] | None:
+    """Each statement's rows, all run in one transaction (or savepoint); None, with nothing
+    done, if a lock or a leaf was busy (`_BUSY`)."""
     try:
         async with _atomic(conn):
-            held = int((await conn.fetch(history.count_sql(leaf)))[0]["n"])
-            for sql in history.drop_sql(leaf):
-                await conn.fetch(sql)
+            return [await conn.fetch(sql) for sql in statements]
     except Exception as exc:
         if getattr(exc, "sqlstate", None) in _BUSY:
             return None
         raise
-    return held
 
 
 async def table_stats(conn: Driver) -> list[TableStats]:
