@@ -57,9 +57,11 @@ _CREATED_BEFORE = """CAST(regexp_replace(
 def _prune(status: Status) -> sa.TextualSelect:
     # A job finishes after it is created: one that finished `age` ago was created before,
     # so the id bound keeps every job old enough (and, rarely, reads one created long
-    # before it finished). The status as a range, in the sort: `jobs_status_idx` is then
-    # the only path in that order; with `=` the planner takes the primary key for a common
-    # status and filters its way through every older job of the statuses kept longer.
+    # before it finished). The status as a range, in the sort, and the id bound as a row
+    # with the status: only `jobs_status_idx` can take that bound as an index condition.
+    # With `=`, or with the bound on `id` alone, the planner may take the primary key for a
+    # common status (a generic plan guesses a third of the table below the bound) and
+    # filter its way through every older job of the statuses kept longer.
     #
     # A job finished by a release before 0005 (still running during the rollout to it) has
     # no `finished_at`: its `updated_at` is when it finished (the time of its last
@@ -72,7 +74,8 @@ def _prune(status: Status) -> sa.TextualSelect:
 WITH gone AS (
     DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
         SELECT id FROM jobqueue.jobs
-        WHERE status BETWEEN '{value}' AND '{value}' AND id < {_CREATED_BEFORE}
+        WHERE status BETWEEN '{value}' AND '{value}'
+          AND (status, id) < ('{value}', {_CREATED_BEFORE})
           AND coalesce(finished_at, updated_at)
               < now() - CAST(:age AS float8) * interval '1 second'
         ORDER BY status, id LIMIT {PRUNE_BATCH}
