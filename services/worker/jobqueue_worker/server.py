@@ -9,6 +9,7 @@ only while the supervisor says it is ready.
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import os
 import socket
@@ -33,6 +34,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from jobcore.settings import Address
+
+log = logging.getLogger(__name__)
 
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
 
@@ -77,9 +80,10 @@ def build_app(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def error(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-        return JSONResponse({"error": detail}, status_code=status)
+        if isinstance(exc, HTTPException):
+            return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+        log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
+        return JSONResponse({"error": "internal error"}, status_code=500)
 
     return Starlette(
         routes=[
@@ -103,11 +107,31 @@ async def serve(app: Starlette, sock: socket.socket, stopped: asyncio.Event) -> 
 def scrape_registry(metrics_dir: str, counts: Callable[[], Counts]) -> CollectorRegistry:
     """The registry `/metrics` renders: children's metrics summed, plus process metrics."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
+    registry.register(_Files(metrics_dir))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     registry.register(_Children(counts))
     return registry
+
+
+class _Files:
+    """The children's metric files, summed (prometheus-client's multiprocess collector),
+    less any file a child has only just created: it stays empty until the child sizes it,
+    and an empty file cannot be read (the scrape would fail)."""
+
+    def __init__(self, metrics_dir: str) -> None:
+        self._dir = metrics_dir
+
+    def collect(self) -> Iterable[Metric]:
+        files = [f for f in glob.glob(os.path.join(self._dir, "*.db")) if _sized(f)]
+        return MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def _sized(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except FileNotFoundError:  # a dead child's live gauges, removed since the listing
+        return False
 
 
 class _Children:

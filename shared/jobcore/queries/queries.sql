@@ -1571,10 +1571,11 @@ DELETE FROM jobqueue.maintenance_leases WHERE jobqueue.maintenance_leases.task =
 WITH gone AS (
     DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
         SELECT id FROM jobqueue.jobs
-        WHERE status BETWEEN 'cancelled' AND 'cancelled' AND id < CAST(regexp_replace(
+        WHERE status BETWEEN 'cancelled' AND 'cancelled'
+          AND (status, id) < ('cancelled', CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
-    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid)
+    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid))
           AND coalesce(finished_at, updated_at)
               < now() - CAST($1 AS float8) * interval '1 second'
         ORDER BY status, id LIMIT 5000
@@ -1589,10 +1590,11 @@ SELECT count(*) AS pruned FROM gone;
 WITH gone AS (
     DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
         SELECT id FROM jobqueue.jobs
-        WHERE status BETWEEN 'completed' AND 'completed' AND id < CAST(regexp_replace(
+        WHERE status BETWEEN 'completed' AND 'completed'
+          AND (status, id) < ('completed', CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
-    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid)
+    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid))
           AND coalesce(finished_at, updated_at)
               < now() - CAST($1 AS float8) * interval '1 second'
         ORDER BY status, id LIMIT 5000
@@ -1607,10 +1609,11 @@ SELECT count(*) AS pruned FROM gone;
 WITH gone AS (
     DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
         SELECT id FROM jobqueue.jobs
-        WHERE status BETWEEN 'dead_letter' AND 'dead_letter' AND id < CAST(regexp_replace(
+        WHERE status BETWEEN 'dead_letter' AND 'dead_letter'
+          AND (status, id) < ('dead_letter', CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
-    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid)
+    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid))
           AND coalesce(finished_at, updated_at)
               < now() - CAST($1 AS float8) * interval '1 second'
         ORDER BY status, id LIMIT 5000
@@ -1625,10 +1628,11 @@ SELECT count(*) AS pruned FROM gone;
 WITH gone AS (
     DELETE FROM jobqueue.jobs WHERE id = ANY(ARRAY(
         SELECT id FROM jobqueue.jobs
-        WHERE status BETWEEN 'failed' AND 'failed' AND id < CAST(regexp_replace(
+        WHERE status BETWEEN 'failed' AND 'failed'
+          AND (status, id) < ('failed', CAST(regexp_replace(
     lpad(to_hex(floor(extract(epoch FROM now() - CAST($1 AS float8) * interval '1 second')
                       * 1000)::bigint), 12, '0') || '00000000000000000000',
-    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid)
+    '^(.{8})(.{4})(.{4})(.{4})(.{12})$', '\1-\2-\3-\4-\5') AS uuid))
           AND coalesce(finished_at, updated_at)
               < now() - CAST($1 AS float8) * interval '1 second'
         ORDER BY status, id LIMIT 5000
