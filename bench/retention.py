@@ -20,8 +20,9 @@ A table jobs have passed through (`Churned`): `churn` no-op jobs pass through it
 worker with RETENTION_COMPLETED=24h runs, and moves the completed ones to `jobs_history`.
 `cycled` of them are inserted due, in chunks of `CHURN_CHUNK` (SQL, time-ordered ids),
 and run by the worker, a chunk ahead at most; the others are inserted finished, spread
-over the 22 hours that ended an hour ago, before those chunks, and only moved: their rows
-go through the heap and the indexes of finished jobs, not the claim's, and cost far less
+over the 22 hours that ended an hour ago, before those chunks, at most `--churn-rate` a
+second (`CHURN_RATE`, as a busy deployment finishes them), and only moved: their rows go
+through the heap and the indexes of finished jobs, not the claim's, and cost far less
 time. Once every completed job has left `jobs`, the worker restarts with
 RETENTION_COMPLETED=1h, and retention's time is taken until no job that finished more
 than an hour ago is left: the leaves of the past day dropped whole, the rest of the hour
@@ -71,7 +72,12 @@ EXPIRE_RETENTION = {"RETENTION_COMPLETED": "1h", "RETENTION_RATE": "1000000"}
 PRUNE_TARGET = 0.90  # drain while pruning over the one without, at least
 CHURN_TARGET_PCT = 20.0  # the churned table within this of a fresh one
 RETENTION_TARGET_S = 30.0  # the churned jobs' retention, from the worker's start
-CHURN_CHUNK = 100_000  # jobs inserted at once while churning
+CHURN_CHUNK = 100_000  # jobs inserted due at once while churning
+# Finished jobs inserted per second while churning: what a busy deployment finishes (more
+# than one worker of 2 processes runs here). Faster than the move, they would pile up in
+# `jobs` as no deployment's would.
+CHURN_RATE = 10_000
+PACE_STEP = 0.1  # seconds between two paced inserts of finished jobs
 PRUNE_POLL = 0.1  # seconds between two reads of jobs_pruned_total during a drain
 SHARE_TARGET = 0.9  # pruning ran through at least this share of every drain
 WARM_CLAIMS = 20  # untimed claims before the timed ones, on either table
@@ -312,7 +318,14 @@ class Churned:
     `cycled` of them run by the worker, the others inserted finished, in bulk."""
 
     def __init__(
-        self, server: str, workdir: Path, workers: int, processes: int, churn: int, cycled: int
+        self,
+        server: str,
+        workdir: Path,
+        workers: int,
+        processes: int,
+        churn: int,
+        cycled: int,
+        rate: int = CHURN_RATE,
     ) -> None:
         self.server = server
         self.workdir = workdir
@@ -320,6 +333,7 @@ class Churned:
         self.processes = processes
         self.churn = churn
         self.cycled = min(cycled, churn)
+        self.rate = rate
         self.ours = Ours(server, workdir, workers)
         self.pushed: dict[str, Any] | None = None
 
@@ -362,13 +376,20 @@ class Churned:
         chunks = max(1, math.ceil(self.cycled / CHURN_CHUNK))
         bulk = self.churn - self.cycled
         done = 0
+        step = max(1, int(self.rate * PACE_STEP))
+        paced = 0.0  # seconds spent inserting finished jobs, pauses included
         for chunk in range(chunks):
-            # The finished rows spread evenly before the chunks the worker runs.
+            # The finished rows spread evenly before the chunks the worker runs, `step` at a
+            # time, at most `rate` a second (the waits for the worker not counted).
             rows = bulk * (chunk + 1) // chunks - bulk * chunk // chunks
-            for start in range(0, rows, CHURN_CHUNK):
-                n = min(CHURN_CHUNK, rows - start)
+            since, sent = time.monotonic(), 0
+            for start in range(0, rows, step):
+                n = min(step, rows - start)
                 await conn.execute(FINISHED, n, done / bulk, (done + n) / bulk, timeout=600)
                 done += n
+                sent += n
+                await asyncio.sleep(max(0.0, since + sent / self.rate - time.monotonic()))
+            paced += time.monotonic() - since
             k = min(CHURN_CHUNK, self.cycled - inserted)
             if k <= 0:
                 break
@@ -410,6 +431,7 @@ class Churned:
             "cycled": self.cycled,
             "drained_s": drained,
             "churn_jobs_per_s": self.churn / drained,
+            "finished_jobs_per_s": bulk / paced if paced else 0.0,
             "all_moved_s": moved_s,
             "expired": expired,
             "retention_s": pruned_s,
@@ -594,7 +616,8 @@ def lines(section: dict[str, Any]) -> list[str]:
         out += [
             f"  {churned['churn']:,} jobs through one table with RETENTION_COMPLETED=24h "
             f"({churned['cycled']:,} run by the worker, the others inserted finished over the "
-            f"past day; {churned['churn_jobs_per_s']:,.0f} jobs/s; all moved to the history "
+            f"past day, {churned.get('finished_jobs_per_s', 0):,.0f} a second; "
+            f"{churned['churn_jobs_per_s']:,.0f} jobs/s in all; all moved to the history "
             f"{churned['all_moved_s']:.0f} s after the first insert; then at "
             f"RETENTION_COMPLETED=1h the {churned['expired']:,} expired jobs pruned in "
             f"{churned['retention_s']:.1f} s from the worker's start, "
@@ -654,6 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cycled", type=int, help="of those, jobs the worker runs (default 400000)"
     )
+    parser.add_argument(
+        "--churn-rate",
+        type=int,
+        default=CHURN_RATE,
+        help=f"finished jobs inserted per second while churning (default {CHURN_RATE})",
+    )
     parser.add_argument("--jobs", type=int, help="jobs per drain (default 20000)")
     parser.add_argument("--repeat", type=int, help="repeats, medians reported (default 3)")
     parser.add_argument("--processes", type=int, default=2)
@@ -681,7 +710,15 @@ def main(argv: list[str] | None = None) -> int:
                     results.append({**figures, "repeat": rep})
             if churn:
                 await churned_sessions(
-                    Churned(server, workdir, args.workers, args.processes, churn, cycled),
+                    Churned(
+                        server,
+                        workdir,
+                        args.workers,
+                        args.processes,
+                        churn,
+                        cycled,
+                        args.churn_rate,
+                    ),
                     repeat,
                     measure_options(quick),
                     results,

@@ -179,6 +179,7 @@ def churn_rows(claim_p99: float, rate: float) -> list[dict[str, Any]]:
         "cycled": 400_000,
         "drained_s": 100.0,
         "churn_jobs_per_s": 20_000.0,
+        "finished_jobs_per_s": 8_000.0,
         "all_moved_s": 110.0,
         "expired": 1_500_000,
         "retention_s": 4.2,
@@ -229,6 +230,7 @@ def test_the_churned_table_may_be_at_most_20_percent_slower_than_a_fresh_one() -
     assert verdicts(document(churn_rows(0.5, 60_000.0)), CHURN) == [True]
     text = render(document(churn_rows(2.4, 16_000.0)))
     assert "2,000,000 jobs through one table with RETENTION_COMPLETED=24h (400,000 run" in text
+    assert "past day, 8,000 a second; 20,000 jobs/s in all" in text
     assert "all moved to the history 110 s after the first insert" in text
     assert "the 1,500,000 expired jobs pruned in 4.2 s" in text
     assert "2 autovacuum run(s) meanwhile" in text
