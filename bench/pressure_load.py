@@ -40,6 +40,9 @@ def qualified(table: Any) -> str:
 
 
 JOBS = qualified(schema.jobs)
+# Every job kept, wherever it is: the workers move completed jobs to `jobs_history` (the
+# same columns, in the same order) a minute after they finish.
+RETAINED = f"(SELECT * FROM {JOBS} UNION ALL SELECT * FROM {qualified(schema.jobs_history)})"
 TABLES = [qualified(t) for t in schema.metadata.sorted_tables]
 PENDING = f"SELECT count(*) FROM {JOBS} WHERE status = '{Status.PENDING.value}'"
 # Vacuums are counted as they finish (manual, as the harness's stand-in runs them, or auto).
@@ -62,12 +65,15 @@ JOBS_RELATION = "SELECT to_regclass($1)::text"
 # machine's wall clock, as time.time() is.
 COMPLETIONS = f"""
 SELECT floor(extract(epoch FROM finished_at)::float8 - $1::float8)::int AS s, count(*)::int
-FROM {JOBS}
+FROM {RETAINED} AS jobs
 WHERE status = '{Status.COMPLETED.value}'
   AND finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2)
 GROUP BY 1
 """
-RUN_AT = f"SELECT id::text, extract(epoch FROM run_at)::float8 FROM {JOBS} WHERE id = ANY($1)"
+RUN_AT = (
+    f"SELECT id::text, extract(epoch FROM run_at)::float8 FROM {RETAINED} AS jobs"
+    " WHERE id = ANY($1)"
+)
 
 
 class Producer:
