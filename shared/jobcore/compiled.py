@@ -27,12 +27,14 @@ from uuid import UUID, uuid4
 
 from jobcore import history, maintenance, queries
 from jobcore.catalog import recorder_name
+from jobcore.floors import EPOCH
 from jobcore.queries.job_types import record_from_row, record_params
 from jobcore.rows import (
     Claimed,
     JobTypeRecord,
     Lease,
     LimitedClaim,
+    Moved,
     Renewed,
     TableStats,
     TypeLimits,
@@ -457,31 +459,37 @@ async def history_add_leaf(conn: Driver, leaf: history.Leaf) -> bool:
 
 
 async def history_move(
-    conn: Driver, retention_seconds: float, batch: int, after: float = history.MOVE_AFTER
-) -> int:
+    conn: Driver,
+    retention_seconds: float,
+    batch: int,
+    after: float = history.MOVE_AFTER,
+    since: datetime | None = None,
+) -> Moved:
     """Move at most `batch` completed jobs without a key, finished more than `after`
-    seconds ago, from `jobs` to `jobs_history`, the oldest first, adding the leaves they
-    need first (`jobcore.history`); how many moved (fewer than the batch: none are left).
-    0 also when a leaf could not be added now or one was dropped meanwhile: the next call
-    tries again."""
+    seconds ago (and at `since` or later, if given), from `jobs` to `jobs_history`, the
+    oldest first, adding the leaves they need first (`jobcore.history`); fewer than the
+    batch: none are left. None moved also when a leaf could not be added now or one was
+    dropped meanwhile: the next call tries again."""
     statement = STATEMENTS["history_get_oldest"]
-    found = (await conn.fetch(statement.sql))[0]
+    found = (await conn.fetch(statement.sql, *statement.args({"since": since or EPOCH})))[0]
+    none = Moved(0, None)
     if found["oldest"] is None:
-        return 0
+        return none
     now = found["now"]
     if found["oldest"] >= now - timedelta(seconds=after):
-        return 0  # nothing has been finished long enough: one statement, no leaf yet
+        return none  # nothing has been finished long enough: one statement, no leaf yet
     start = history.move_start(found["oldest"], now, retention_seconds)
     leaves = await history_leaves(conn)
     width = history.leaf_width(retention_seconds)
     for leaf in history.leaves_to_add(leaves, start, now, width):
         if not await history_add_leaf(conn, leaf):
-            return 0
+            return none
         leaves.append(leaf)
     covering = [leaf for leaf in sorted(leaves) if leaf.upper > start]
     statement = STATEMENTS["history_move"]
     until = min(covering[-1].upper, now - timedelta(seconds=after))
-    values = {"since": covering[0].lower, "until": until, "batch": batch}
+    lower = covering[0].lower if since is None else max(covering[0].lower, since)
+    values = {"since": lower, "until": until, "batch": batch}
     try:
         async with _atomic(conn):
             rows = await conn.fetch(statement.sql, *statement.args(values))
@@ -489,9 +497,9 @@ async def history_move(
         # A job whose leaf retention dropped meanwhile: it has expired, and retention
         # deletes it from `jobs`.
         if getattr(exc, "sqlstate", None) == _NO_PARTITION:
-            return 0
+            return none
         raise
-    return int(rows[0]["moved"])
+    return Moved(int(rows[0]["moved"]), rows[0]["newest"])
 
 
 async def history_drop_expired(conn: Driver, age_seconds: float) -> int | None:

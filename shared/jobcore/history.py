@@ -98,6 +98,10 @@ def expired(leaves: list[Leaf], cutoff: datetime) -> list[Leaf]:
 # ones read the most (by waiters, pollers, the dashboard), and `jobs` then holds a minute of
 # them at most, which costs the claim nothing.
 MOVE_AFTER = 60.0
+# Where a read of the movable jobs starts that does not start at the head: this long
+# before the newest job the last batch moved. A job that finished earlier but committed
+# later than that (its transaction took longer) is found by the next read from the head.
+MOVE_MARGIN = timedelta(seconds=10)
 # How far back the move reaches: completed jobs older than this (or than retention, if it
 # is shorter: retention deletes those from `jobs`) stay where they are, so an upgrade of a
 # deployment that keeps years of jobs does not make a leaf for each of those days.
@@ -161,7 +165,8 @@ SELECT count(*) AS pruned FROM gone"""
 _MOVED = ", ".join(jobs.c.keys())
 # The move: at most `batch` completed jobs without a key that finished in [since, until),
 # oldest first, deleted from `jobs` and inserted into `jobs_history` in one statement (a
-# reader's snapshot sees each in one table or the other); how many. Every column is named:
+# reader's snapshot sees each in one table or the other); how many, and when the newest of
+# them finished (where the mover's next read may start). Every column is named:
 # the two tables' columns are the same, in whatever order each was built. A row another
 # transaction holds is skipped (retention's prune of `jobs`); nothing else writes a
 # completed job. Read through `jobs_movable_idx`, which holds exactly those jobs.
@@ -179,26 +184,35 @@ WITH moved AS (
     RETURNING {_MOVED}
 ), kept AS (
     INSERT INTO jobqueue.jobs_history ({_MOVED}) SELECT {_MOVED} FROM moved
-    RETURNING 1
+    RETURNING finished_at
 )
-SELECT count(*) AS moved FROM kept"""
+SELECT count(*) AS moved, max(finished_at) AS newest FROM kept"""
     )
     .bindparams(
         sa.bindparam("since", type_=sa.DateTime(timezone=True)),
         sa.bindparam("until", type_=sa.DateTime(timezone=True)),
         sa.bindparam("batch", type_=sa.Integer),
     )
-    .columns(sa.column("moved", sa.BigInteger))
+    .columns(sa.column("moved", sa.BigInteger), sa.column("newest", sa.DateTime(timezone=True)))
 )
 
-# When the oldest job the move would take finished (NULL: none), and the database's now.
-HISTORY_GET_OLDEST = sa.text(
-    f"""
+# When the oldest job the move would take, of those that finished at `since` or later,
+# finished (NULL: none), and the database's now. Under a held MVCC horizon the head of
+# `jobs_movable_idx` keeps an entry for every job moved since, which a read from the head
+# visits: the mover starts where its last batch ended (`MOVE_MARGIN`).
+HISTORY_GET_OLDEST = (
+    sa.text(
+        f"""
 SELECT (SELECT min(finished_at) FROM jobqueue.jobs
-        WHERE status = '{Status.COMPLETED.value}' AND idempotency_key IS NULL) AS oldest,
+        WHERE status = '{Status.COMPLETED.value}' AND idempotency_key IS NULL
+          AND finished_at >= :since) AS oldest,
        now() AS now"""
-).columns(
-    sa.column("oldest", sa.DateTime(timezone=True)), sa.column("now", sa.DateTime(timezone=True))
+    )
+    .bindparams(sa.bindparam("since", type_=sa.DateTime(timezone=True)))
+    .columns(
+        sa.column("oldest", sa.DateTime(timezone=True)),
+        sa.column("now", sa.DateTime(timezone=True)),
+    )
 )
 
 

@@ -159,6 +159,14 @@ class TableStats(NamedTuple):
     autovacuum: bool
 
 
+class Moved(NamedTuple):
+    """One move of completed jobs to `jobs_history`: how many it moved, and when the newest
+    of them finished (None if it moved none)."""
+
+    jobs: int
+    newest: datetime | None
+
+
 # The columns every statement returning a job reads; the full record's adds RECORD_FIELDS.
 RECORD_FIELDS = ("errors", "leased_by")
 JOB_FIELDS = tuple(name for name in Job.__dataclass_fields__ if name not in RECORD_FIELDS)

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from jobcore import bulk, compiled, control, history, search, store
 from jobcore.ids import new_id
-from jobcore.rows import NewJob
+from jobcore.rows import Moved, NewJob
 from jobcore.schema import jobs
 from jobcore.states import Status
 from tests.pg import driver, move
@@ -281,9 +281,36 @@ def test_the_leaves_to_add_cover_from_the_start_to_the_next_leaf_without_a_gap()
     assert history.leaves_to_add(leaves, start, T, history.HOUR) == []
 
 
-async def _move(engine, retention: float = 24 * HOUR, batch: int = 5000, after: float = 0) -> int:
+async def _move(
+    engine,
+    retention: float = 24 * HOUR,
+    batch: int = 5000,
+    after: float = 0,
+    since: datetime | None = None,
+) -> int:
+    return (await _moved(engine, retention, batch, after, since)).jobs
+
+
+async def _moved(
+    engine,
+    retention: float = 24 * HOUR,
+    batch: int = 5000,
+    after: float = 0,
+    since: datetime | None = None,
+) -> Moved:
     async with engine.connect() as conn:
-        return await compiled.history_move(await driver(conn), retention, batch, after)
+        return await compiled.history_move(await driver(conn), retention, batch, after, since)
+
+
+async def _finished_at(engine, job_id: uuid.UUID) -> datetime:
+    async with engine.connect() as conn:
+        return await conn.scalar(
+            sa.text(
+                "SELECT finished_at FROM jobqueue.jobs WHERE id = :id"
+                " UNION ALL SELECT finished_at FROM jobqueue.jobs_history WHERE id = :id"
+            ),
+            {"id": job_id},
+        )
 
 
 async def _submit_keyed(engine, key: str) -> uuid.UUID:
@@ -338,6 +365,75 @@ async def test_a_job_just_finished_stays_until_it_has_been_finished_a_while(engi
     assert await _move(engine, after=60) == 0
     assert await _where(engine, job_id) == ["jobs"]
     assert await _move(engine, after=20) == 1
+
+
+async def test_a_move_says_when_its_newest_job_finished_and_starts_where_it_is_told(engine):
+    ids = [await _submit(engine) for _ in range(4)]
+    for ago, job_id in zip((40, 30, 20, 10), ids, strict=True):
+        await _complete(engine, job_id, finished_ago=ago)
+    first = await _moved(engine, batch=2)
+    assert first == Moved(2, await _finished_at(engine, ids[1]))
+    # From 15 s after it: the job finished 10 s ago, not the one finished 20 s ago.
+    later = await _moved(engine, since=first.newest + timedelta(seconds=15))
+    assert later == Moved(1, await _finished_at(engine, ids[3]))
+    assert await _where(engine, ids[2]) == ["jobs"]
+    # From before the newest moved, as the mover reads: the one left, and nothing twice.
+    last = await _moved(engine, since=first.newest - timedelta(seconds=5))
+    assert last == Moved(1, await _finished_at(engine, ids[2]))
+    assert await _moved(engine, since=first.newest + timedelta(seconds=60)) == Moved(0, None)
+    assert [await _where(engine, job_id) for job_id in ids] == [["history"]] * 4
+
+
+async def _movable_entries_read(engine, since: datetime | None) -> int:
+    """Entries of `jobs_movable_idx` one move reads, dead ones included, counted for its
+    transaction, rolled back."""
+    count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_movable_idx'::regclass)"
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        transaction = raw.transaction()
+        await transaction.start()
+        before = await raw.fetchval(count)
+        assert (await compiled.history_move(raw, 24 * HOUR, 5000, 0, since)).jobs == 10
+        read = await raw.fetchval(count) - before
+        await transaction.rollback()
+    return int(read)
+
+
+async def test_under_a_held_horizon_a_move_from_the_last_batch_reads_past_what_was_moved(
+    engine,
+):
+    """2,000 jobs are moved while a transaction holds the horizon: their dead entries stay
+    at the head of `jobs_movable_idx`. A move from the head reads every one of them; one
+    from the margin before the newest job moved reads what lies within it."""
+    async with engine.connect() as holder:
+        await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
+        async with engine.begin() as conn:
+            # Finished one every 100 ms, ending 10 minutes ago.
+            await conn.execute(
+                sa.text(
+                    """INSERT INTO jobqueue.jobs (id, type, payload, status, attempts,
+                                                  max_attempts, finished_at)
+                       SELECT gen_random_uuid(), 't', '{}', 'completed', 1, 3,
+                              now() - interval '800 seconds' + i * interval '100 ms'
+                       FROM generate_series(1, 2000) AS i"""
+                )
+            )
+        newest = None
+        while (moved := await _moved(engine, batch=250)).jobs:
+            newest = moved.newest
+        assert newest is not None
+        await _complete_later(engine, 10)
+        swept = await _movable_entries_read(engine, None)
+        floored = await _movable_entries_read(engine, newest - history.MOVE_MARGIN)
+        await holder.rollback()
+    assert swept > 4000, swept  # both reads from the head walk the dead entries
+    assert floored < 350, (floored, swept)
+
+
+async def _complete_later(engine, n: int) -> None:
+    """`n` jobs completed a second ago, after everything else."""
+    for _ in range(n):
+        await _complete(engine, await _submit(engine), finished_ago=1)
 
 
 async def test_the_move_skips_a_job_another_transaction_holds(engine):

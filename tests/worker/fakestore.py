@@ -24,6 +24,7 @@ from jobcore.rows import (
     Claimed,
     Lease,
     LimitedClaim,
+    Moved,
     Renewed,
     TableStats,
     TypeLimits,
@@ -289,10 +290,12 @@ class FakeStore:
         self._check()
         return None  # no history table in memory
 
-    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
+    async def move_history(
+        self, retention_seconds: float, batch: int, after: float, since: datetime | None
+    ) -> Moved:
         await asyncio.sleep(0)
         self._check()
-        return 0  # one table in memory: a completed job is found where it is
+        return Moved(0, None)  # one table in memory: a completed job is found where it is
 
     async def table_stats(self) -> list[TableStats]:
         await asyncio.sleep(0)

@@ -4,11 +4,17 @@ alone moves them, batch after batch until none are left, and counts them."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
+import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from jobcore import compiled
+from jobcore.floors import Sweeps
+from jobcore.history import MOVE_MARGIN
 from jobcore.maintenance import HISTORY
+from jobcore.rows import Moved
+from jobcore.schema import jobs
 from jobcore.states import Status
 from jobqueue_worker.history import History
 from jobqueue_worker.maintenance import Lead, TakingTurns
@@ -35,6 +41,7 @@ class Counting:
     def __init__(self, pg) -> None:
         self.pg = pg
         self.moves: list[int] = []
+        self.since: list[datetime | None] = []
 
     async def take_lead(self, *args):
         return await self.pg.take_lead(*args)
@@ -42,10 +49,13 @@ class Counting:
     async def resign(self, *args):
         return await self.pg.resign(*args)
 
-    async def move_history(self, retention: float, batch: int, after: float) -> int:
-        n = await self.pg.move_history(retention, batch, after)
-        self.moves.append(n)
-        return n
+    async def move_history(
+        self, retention: float, batch: int, after: float, since: datetime | None
+    ) -> Moved:
+        moved = await self.pg.move_history(retention, batch, after, since)
+        self.moves.append(moved.jobs)
+        self.since.append(since)
+        return moved
 
 
 async def test_the_leader_moves_completed_jobs_batch_after_batch_and_counts_them(engine, pg):
@@ -103,4 +113,33 @@ async def test_a_job_moves_once_it_has_been_finished_a_while(engine, pg):
     history = History(TakingTurns(pg), DAY, after=3600)
     assert await history.run_once() == 0
     assert await remaining(engine) == {"completed": set(young)}
+    await history.lead.resign()
+
+
+async def test_the_leader_reads_from_its_last_batch_and_finds_a_late_job_at_its_next_sweep(
+    engine, pg
+):
+    """After a read from the head, the moves start a margin before the newest job moved
+    (under a held horizon the head is every job moved since); a job that turns up below
+    that, as one whose transaction committed late does, moves at the next sweep."""
+    await insert(engine, Status.COMPLETED, 5)
+    counting = Counting(pg)
+    history = History(counting, DAY, batch=2, after=0)  # type: ignore[arg-type]
+    history.sweeps = Sweeps(ratio=1e9, max_interval=3600, cheap=float("inf"))  # one sweep
+    assert await history.run_once() == 5
+    newest = history.newest
+    assert newest is not None
+    assert counting.since[0] is None
+    assert all(since is not None for since in counting.since[1:])
+    late = await insert(engine, Status.COMPLETED, 1)
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs).where(jobs.c.id == late[0]).values(finished_at=newest - 2 * MOVE_MARGIN)
+        )
+    assert await history.run_once() == 0
+    assert counting.since[-1] == newest - MOVE_MARGIN
+    history.sweeps = Sweeps()  # due at once
+    assert await history.run_once() == 1
+    assert counting.since[-1] is None
+    assert set(late) <= await _history(engine)
     await history.lead.resign()

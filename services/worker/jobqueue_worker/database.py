@@ -33,6 +33,7 @@ import math
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 from uuid import UUID, uuid4
 
@@ -43,7 +44,7 @@ from jobcore import compiled, maintenance
 from jobcore.errors import describe
 from jobcore.floors import ClaimFloors, Sweeps
 from jobcore.queries import RECOVER_BATCH
-from jobcore.rows import Claimed, Lease, LimitedClaim, Renewed, TableStats, TypeLimits
+from jobcore.rows import Claimed, Lease, LimitedClaim, Moved, Renewed, TableStats, TypeLimits
 from jobcore.runner import Driver
 from jobcore.search import QueueDepth
 from jobcore.settings.parsing import key_limits_of
@@ -515,9 +516,11 @@ class PgJobStore:
         its own (its lock held no longer than the drop); its jobs, or None if none."""
         return await self._run("prune", compiled.history_drop_expired, age_seconds)
 
-    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
+    async def move_history(
+        self, retention_seconds: float, batch: int, after: float, since: datetime | None
+    ) -> Moved:
         return await self._run(
-            "move_history", compiled.history_move, retention_seconds, batch, after
+            "move_history", compiled.history_move, retention_seconds, batch, after, since
         )
 
     async def table_stats(self) -> list[TableStats]:

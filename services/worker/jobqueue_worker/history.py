@@ -6,14 +6,23 @@ however many have run.
 Batches are paced: after each, a pause as long as the batch took, so the move uses the
 database at most half the time it runs and a queue finishing jobs faster than that still
 gets its share. `jobs_moved_total` counts the jobs moved.
+
+A batch reads the movable jobs from `MOVE_MARGIN` before the newest job the last one
+moved, not from the head of `jobs_movable_idx`: under a held MVCC horizon the head keeps
+an entry for every job moved since, which every read from it visits. A read from the
+head (a sweep, for a job that committed late) comes as the claim floors' sweeps do
+(`jobcore.floors.Sweeps`): 20 times its cost apart, so every round while it is cheap,
+and at least every 30 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 
-from jobcore.history import MOVE_AFTER
+from jobcore.floors import Sweeps
+from jobcore.history import MOVE_AFTER, MOVE_MARGIN
 from jobcore.maintenance import HISTORY
 from jobqueue_worker import metrics
 from jobqueue_worker.loops import sleep_until
@@ -24,6 +33,8 @@ HISTORY_LEASE_ROUNDS = 3
 # Jobs per statement: each holds its row locks briefly.
 MOVE_BATCH = 5000
 MIN_MOVE_PAUSE = 0.02
+SWEEP_COST_RATIO = 20.0
+SWEEP_MAX_INTERVAL = 30.0  # sweeps never further apart than this
 
 
 class History(LedLoop):
@@ -46,6 +57,8 @@ class History(LedLoop):
         self.batch = batch
         self.after = after
         self._stop = asyncio.Event()
+        self.newest: datetime | None = None  # when the newest job moved finished
+        self.sweeps = Sweeps(SWEEP_COST_RATIO, SWEEP_MAX_INTERVAL, cheap=float("inf"))
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop  # a long run stops between batches
@@ -58,7 +71,13 @@ class History(LedLoop):
             return moved
         while True:
             began = time.monotonic()
-            n = await self.store.move_history(self.retention, self.batch, self.after)
+            sweep = self.newest is None or self.sweeps.due(began)
+            since = None if sweep or self.newest is None else self.newest - MOVE_MARGIN
+            n, newest = await self.store.move_history(self.retention, self.batch, self.after, since)
+            if sweep:
+                self.sweeps.done(began, time.monotonic())
+            if newest is not None and (self.newest is None or newest > self.newest):
+                self.newest = newest
             if n:
                 moved += n
                 metrics.jobs_moved(n)

@@ -25,12 +25,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Protocol
 from uuid import UUID, uuid4
 
 from jobcore.backoff import Retry
 from jobcore.maintenance import GAUGES, PRUNE_BATCH, RETENTION
-from jobcore.rows import TableStats
+from jobcore.rows import Moved, TableStats
 from jobcore.search import QueueDepth
 from jobcore.settings import WorkerSettings
 from jobcore.states import Status
@@ -79,7 +80,9 @@ class MaintenanceStore(Protocol):
 
     async def drop_history(self, age_seconds: float) -> int | None: ...
 
-    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int: ...
+    async def move_history(
+        self, retention_seconds: float, batch: int, after: float, since: datetime | None
+    ) -> Moved: ...
 
     async def table_stats(self) -> list[TableStats]: ...
 
@@ -118,9 +121,11 @@ class TakingTurns:
         async with self._turn:
             return await self._store.drop_history(age_seconds)
 
-    async def move_history(self, retention_seconds: float, batch: int, after: float) -> int:
+    async def move_history(
+        self, retention_seconds: float, batch: int, after: float, since: datetime | None
+    ) -> Moved:
         async with self._turn:
-            return await self._store.move_history(retention_seconds, batch, after)
+            return await self._store.move_history(retention_seconds, batch, after, since)
 
     async def table_stats(self) -> list[TableStats]:
         async with self._turn:

@@ -1711,14 +1711,15 @@ WITH moved AS (
     RETURNING id, type, payload, status, attempts, max_attempts, run_at, locked_until, lease_token, last_error, claim_id, queue, priority, timeout, idempotency_key, concurrency_key, leased_by, result, cancel_requested_at, finished_at, awaited, traceparent, errors, created_at, updated_at
 ), kept AS (
     INSERT INTO jobqueue.jobs_history (id, type, payload, status, attempts, max_attempts, run_at, locked_until, lease_token, last_error, claim_id, queue, priority, timeout, idempotency_key, concurrency_key, leased_by, result, cancel_requested_at, finished_at, awaited, traceparent, errors, created_at, updated_at) SELECT id, type, payload, status, attempts, max_attempts, run_at, locked_until, lease_token, last_error, claim_id, queue, priority, timeout, idempotency_key, concurrency_key, leased_by, result, cancel_requested_at, finished_at, awaited, traceparent, errors, created_at, updated_at FROM moved
-    RETURNING 1
+    RETURNING finished_at
 )
-SELECT count(*) AS moved FROM kept;
+SELECT count(*) AS moved, max(finished_at) AS newest FROM kept;
 
 -- name: history_get_oldest
--- parameters: (none)
+-- parameters: $1 since
 SELECT (SELECT min(finished_at) FROM jobqueue.jobs
-        WHERE status = 'completed' AND idempotency_key IS NULL) AS oldest,
+        WHERE status = 'completed' AND idempotency_key IS NULL
+          AND finished_at >= $1::TIMESTAMP WITH TIME ZONE) AS oldest,
        now() AS now;
 
 -- name: notification_send
