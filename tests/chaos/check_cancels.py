@@ -250,7 +250,14 @@ def _ended_cancelled(
     by a cancel asked after it was written."""
     before = final.finished_at if final.finished_at is not None else float("inf")
     if not any(at <= before + CLOCK_MARGIN for at in asked_at):
-        bad.append(f"job {final.id} ended cancelled, but no cancel was asked before it finished")
+        asks = ", ".join(f"{at:.3f}" for at in sorted(asked_at)) or "none"
+        bad.append(
+            f"job {final.id} ended cancelled, but no cancel was asked before it finished "
+            f"(type {final.type}, queue {final.queue}, attempt {final.attempts}, finished at "
+            f"{before:.3f}; cancels asked at {asks}; writes: "
+            + (", ".join(f"{w.lease_token}:{w.outcome}" for w in written) or "none")
+            + ")"
+        )
     for w in written:
         died = w.finished_at if w.outcome == "dead_letter" else None
         if died is not None and any(at >= died - CLOCK_MARGIN for at in asked_at):
