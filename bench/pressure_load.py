@@ -52,7 +52,8 @@ FROM pg_stat_user_tables WHERE relid = to_regclass($1)
 """
 RELATIONS = """
 WITH t AS (SELECT to_regclass(name) AS oid FROM unnest($1::text[]) AS name)
-SELECT c.oid::regclass::text AS name, CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END AS kind,
+SELECT c.oid::regclass::text AS name,
+       CASE WHEN c.relkind IN ('i', 'I') THEN 'index' ELSE 'table' END AS kind,
        s.n_dead_tup, pg_relation_size(c.oid) AS bytes
 FROM pg_class AS c LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.oid IN (SELECT oid FROM t)
