@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,24 @@ async def driver(conn: Any) -> Any:
     """The asyncpg connection under a SQLAlchemy `AsyncConnection`: what `jobcore.compiled`'s
     calls run on, in the worker and in the tests alike."""
     return (await conn.get_raw_connection()).driver_connection
+
+
+async def entries_read(engine: Any, index: str, run: Callable[[Any], Awaitable[Any]]) -> int:
+    """Entries of `index` (schema-qualified) that `run(conn)` reads on an asyncpg connection,
+    dead ones included (each one a scan returns, whether its row turns out visible or
+    not), counted for its transaction, which is rolled back."""
+    count = f"SELECT pg_stat_get_xact_tuples_returned('{index}'::regclass)"
+    async with engine.connect() as conn:
+        raw = await driver(conn)
+        transaction = raw.transaction()
+        await transaction.start()
+        # The backend's counts not yet reported include earlier transactions' reads;
+        # inside one transaction none are reported, so the difference is `run`'s.
+        before = await raw.fetchval(count)
+        await run(raw)
+        read = await raw.fetchval(count) - before
+        await transaction.rollback()
+    return int(read)
 
 
 async def explain(

@@ -18,7 +18,7 @@ from jobcore.floors import ClaimFloors, Sweeps, check_interval, micros
 from jobcore.ids import new_id
 from jobcore.runner import Compiled
 from jobcore.states import Operation
-from tests.pg import driver
+from tests.pg import driver, entries_read
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SECOND = timedelta(seconds=1)
@@ -200,18 +200,11 @@ async def _entries_read(engine, floors: dict[str, list[Any]]) -> int:
         **compiled.NO_OVERRUNS,
         **compiled.NO_TURNS,
     }
-    count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_claim_key_idx'::regclass)"
-    async with engine.connect() as conn:
-        raw = await driver(conn)
-        transaction = raw.transaction()
-        await transaction.start()
-        # The backend's counts not yet reported include earlier transactions' reads;
-        # inside one transaction none are reported, so the difference is the claim's.
-        before = await raw.fetchval(count)
+
+    async def claim(raw: Any) -> None:
         await raw.fetch(sql.sql, *sql.args({**params, **floors}))
-        read = await raw.fetchval(count) - before
-        await transaction.rollback()
-    return int(read)
+
+    return await entries_read(engine, "jobqueue.jobs_claim_key_idx", claim)
 
 
 async def test_under_a_held_horizon_a_floored_claim_reads_only_past_its_floor(engine):

@@ -18,7 +18,7 @@ from jobcore.ids import new_id
 from jobcore.rows import Moved, NewJob
 from jobcore.schema import jobs
 from jobcore.states import Status
-from tests.pg import driver, move
+from tests.pg import driver, entries_read, move
 
 HOUR = 3600.0
 T = datetime(2026, 12, 7, 13, 25, tzinfo=UTC)
@@ -281,14 +281,9 @@ def test_the_leaves_to_add_cover_from_the_start_to_the_next_leaf_without_a_gap()
     assert history.leaves_to_add(leaves, start, T, history.HOUR) == []
 
 
-async def _move(
-    engine,
-    retention: float = 24 * HOUR,
-    batch: int = 5000,
-    after: float = 0,
-    since: datetime | None = None,
-) -> int:
-    return (await _moved(engine, retention, batch, after, since)).jobs
+async def _move(engine, **options) -> int:
+    """How many `_moved` moved."""
+    return (await _moved(engine, **options)).jobs
 
 
 async def _moved(
@@ -387,16 +382,11 @@ async def test_a_move_says_when_its_newest_job_finished_and_starts_where_it_is_t
 async def _movable_entries_read(engine, since: datetime | None) -> int:
     """Entries of `jobs_movable_idx` one move reads, dead ones included, counted for its
     transaction, rolled back."""
-    count = "SELECT pg_stat_get_xact_tuples_returned('jobqueue.jobs_movable_idx'::regclass)"
-    async with engine.connect() as conn:
-        raw = await driver(conn)
-        transaction = raw.transaction()
-        await transaction.start()
-        before = await raw.fetchval(count)
+
+    async def moving(raw) -> None:
         assert (await compiled.history_move(raw, 24 * HOUR, 5000, 0, since)).jobs == 10
-        read = await raw.fetchval(count) - before
-        await transaction.rollback()
-    return int(read)
+
+    return await entries_read(engine, "jobqueue.jobs_movable_idx", moving)
 
 
 async def test_under_a_held_horizon_a_move_from_the_last_batch_reads_past_what_was_moved(
