@@ -398,13 +398,16 @@ async def test_under_a_held_horizon_a_move_from_the_last_batch_reads_past_what_w
     async with engine.connect() as holder:
         await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
         async with engine.begin() as conn:
-            # Finished one every 100 ms, ending 10 minutes ago.
+            # Finished one every 100 ms from half an hour before this hour began: in one
+            # leaf with the 10 moved later, whatever the time (a batch reads from the
+            # start of its first leaf).
             await conn.execute(
                 sa.text(
                     """INSERT INTO jobqueue.jobs (id, type, payload, status, attempts,
                                                   max_attempts, finished_at)
                        SELECT gen_random_uuid(), 't', '{}', 'completed', 1, 3,
-                              now() - interval '800 seconds' + i * interval '100 ms'
+                              date_trunc('hour', now()) - interval '30 minutes'
+                              + i * interval '100 ms'
                        FROM generate_series(1, 2000) AS i"""
                 )
             )
@@ -412,7 +415,7 @@ async def test_under_a_held_horizon_a_move_from_the_last_batch_reads_past_what_w
         while (moved := await _moved(engine, batch=250)).jobs:
             newest = moved.newest
         assert newest is not None
-        await _complete_later(engine, 10)
+        await _complete_later(engine, 10, "date_trunc('hour', now()) - interval '1 minute'")
         swept = await _movable_entries_read(engine, None)
         floored = await _movable_entries_read(engine, newest - history.MOVE_MARGIN)
         await holder.rollback()
@@ -420,10 +423,15 @@ async def test_under_a_held_horizon_a_move_from_the_last_batch_reads_past_what_w
     assert floored < 350, (floored, swept)
 
 
-async def _complete_later(engine, n: int) -> None:
-    """`n` jobs completed a second ago, after everything else."""
-    for _ in range(n):
-        await _complete(engine, await _submit(engine), finished_ago=1)
+async def _complete_later(engine, n: int, at: str) -> None:
+    """`n` jobs completed at `at` (SQL)."""
+    ids = [await _submit(engine) for _ in range(n)]
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(ids))
+            .values(status="completed", attempts=1, finished_at=sa.text(at))
+        )
 
 
 async def test_the_move_skips_a_job_another_transaction_holds(engine):

@@ -350,6 +350,21 @@ async def test_a_record_is_read_by_id_in_both_tables(big, big_database, generic)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_the_oldest_movable_job_is_read_from_where_the_move_starts(big, generic):
+    """The probe before a move enters `jobs_movable_idx` at its `since` (under a held
+    horizon what lies before it is dead), never the index of every finished job."""
+    async with big.connect() as conn:
+        now = await conn.scalar(sa.text("SELECT now()"))
+    plan = await _plan(
+        big, history.HISTORY_GET_OLDEST, {"since": now - timedelta(hours=1)}, generic
+    )
+    assert "Seq Scan" not in {kind for kind, _ in _reads(plan)}, plan
+    selecting = [n for n in _nodes(plan) if "finished_at" in n.get("Index Cond", "")]
+    assert selecting and all(n["Index Name"] == "jobs_movable_idx" for n in selecting), plan
+    assert all("finished_at >=" in n["Index Cond"] for n in selecting), plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_the_move_selects_through_the_index_of_movable_jobs(big, generic):
     """Completed jobs without a key, oldest first: however many failed, keyed or pending
     jobs `jobs` holds, the move reads none of them."""

@@ -4,8 +4,9 @@ alone moves them, batch after batch until none are left, and counts them."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
@@ -132,14 +133,72 @@ async def test_the_leader_reads_from_its_last_batch_and_finds_a_late_job_at_its_
     assert counting.since[0] is None
     assert all(since is not None for since in counting.since[1:])
     late = await insert(engine, Status.COMPLETED, 1)
-    async with engine.begin() as conn:
-        await conn.execute(
-            sa.update(jobs).where(jobs.c.id == late[0]).values(finished_at=newest - 2 * MOVE_MARGIN)
-        )
+    await _finished(engine, late, newest - 2 * MOVE_MARGIN)
     assert await history.run_once() == 0
     assert counting.since[-1] == newest - MOVE_MARGIN
     history.sweeps = Sweeps()  # due at once
     assert await history.run_once() == 1
     assert counting.since[-1] is None
     assert set(late) <= await _history(engine)
+    await history.lead.resign()
+
+
+async def _finished(engine, ids: list, at: datetime) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(sa.update(jobs).where(jobs.c.id.in_(ids)).values(finished_at=at))
+
+
+async def test_a_sweep_that_moves_a_full_batch_takes_the_reads_after_it_back_to_its_backlog(
+    engine, pg
+):
+    """Jobs that turn up far below where the moves got (a clock stepped back, many late
+    commits): the sweep that finds them full leads the next batches to the rest of them."""
+    counting = Counting(pg)
+    history = History(counting, DAY, batch=2, after=0)  # type: ignore[arg-type]
+    await insert(engine, Status.COMPLETED, 1)
+    assert await history.run_once() == 1
+    newest = history.newest
+    assert newest is not None
+    # The next round sweeps, and only its first batch.
+    history.sweeps = Sweeps(ratio=1e9, max_interval=3600, cheap=float("inf"))
+    backlog = await insert(engine, Status.COMPLETED, 5)
+    await _finished(engine, backlog, newest - 10 * MOVE_MARGIN)
+    assert await history.run_once() == 5
+    # The sweep, then the rest of the backlog from where the sweep got.
+    assert counting.since[-3:] == [None, *[newest - 11 * MOVE_MARGIN] * 2]
+    await history.lead.resign()
+
+
+class SweepsTimingOut(Counting):
+    """The real store, but every read from the head runs out of time, as one does under a
+    horizon held for hours."""
+
+    async def move_history(
+        self, retention: float, batch: int, after: float, since: datetime | None
+    ) -> Moved:
+        if since is None:
+            self.since.append(since)
+            raise TimeoutError("canceling statement due to statement timeout")
+        return await super().move_history(retention, batch, after, since)
+
+
+async def test_a_leader_whose_sweeps_time_out_still_moves_the_jobs_finishing_now(engine, pg):
+    """Its first read from the head fails: it moves the jobs that finish from then on, and
+    the older ones at the first sweep that succeeds."""
+    old = await insert(engine, Status.COMPLETED, 2)
+    await _finished(engine, old, datetime.now(UTC) - timedelta(hours=1))
+    timing_out = SweepsTimingOut(pg)
+    history = History(timing_out, DAY, after=0)  # type: ignore[arg-type]
+    history.sweeps = Sweeps(ratio=1e9, max_interval=3600, cheap=float("inf"))
+    with pytest.raises(TimeoutError):
+        await history.run_once()
+    assert timing_out.since == [None]
+    new = await insert(engine, Status.COMPLETED, 3)
+    assert await history.run_once() == 3
+    assert timing_out.since[-1] is not None
+    assert await _history(engine) == set(new)
+    history.store = Counting(pg)  # type: ignore[assignment]
+    history.sweeps = Sweeps()
+    assert await history.run_once() == 2
+    assert await _history(engine) == set(new) | set(old)
     await history.lead.resign()

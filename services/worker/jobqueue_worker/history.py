@@ -7,19 +7,19 @@ Batches are paced: after each, a pause as long as the batch took, so the move us
 database at most half the time it runs and a queue finishing jobs faster than that still
 gets its share. `jobs_moved_total` counts the jobs moved.
 
-A batch reads the movable jobs from `MOVE_MARGIN` before the newest job the last one
+A batch reads the movable jobs from `MOVE_MARGIN` before the newest job this process has
 moved, not from the head of `jobs_movable_idx`: under a held MVCC horizon the head keeps
 an entry for every job moved since, which every read from it visits. A read from the
-head (a sweep, for a job that committed late) comes as the claim floors' sweeps do
-(`jobcore.floors.Sweeps`): 20 times its cost apart, so every round while it is cheap,
-and at least every 30 s.
+head (a sweep: the first of a leader, and for a job that committed late) comes 20 times
+its cost after the last (`jobcore.floors.Sweeps`), so every round while it is cheap, and
+at most SWEEP_MAX_INTERVAL apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from jobcore.floors import Sweeps
 from jobcore.history import MOVE_AFTER, MOVE_MARGIN
@@ -57,8 +57,24 @@ class History(LedLoop):
         self.batch = batch
         self.after = after
         self._stop = asyncio.Event()
-        self.newest: datetime | None = None  # when the newest job moved finished
+        # Where the reads that are not sweeps start (less MOVE_MARGIN): when the newest job
+        # this process moved finished, or where its last sweep that moved a full batch got.
+        self.newest: datetime | None = None
         self.sweeps = Sweeps(SWEEP_COST_RATIO, SWEEP_MAX_INTERVAL, cheap=float("inf"))
+
+    def _swept(self, began: float, full: bool, newest: datetime | None) -> None:
+        """A read from the head ended (`newest`: when the newest job it moved finished).
+        The next starts 20 times its cost later (at most SWEEP_MAX_INTERVAL). One that moved
+        a full batch found a backlog: the reads go on from it, even below the newest job
+        moved before. One that failed (a read from the head past the statement timeout,
+        under a long-held horizon) leaves a leader that has moved nothing yet reading the
+        jobs finishing now, so `jobs` keeps its size; the older ones move at a sweep that
+        succeeds."""
+        self.sweeps.done(began, time.monotonic())
+        if newest is not None and (full or self.newest is None or newest > self.newest):
+            self.newest = newest
+        elif self.newest is None:
+            self.newest = datetime.now(UTC) - timedelta(seconds=self.after)
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop  # a long run stops between batches
@@ -73,10 +89,17 @@ class History(LedLoop):
             began = time.monotonic()
             sweep = self.newest is None or self.sweeps.due(began)
             since = None if sweep or self.newest is None else self.newest - MOVE_MARGIN
-            n, newest = await self.store.move_history(self.retention, self.batch, self.after, since)
+            try:
+                n, newest = await self.store.move_history(
+                    self.retention, self.batch, self.after, since
+                )
+            except BaseException:
+                if sweep:
+                    self._swept(began, full=False, newest=None)
+                raise
             if sweep:
-                self.sweeps.done(began, time.monotonic())
-            if newest is not None and (self.newest is None or newest > self.newest):
+                self._swept(began, full=n == self.batch, newest=newest)
+            elif newest is not None and self.newest is not None and newest > self.newest:
                 self.newest = newest
             if n:
                 moved += n
