@@ -25,9 +25,9 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID, uuid4
 
-from jobcore import history, maintenance, queries
+from jobcore import history, maintenance, queries, search
 from jobcore.catalog import recorder_name
-from jobcore.floors import EPOCH
+from jobcore.floors import EPOCH, CountFloors
 from jobcore.queries.job_types import record_from_row, record_params
 from jobcore.rows import (
     Claimed,
@@ -384,13 +384,18 @@ async def recover_expired(conn: Driver, window: float | None = None) -> list[tup
     return [(row["id"], Status(row["status"])) for row in rows]
 
 
-async def queue_depths(conn: Driver) -> list[QueueDepth]:
-    """Every queue that holds jobs, with its depths (`jobcore.search.QUEUE_GET_DEPTHS`)."""
+async def queue_depths(
+    conn: Driver, floors: CountFloors | None = None, sweep: bool = True
+) -> list[QueueDepth]:
+    """Every queue that holds jobs, with its depths (`jobcore.search.QUEUE_GET_DEPTHS`):
+    read from the head, or with `floors` from them unless this is a `sweep`; either way
+    `floors` learns where the read found the first live jobs."""
     statement = STATEMENTS["queue_get_depths"]
-    return [
-        QueueDepth(**{name: row[name] for name in QueueDepth.__dataclass_fields__})
-        for row in await conn.fetch(statement.sql)
-    ]
+    values = search.FROM_THE_HEAD if floors is None else floors.params(sweep=sweep)
+    rows = await conn.fetch(statement.sql, *statement.args(values))
+    if floors is not None:
+        floors.learn([search.counted_from_row(row) for row in rows], sweep=sweep)
+    return [search.depth_from_row(row) for row in rows]
 
 
 # A schema at 0008 or 0009 (`schema.ACCEPTED_REVISIONS`) has no `queue_pauses`: nothing

@@ -1,5 +1,6 @@
 """Claim floors: where a worker's claims start reading the claim index, and when they
-read it from the head instead (a sweep).
+read it from the head instead (a sweep); and count floors, the same for the periodic
+counts (`CountFloors`, below).
 
 While something holds PostgreSQL's MVCC horizon (an idle transaction, a long
 report, a `REPEATABLE READ` reader), every pending entry of a job claimed since
@@ -35,6 +36,7 @@ monotonic clock (sweep pacing).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -170,3 +172,79 @@ class ClaimFloors:
 
     def floor(self, queue: str, priority: int) -> datetime | None:
         return self._floors.get((queue, priority))
+
+
+# --- count floors -------------------------------------------------------------------------
+#
+# The periodic counts (the queue gauges, admission's pending depths) read the same indexes
+# from the head, and under a held horizon each would cost O(dead entries) like a claim
+# from the head. So each reader remembers, from its last count, the queues it found, per
+# (queue, priority) the earliest pending `run_at` (or the count's time, where none was
+# pending), and the earliest lease of the running jobs; its next count reads from there,
+# less `MARGIN`, and probes only the gaps between the queues and priorities it knows.
+# A job can appear below those floors as below a claim's (one handed back or recovered
+# keeps its `run_at`; a transaction that committed late): sweeps, counts from the head,
+# find it, every round while they are cheap and at most `COUNT_SWEEP_INTERVAL` apart.
+# Until a sweep, a queue that emptied is still reported, with nothing in it.
+COUNT_SWEEP_INTERVAL = 30.0
+
+
+@dataclass(frozen=True)
+class Counted:
+    """Where a count found a queue's first live jobs, in `micros`: per priority it read
+    (`priorities`, highest first), the earliest pending `run_at` or, where none was
+    pending, the count's time (`firsts`); the earliest lease of its running jobs or the
+    count's time (`running`; None: not counted)."""
+
+    queue: str
+    priorities: Sequence[int]
+    firsts: Sequence[int]
+    running: int | None = None
+
+
+class CountFloors:
+    """Where one reader's periodic counts start: the queues, pending floors and lease floor
+    of the `Counted` it learnt, and when it sweeps (`sweeps`)."""
+
+    def __init__(self, margin: timedelta = MARGIN, sweeps: Sweeps | None = None) -> None:
+        self._margin = margin // _MICROSECOND
+        self._queues: set[str] = set()
+        self._pending: dict[tuple[str, int], int] = {}
+        self._lease: int | None = None
+        self.sweeps = sweeps or Sweeps(COST_RATIO, COUNT_SWEEP_INTERVAL, cheap=float("inf"))
+
+    def params(self, *, sweep: bool, leases: bool = True) -> dict[str, Any]:
+        """The count's parameters (with `leases`, the lease floor's too): none for a sweep,
+        which reads from the head."""
+        known = [] if sweep else sorted(self._pending.items())
+        found: dict[str, Any] = {
+            "known_queues": [] if sweep else sorted(self._queues),
+            "floor_queues": [queue for (queue, _), _ in known],
+            "floor_priorities": [priority for (_, priority), _ in known],
+            "floors": [floor for _, floor in known],
+        }
+        if leases:
+            found["lease_floor"] = None if sweep else self._lease
+        return found
+
+    def learn(self, counted: Iterable[Counted], *, sweep: bool) -> None:
+        """Take in what a count found. After a sweep the floors are what it found, and
+        nothing else (queues and priorities that emptied are forgotten); after another
+        count they only rise, and what it found in the gaps is added."""
+        if sweep:
+            self._queues.clear()
+            self._pending.clear()
+            self._lease = None
+        lease: int | None = None
+        for found in counted:
+            self._queues.add(found.queue)
+            for priority, first in zip(found.priorities, found.firsts, strict=True):
+                key = (found.queue, priority)
+                self._pending[key] = max(
+                    self._pending.get(key, first - self._margin), first - self._margin
+                )
+            if found.running is not None:
+                lease = found.running if lease is None else min(lease, found.running)
+        if lease is not None:
+            floor = lease - self._margin
+            self._lease = floor if self._lease is None else max(self._lease, floor)

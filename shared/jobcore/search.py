@@ -24,7 +24,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from jobcore.floors import Counted
 from jobcore.queries.common import HISTORY_COLUMNS, JOB_COLUMNS, status_literal
+from jobcore.queries.job_claim import FLOOR, PRIORITIES
+from jobcore.queries.present import QUEUES_LISTED, from_micros, micros, queues_present
 from jobcore.rows import Job, job_from_row
 from jobcore.schema import jobs, jobs_history
 from jobcore.states import Status
@@ -152,52 +155,68 @@ async def list_jobs(
 
 # --- queue depths ---------------------------------------------------------------
 #
-# Per queue: due and scheduled pending jobs and their oldest due time (an index-only read
-# of the pending rows in `jobs_claim_queue_idx`), processing jobs (the leased rows in
-# `jobs_lease_idx`) and dead letters (a range of `jobs_queue_idx`). The queues are found as
-# loose index scans of `jobs_queue_idx` and `jobs_history_queue_idx` (one probe per queue
-# and leaf, whatever they hold) and among the leased rows: no finished row is read to count
-# anything.
+# Per queue: due and scheduled pending jobs and their oldest due time (index-only reads of
+# the pending rows in `jobs_claim_queue_idx`, per priority present), processing jobs (the
+# leased rows in `jobs_lease_idx`) and dead letters (a range of `jobs_queue_idx`). The
+# queues are found as loose index scans of `jobs_queue_idx` and `jobs_history_queue_idx`
+# (one probe per queue and leaf, whatever they hold) and among the leased rows: no finished
+# row is read to count anything.
+#
+# Read from the head, as `GET /queues` reads them, a held MVCC horizon makes each count
+# visit every dead entry it keeps. The worker's gauges read from their floors
+# (`jobcore.floors.CountFloors`): the queues they know (`jobcore.queries.present`), per
+# queue and priority the `run_at` to start from (`:floor_queues`, `:floor_priorities`,
+# `:floors`, as a claim's, with the priorities found as a claim finds them), the lease to
+# start from (`:lease_floor`); and each row says where it found the first live jobs
+# (`priorities`, `firsts`, `running`, as `jobcore.floors.Counted`).
 _PENDING = f"'{Status.PENDING.value}'"
 _PROCESSING = f"'{Status.PROCESSING.value}'"
 _DEAD_LETTER = f"'{Status.DEAD_LETTER.value}'"
 QUEUE_GET_DEPTHS = sa.text(
     f"""
-WITH RECURSIVE known(queue) AS (
-    (SELECT queue FROM jobqueue.jobs WHERE status <> {_PROCESSING} ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT queue FROM jobqueue.jobs WHERE status <> {_PROCESSING} AND queue > known.queue
-            ORDER BY queue LIMIT 1)
-    FROM known WHERE known.queue IS NOT NULL
-), moved(queue) AS (
-    (SELECT queue FROM jobqueue.jobs_history ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT queue FROM jobqueue.jobs_history WHERE queue > moved.queue
-            ORDER BY queue LIMIT 1)
-    FROM moved WHERE moved.queue IS NOT NULL
-), running AS (
-    SELECT queue, count(*) AS n FROM jobqueue.jobs WHERE status = {_PROCESSING} GROUP BY queue
+WITH RECURSIVE {QUEUES_LISTED},
+{queues_present("in_jobs", "jobqueue.jobs", f"status <> {_PROCESSING}")},
+{queues_present("in_history", "jobqueue.jobs_history")},
+running AS MATERIALIZED (
+    SELECT queue, count(*) AS n, least(min(locked_until), now()) AS first
+    FROM jobqueue.jobs
+    WHERE status = {_PROCESSING} AND locked_until >= {from_micros("lease_floor")}
+    GROUP BY queue
 ), queues AS (
-    SELECT queue FROM known WHERE queue IS NOT NULL
+    SELECT queue FROM in_jobs
     UNION
-    SELECT queue FROM moved WHERE queue IS NOT NULL
+    SELECT queue FROM in_history
     UNION
     SELECT queue FROM running
 )
-SELECT q.queue, p.pending, p.scheduled, coalesce(r.n, 0) AS processing,
+SELECT w.queue, coalesce(p.pending, 0) AS pending, coalesce(p.scheduled, 0) AS scheduled,
+       coalesce(r.n, 0) AS processing,
        (SELECT count(*) FROM jobqueue.jobs
-        WHERE status = {_DEAD_LETTER} AND queue = q.queue) AS dead_letter,
+        WHERE status = {_DEAD_LETTER} AND queue = w.queue) AS dead_letter,
        coalesce(extract(epoch FROM now() - p.oldest_due), 0)::float8
-           AS oldest_pending_age_seconds
-FROM queues AS q
-LEFT JOIN running AS r ON r.queue = q.queue
-CROSS JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
-           count(*) FILTER (WHERE run_at > now()) AS scheduled,
-           min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-    FROM jobqueue.jobs WHERE status = {_PENDING} AND queue = q.queue
+           AS oldest_pending_age_seconds,
+       coalesce(p.priorities, '{{}}') AS priorities, coalesce(p.firsts, '{{}}') AS firsts,
+       {micros("coalesce(r.first, now())")} AS running
+FROM queues AS w
+LEFT JOIN running AS r ON r.queue = w.queue
+CROSS JOIN LATERAL ({PRIORITIES}
+    SELECT CAST(sum(x.pending) AS bigint) AS pending,
+           CAST(sum(x.scheduled) AS bigint) AS scheduled,
+           min(x.oldest_due) AS oldest_due,
+           array_agg(priorities.p ORDER BY priorities.p DESC) AS priorities,
+           array_agg(x.first ORDER BY priorities.p DESC) AS firsts
+    FROM priorities CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
+               count(*) FILTER (WHERE run_at > now()) AS scheduled,
+               min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due,
+               {micros("least(min(run_at), now())")} AS first
+        FROM jobqueue.jobs
+        WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
+          AND run_at >= {FLOOR}
+    ) AS x
+    WHERE priorities.p IS NOT NULL
 ) AS p
-ORDER BY q.queue"""
+ORDER BY w.queue"""
 ).columns(
     sa.column("queue", sa.Text),
     sa.column("pending", sa.BigInteger),
@@ -205,7 +224,18 @@ ORDER BY q.queue"""
     sa.column("processing", sa.BigInteger),
     sa.column("dead_letter", sa.BigInteger),
     sa.column("oldest_pending_age_seconds", sa.Float),
+    sa.column("priorities", pg.ARRAY(sa.SmallInteger)),
+    sa.column("firsts", pg.ARRAY(sa.BigInteger)),
+    sa.column("running", sa.BigInteger),
 )
+# The parameters of a read from the head.
+FROM_THE_HEAD: dict[str, Any] = {
+    "known_queues": [],
+    "floor_queues": [],
+    "floor_priorities": [],
+    "floors": [],
+    "lease_floor": None,
+}
 
 
 @dataclass(frozen=True)
@@ -223,8 +253,17 @@ DEPTH_STATUSES: Sequence[str] = ("pending", "scheduled", "processing", "dead_let
 
 async def queue_depths(conn: AsyncConnection) -> list[QueueDepth]:
     """Every queue that holds jobs, by name."""
-    rows = await conn.execute(QUEUE_GET_DEPTHS)
-    return [QueueDepth(*row) for row in rows]
+    rows = await conn.execute(QUEUE_GET_DEPTHS, FROM_THE_HEAD)
+    return [depth_from_row(row) for row in rows.mappings()]
+
+
+def depth_from_row(row: Any) -> QueueDepth:
+    return QueueDepth(**{name: row[name] for name in QueueDepth.__dataclass_fields__})
+
+
+def counted_from_row(row: Any) -> Counted:
+    """Where the read of this row found its queue's first live jobs."""
+    return Counted(row["queue"], row["priorities"], row["firsts"], row["running"])
 
 
 # --- jobs finished per minute -----------------------------------------------------------

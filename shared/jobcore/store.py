@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from jobcore import idempotency, queries
 from jobcore.errors import IdempotencyConflict
+from jobcore.floors import Counted, CountFloors
 from jobcore.rows import Job, NewJob, Submitted, job_from_row
 
 
@@ -72,13 +73,20 @@ async def get(conn: AsyncConnection, job_id: UUID) -> Job | None:
 
 
 async def pending_depths(
-    conn: AsyncConnection, caps: dict[str, int], others: int | None
+    conn: AsyncConnection,
+    caps: dict[str, int],
+    others: int | None,
+    floors: CountFloors | None = None,
+    sweep: bool = True,
 ) -> dict[str, int]:
-    """Pending jobs of each capped queue (at most its cap); queues holding none may be absent."""
-    rows = await conn.execute(
-        queries.JOB_COUNT_PENDING,
-        {"queues": list(caps), "caps": list(caps.values()), "others": others},
-    )
+    """Pending jobs of each capped queue (at most its cap); queues holding none may be
+    absent. Read from the head, or with `floors` from them unless this is a `sweep`;
+    either way `floors` learns where the read found the first pending jobs."""
+    counts = {"queues": list(caps), "caps": list(caps.values()), "others": others}
+    where = (floors or CountFloors()).params(sweep=sweep or floors is None, leases=False)
+    rows = (await conn.execute(queries.JOB_COUNT_PENDING, {**counts, **where})).all()
+    if floors is not None:
+        floors.learn((Counted(row.queue, row.priorities, row.firsts) for row in rows), sweep=sweep)
     return {row.queue: row.pending for row in rows}
 
 

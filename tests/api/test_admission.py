@@ -377,3 +377,30 @@ async def test_jobs_rejected_total_counts_admission_and_validation_refusals(
     after = await _rejected(api)
     assert after["admission"] - before["admission"] == 2
     assert after["validation"] - before["validation"] == 3
+
+
+async def test_between_sweeps_the_depths_are_read_from_where_the_last_read_found_them(
+    make_api: MakeApi, monkeypatch: pytest.MonkeyPatch
+):
+    """Under a held MVCC horizon a read from the head would visit every claimed job's dead
+    entry (`jobcore.floors.CountFloors`, docs/pressure.md#counts)."""
+    sweeps: list[bool] = []
+    read = store.pending_depths
+
+    async def recorded(*args: Any) -> dict[str, int]:
+        sweeps.append(args[-1])
+        return await read(*args)
+
+    monkeypatch.setattr(store, "pending_depths", recorded)
+    api = await make_api(MAX_PENDING="1000")
+    await _fill(api, "default", 1)
+    admission = state_of(app_of(api)).admission
+    assert admission is not None and sweeps == [True]
+    admission.floors.sweeps.done(time.monotonic(), time.monotonic() + 10)  # a costly sweep
+    deadline = time.monotonic() + 5 * REFRESH
+    while len(sweeps) < 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(REFRESH / 10)
+        await _fill(api, "default", 1)
+    assert sweeps == [True, False]
+    assert admission.floors.params(sweep=False)["known_queues"] == ["default"]

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bench.listing import FILL
 from jobcore import compiled, history, maintenance, queries, search
 from jobcore.db import make_engine
+from jobcore.floors import CountFloors
 from jobcore.runner import Compiled
 from jobcore.schema import LIST_INDEXES, jobs
 from jobcore.search import Filters
@@ -271,9 +272,14 @@ def _jobs_rows_read(node: dict, table: str = "jobs") -> int:
 # --- queue depths and retention --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("floored", [False, True], ids=["from-the-head", "from-floors"])
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-async def test_queue_depths_read_indexes_only(big, generic):
-    plan = await _plan(big, search.QUEUE_GET_DEPTHS, {}, generic)
+async def test_queue_depths_read_indexes_only(big, generic, floored):
+    floors = CountFloors()
+    if floored:  # the gauges' reads between sweeps
+        async with big.connect() as conn:
+            await compiled.queue_depths(await driver(conn), floors, sweep=True)
+    plan = await _plan(big, search.QUEUE_GET_DEPTHS, floors.params(sweep=not floored), generic)
     reads = _reads(plan)
     assert "Seq Scan" not in {kind for kind, _ in reads}, plan
     used = {_parent_index(i) for _, indexes in reads for i in indexes}
@@ -302,7 +308,7 @@ async def test_queue_depths_read_no_finished_job(big):
     counted = counts.get("pending", 0) + counts.get("processing", 0) + counts.get("dead_letter", 0)
     # The finished jobs are there to be skipped, in both tables.
     assert sum(counts.values()) > 10 * counted and moved > 10 * counted
-    root = await _analyze(big, search.QUEUE_GET_DEPTHS, {})
+    root = await _analyze(big, search.QUEUE_GET_DEPTHS, search.FROM_THE_HEAD)
     assert _jobs_rows_read(root) <= counted + 2 * queues + 2, json.dumps(root)
     # In the history, a probe per queue (and one past the last) in each leaf.
     leaves = len(await _leaves(big))

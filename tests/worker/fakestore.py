@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from jobcore.floors import CountFloors
 from jobcore.maintenance import PRUNE_BATCH
 from jobcore.rows import (
     CLAIMED_FIELDS,
@@ -249,7 +250,10 @@ class FakeStore:
         self._check()
         return frozenset(self.paused)
 
-    async def queue_depths(self) -> list[QueueDepth]:
+    async def queue_depths(
+        self, floors: CountFloors | None = None, sweep: bool = True
+    ) -> list[QueueDepth]:
+        """Exact, whatever the floors (nothing here is ever dead)."""
         await asyncio.sleep(0)
         self._check()
         now = self.clock()

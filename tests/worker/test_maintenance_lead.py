@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -170,9 +171,15 @@ async def test_the_gauges_leader_exports_each_queue_depth_and_no_other_process_d
         },
     }
 
-    # A queue that no longer holds jobs is no longer reported.
+    # A queue that no longer holds jobs is no longer reported, from the next sweep on
+    # (between sweeps the gauges read from their floors, `jobcore.floors.CountFloors`,
+    # and report the queues they know: every round while sweeps are cheap).
     async with engine.begin() as conn:
         await conn.execute(sa.delete(jobs).where(jobs.c.queue == "beta"))
+    deadline = time.monotonic() + 5
+    while not gauges.floors.sweeps.due(time.monotonic()):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
     await gauges.run_once()
     assert {key[1] for key in _gauges()} == {"alpha"}
 

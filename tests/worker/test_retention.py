@@ -43,8 +43,8 @@ class Counting:
     async def resign(self, *args):
         return await self.pg.resign(*args)
 
-    async def queue_depths(self):
-        return await self.pg.queue_depths()
+    async def queue_depths(self, *args):
+        return await self.pg.queue_depths(*args)
 
     async def prune(self, status, age):
         self.began.append(time.monotonic())

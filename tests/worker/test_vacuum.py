@@ -65,7 +65,7 @@ class Tables:
     async def resign(self, task: str, holder: UUID) -> None:
         pass
 
-    async def queue_depths(self) -> list[Any]:
+    async def queue_depths(self, floors: Any = None, sweep: bool = True) -> list[Any]:
         return []
 
     async def prune(self, status: Status, age_seconds: float) -> int:

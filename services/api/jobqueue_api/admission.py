@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobcore import store
+from jobcore.floors import CountFloors
 from jobcore.rows import NewJob
 from jobcore.settings import ApiSettings
 from jobqueue_api.database import in_turn
@@ -68,6 +69,9 @@ class Admission:
         # When the last read started, successful or not.
         self._read_at = float("-inf")
         self._first_read = asyncio.Event()
+        # Where the reads start between sweeps (`jobcore.floors.CountFloors`): under a held
+        # MVCC horizon a read from the head visits every dead entry the claims left.
+        self.floors = CountFloors()
 
     @classmethod
     def of(cls, settings: ApiSettings) -> Admission | None:
@@ -144,7 +148,9 @@ class Admission:
         # Marked at the start, so requests arriving meanwhile go on with the depths they
         # have instead of queueing behind this read (or, in an outage, behind one failed
         # read after another).
-        self._read_at = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self._read_at = loop.time()
+        sweep = self.floors.sweeps.due(self._read_at)
         self._sequence += 1
         sequence = self._sequence
         # Jobs created from here on may be in the read too: counted twice until the next
@@ -154,10 +160,14 @@ class Admission:
         self._reads.append(since)
         try:
             async with asyncio.timeout_at(deadline), in_turn(engine), engine.connect() as conn:
-                pending = await store.pending_depths(conn, self._caps, self._others)
+                pending = await store.pending_depths(
+                    conn, self._caps, self._others, self.floors, sweep
+                )
             if sequence > self._applied:  # a slower, older read must not undo a newer one
                 self._pending, self._created, self._applied = pending, since, sequence
         finally:
+            if sweep:  # one that failed too: the reads after it go on from the floors
+                self.floors.sweeps.done(self._read_at, loop.time())
             # By identity: Counters with the same counts are equal.
             self._reads = [other for other in self._reads if other is not since]
             self._first_read.set()

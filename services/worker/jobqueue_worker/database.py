@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled, maintenance
 from jobcore.errors import describe
-from jobcore.floors import ClaimFloors, Sweeps
+from jobcore.floors import ClaimFloors, CountFloors, Sweeps
 from jobcore.queries import RECOVER_BATCH
 from jobcore.rows import Claimed, Lease, LimitedClaim, Moved, Renewed, TableStats, TypeLimits
 from jobcore.runner import Driver
@@ -496,8 +496,10 @@ class PgJobStore:
     async def resign(self, task: str, holder: UUID) -> None:
         await self._run("resign", compiled.resign, task, holder)
 
-    async def queue_depths(self) -> list[QueueDepth]:
-        return await self._run("queue_depths", compiled.queue_depths)
+    async def queue_depths(
+        self, floors: CountFloors | None = None, sweep: bool = True
+    ) -> list[QueueDepth]:
+        return await self._run("queue_depths", compiled.queue_depths, floors, sweep)
 
     async def notification_send(self, token: str) -> None:
         await self._run("notification_send", compiled.notification_send, token)

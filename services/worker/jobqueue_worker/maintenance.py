@@ -30,6 +30,7 @@ from typing import Protocol
 from uuid import UUID, uuid4
 
 from jobcore.backoff import Retry
+from jobcore.floors import CountFloors
 from jobcore.maintenance import GAUGES, PRUNE_BATCH, RETENTION
 from jobcore.rows import Moved, TableStats
 from jobcore.search import QueueDepth
@@ -72,7 +73,9 @@ class MaintenanceStore(Protocol):
 
     async def resign(self, task: str, holder: UUID) -> None: ...
 
-    async def queue_depths(self) -> list[QueueDepth]: ...
+    async def queue_depths(
+        self, floors: CountFloors | None = None, sweep: bool = True
+    ) -> list[QueueDepth]: ...
 
     async def paused_queues(self) -> frozenset[str]: ...
 
@@ -105,9 +108,11 @@ class TakingTurns:
         async with self._turn:
             await self._store.resign(task, holder)
 
-    async def queue_depths(self) -> list[QueueDepth]:
+    async def queue_depths(
+        self, floors: CountFloors | None = None, sweep: bool = True
+    ) -> list[QueueDepth]:
         async with self._turn:
-            return await self._store.queue_depths()
+            return await self._store.queue_depths(floors, sweep)
 
     async def paused_queues(self) -> frozenset[str]:
         async with self._turn:
@@ -239,7 +244,8 @@ class LedLoop(Loop):
 
 
 class QueueGauges(LedLoop):
-    """The leader of GAUGES sets the queue gauges every `interval` seconds."""
+    """The leader of GAUGES sets the queue gauges every `interval` seconds, reading from
+    its count floors (`jobcore.floors.CountFloors`) between sweeps."""
 
     name = "queue_gauges"
 
@@ -250,12 +256,13 @@ class QueueGauges(LedLoop):
         lease: float | None = None,
     ) -> None:
         super().__init__(store, GAUGES, interval, lease or GAUGES_LEASE_ROUNDS * interval)
+        self.floors = CountFloors()
 
     async def run_once(self) -> list[QueueDepth] | None:
         """Refresh the gauges if this process leads them; the depths it exported, or None."""
         try:
             if await self.lead.take():
-                depths = await self.store.queue_depths()
+                depths = await self._depths()
                 paused = await self.store.paused_queues()
                 # A paused queue without jobs is shown too, with nothing in it.
                 empty = paused - {depth.queue for depth in depths}
@@ -270,6 +277,17 @@ class QueueGauges(LedLoop):
             raise
         metrics.hide_queue_depths()
         return None
+
+    async def _depths(self) -> list[QueueDepth]:
+        started = time.monotonic()
+        sweep = self.floors.sweeps.due(started)
+        try:
+            return await self.store.queue_depths(self.floors, sweep)
+        finally:
+            # A sweep that failed (past the statement timeout, under a horizon held for
+            # long) counts as one: the rounds after it read from the floors meanwhile.
+            if sweep:
+                self.floors.sweeps.done(started, time.monotonic())
 
     def ended(self) -> None:
         metrics.hide_queue_depths()

@@ -8,6 +8,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from jobcore.queries.common import NOTIFY_CHANNEL, c, status_literal
+from jobcore.queries.job_claim import FLOOR, PRIORITIES
+from jobcore.queries.present import QUEUES_LISTED, micros, queues_present
 from jobcore.rows import JOB_FIELDS
 from jobcore.schema import jobs, jobs_history
 from jobcore.states import Status
@@ -32,34 +34,54 @@ JOB_GET = sa.union_all(_get(jobs), _get(jobs_history))
 # --- admission (the API's MAX_PENDING) ----------------------------------------
 #
 # Pending jobs per capped queue, due or not, each count stopping at the queue's cap (a
-# queue holding millions costs no more than one at its cap). Index-only reads of
-# `jobs_claim_queue_idx`, which holds exactly the pending rows, queue first: the listed
-# queues, and with a cap for every other queue (`others`), each queue present among the
-# pending jobs, found as a loose index scan (one probe per queue).
+# queue holding millions costs no more than one at its cap): per priority present, at most
+# the cap, read in `run_at` order. Index-only reads of `jobs_claim_queue_idx`, which holds
+# exactly the pending rows, queue first: the listed queues, and with a cap for every other
+# queue (`others`), each queue present among the pending jobs, found as a loose index scan
+# (one probe per queue). Each API process reads from its count floors
+# (`jobcore.floors.CountFloors`) between sweeps, as the worker's gauges do
+# (`jobcore.search.QUEUE_GET_DEPTHS`): the queues it knows, per queue and priority the
+# `run_at` to start from; and each row says where it found the first pending jobs
+# (`priorities`, `firsts`).
+_PENDING = status_literal(Status.PENDING)
 JOB_COUNT_PENDING = sa.text(
     f"""
-WITH RECURSIVE present(queue) AS (
-    (SELECT queue FROM jobqueue.jobs WHERE status = {status_literal(Status.PENDING)}
-       AND CAST(:others AS bigint) IS NOT NULL
-     ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT queue FROM jobqueue.jobs WHERE status = {status_literal(Status.PENDING)}
-              AND queue > present.queue ORDER BY queue LIMIT 1)
-    FROM present WHERE present.queue IS NOT NULL
-), capped(queue, cap) AS (
+WITH RECURSIVE {QUEUES_LISTED},
+{
+        queues_present(
+            "present",
+            "jobqueue.jobs",
+            f"status = {_PENDING} AND CAST(:others AS bigint) IS NOT NULL",
+        )
+    },
+capped(queue, cap) AS (
     SELECT * FROM unnest(CAST(:queues AS text[]), CAST(:caps AS bigint[]))
     UNION ALL
     SELECT queue, CAST(:others AS bigint) FROM present
-    WHERE queue IS NOT NULL AND queue <> ALL(CAST(:queues AS text[]))
+    WHERE queue <> ALL(CAST(:queues AS text[])) AND CAST(:others AS bigint) IS NOT NULL
 )
-SELECT capped.queue, (
-    SELECT count(*) FROM (
-        SELECT 1 FROM jobqueue.jobs
-        WHERE status = {status_literal(Status.PENDING)} AND jobs.queue = capped.queue
-        LIMIT capped.cap
-    ) AS p
-) AS pending
-FROM capped"""
+SELECT w.queue, least(coalesce(p.pending, 0), w.cap) AS pending,
+       coalesce(p.priorities, '{{}}') AS priorities, coalesce(p.firsts, '{{}}') AS firsts
+FROM capped AS w
+CROSS JOIN LATERAL ({PRIORITIES}
+    SELECT CAST(sum(x.n) AS bigint) AS pending,
+           array_agg(priorities.p ORDER BY priorities.p DESC) AS priorities,
+           array_agg(x.first ORDER BY priorities.p DESC) AS firsts
+    FROM priorities CROSS JOIN LATERAL (
+        SELECT count(*) AS n, {micros("least(min(j.run_at), now())")} AS first FROM (
+            SELECT run_at FROM jobqueue.jobs
+            WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
+              AND run_at >= {FLOOR}
+            ORDER BY run_at LIMIT w.cap
+        ) AS j
+    ) AS x
+    WHERE priorities.p IS NOT NULL
+) AS p"""
+).columns(
+    sa.column("queue", sa.Text),
+    sa.column("pending", sa.BigInteger),
+    sa.column("priorities", pg.ARRAY(sa.SmallInteger)),
+    sa.column("firsts", pg.ARRAY(sa.BigInteger)),
 )
 
 

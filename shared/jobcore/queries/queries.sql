@@ -51,29 +51,96 @@ FROM jobqueue.jobs_history
 WHERE jobqueue.jobs_history.id = $1::UUID;
 
 -- name: job_count_pending
--- parameters: $1 others, $2 queues, $3 caps
-WITH RECURSIVE present(queue) AS (
-    (SELECT queue FROM jobqueue.jobs WHERE status = 'pending'
-       AND CAST($1 AS bigint) IS NOT NULL
-     ORDER BY queue LIMIT 1)
+-- parameters: $1 known_queues, $2 others, $3 queues, $4 caps, $5 floor_queues, $6 floor_priorities, $7 floors
+WITH RECURSIVE listed AS MATERIALIZED (
+    SELECT coalesce(array_agg(q ORDER BY q), '{}') AS qs
+    FROM unnest(CAST($1 AS text[])) AS q
+),
+present(queue, i) AS (
+    SELECT s.queue, s.i FROM listed CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.queue, 1 AS i FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status = 'pending' AND CAST($2 AS bigint) IS NOT NULL AND queue < listed.qs[1]
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT g.queue, 1 FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status = 'pending' AND CAST($2 AS bigint) IS NOT NULL AND listed.qs[1] IS NULL
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT listed.qs[1], 1 + 1 WHERE listed.qs[1] IS NOT NULL
+        ) AS step LIMIT 1) AS s
     UNION ALL
-    SELECT (SELECT queue FROM jobqueue.jobs WHERE status = 'pending'
-              AND queue > present.queue ORDER BY queue LIMIT 1)
-    FROM present WHERE present.queue IS NOT NULL
-), capped(queue, cap) AS (
-    SELECT * FROM unnest(CAST($2 AS text[]), CAST($3 AS bigint[]))
+    SELECT s.queue, s.i FROM present CROSS JOIN listed
+    CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.queue, present.i AS i FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status = 'pending' AND CAST($2 AS bigint) IS NOT NULL AND queue > present.queue AND queue < listed.qs[present.i]
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT g.queue, present.i FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status = 'pending' AND CAST($2 AS bigint) IS NOT NULL AND queue > present.queue AND listed.qs[present.i] IS NULL
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT listed.qs[present.i], present.i + 1 WHERE listed.qs[present.i] IS NOT NULL
+        ) AS step LIMIT 1) AS s
+),
+capped(queue, cap) AS (
+    SELECT * FROM unnest(CAST($3 AS text[]), CAST($4 AS bigint[]))
     UNION ALL
-    SELECT queue, CAST($1 AS bigint) FROM present
-    WHERE queue IS NOT NULL AND queue <> ALL(CAST($2 AS text[]))
+    SELECT queue, CAST($2 AS bigint) FROM present
+    WHERE queue <> ALL(CAST($3 AS text[])) AND CAST($2 AS bigint) IS NOT NULL
 )
-SELECT capped.queue, (
-    SELECT count(*) FROM (
-        SELECT 1 FROM jobqueue.jobs
-        WHERE status = 'pending' AND jobs.queue = capped.queue
-        LIMIT capped.cap
-    ) AS p
-) AS pending
-FROM capped;
+SELECT w.queue, least(coalesce(p.pending, 0), w.cap) AS pending,
+       coalesce(p.priorities, '{}') AS priorities, coalesce(p.firsts, '{}') AS firsts
+FROM capped AS w
+CROSS JOIN LATERAL (
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($5 AS text[]),
+                    CAST($6 AS smallint[]),
+                    CAST($7 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+    SELECT CAST(sum(x.n) AS bigint) AS pending,
+           array_agg(priorities.p ORDER BY priorities.p DESC) AS priorities,
+           array_agg(x.first ORDER BY priorities.p DESC) AS firsts
+    FROM priorities CROSS JOIN LATERAL (
+        SELECT count(*) AS n, CAST(extract(epoch FROM least(min(j.run_at), now())) * 1000000 AS bigint) AS first FROM (
+            SELECT run_at FROM jobqueue.jobs
+            WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
+              AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz))
+            ORDER BY run_at LIMIT w.cap
+        ) AS j
+    ) AS x
+    WHERE priorities.p IS NOT NULL
+) AS p;
 
 -- name: job_find_keys
 -- parameters: $1 keys
@@ -1456,42 +1523,143 @@ WHERE jobqueue.jobs.id = ANY ($1::UUID[]) ORDER BY jobqueue.jobs.id FOR UPDATE S
 UPDATE jobqueue.jobs SET awaited=true WHERE jobqueue.jobs.id = $1::UUID AND (jobqueue.jobs.status NOT IN ('cancelled', 'completed', 'dead_letter', 'failed')) RETURNING jobqueue.jobs.id;
 
 -- name: queue_get_depths
--- parameters: (none)
-WITH RECURSIVE known(queue) AS (
-    (SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' ORDER BY queue LIMIT 1)
+-- parameters: $1 known_queues, $2 lease_floor, $3 floor_queues, $4 floor_priorities, $5 floors
+WITH RECURSIVE listed AS MATERIALIZED (
+    SELECT coalesce(array_agg(q ORDER BY q), '{}') AS qs
+    FROM unnest(CAST($1 AS text[])) AS q
+),
+in_jobs(queue, i) AS (
+    SELECT s.queue, s.i FROM listed CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.queue, 1 AS i FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND queue < listed.qs[1]
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT g.queue, 1 FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND listed.qs[1] IS NULL
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT listed.qs[1], 1 + 1 WHERE listed.qs[1] IS NOT NULL
+        ) AS step LIMIT 1) AS s
     UNION ALL
-    SELECT (SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND queue > known.queue
-            ORDER BY queue LIMIT 1)
-    FROM known WHERE known.queue IS NOT NULL
-), moved(queue) AS (
-    (SELECT queue FROM jobqueue.jobs_history ORDER BY queue LIMIT 1)
+    SELECT s.queue, s.i FROM in_jobs CROSS JOIN listed
+    CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.queue, in_jobs.i AS i FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND queue > in_jobs.queue AND queue < listed.qs[in_jobs.i]
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT g.queue, in_jobs.i FROM (
+                SELECT queue FROM jobqueue.jobs WHERE status <> 'processing' AND queue > in_jobs.queue AND listed.qs[in_jobs.i] IS NULL
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT listed.qs[in_jobs.i], in_jobs.i + 1 WHERE listed.qs[in_jobs.i] IS NOT NULL
+        ) AS step LIMIT 1) AS s
+),
+in_history(queue, i) AS (
+    SELECT s.queue, s.i FROM listed CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.queue, 1 AS i FROM (
+                SELECT queue FROM jobqueue.jobs_history WHERE TRUE AND queue < listed.qs[1]
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT g.queue, 1 FROM (
+                SELECT queue FROM jobqueue.jobs_history WHERE TRUE AND listed.qs[1] IS NULL
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT listed.qs[1], 1 + 1 WHERE listed.qs[1] IS NOT NULL
+        ) AS step LIMIT 1) AS s
     UNION ALL
-    SELECT (SELECT queue FROM jobqueue.jobs_history WHERE queue > moved.queue
-            ORDER BY queue LIMIT 1)
-    FROM moved WHERE moved.queue IS NOT NULL
-), running AS (
-    SELECT queue, count(*) AS n FROM jobqueue.jobs WHERE status = 'processing' GROUP BY queue
+    SELECT s.queue, s.i FROM in_history CROSS JOIN listed
+    CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.queue, in_history.i AS i FROM (
+                SELECT queue FROM jobqueue.jobs_history WHERE TRUE AND queue > in_history.queue AND queue < listed.qs[in_history.i]
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT g.queue, in_history.i FROM (
+                SELECT queue FROM jobqueue.jobs_history WHERE TRUE AND queue > in_history.queue AND listed.qs[in_history.i] IS NULL
+                ORDER BY queue LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT listed.qs[in_history.i], in_history.i + 1 WHERE listed.qs[in_history.i] IS NOT NULL
+        ) AS step LIMIT 1) AS s
+),
+running AS MATERIALIZED (
+    SELECT queue, count(*) AS n, least(min(locked_until), now()) AS first
+    FROM jobqueue.jobs
+    WHERE status = 'processing' AND locked_until >= coalesce(CAST('epoch' AS timestamptz) + CAST($2 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))
+    GROUP BY queue
 ), queues AS (
-    SELECT queue FROM known WHERE queue IS NOT NULL
+    SELECT queue FROM in_jobs
     UNION
-    SELECT queue FROM moved WHERE queue IS NOT NULL
+    SELECT queue FROM in_history
     UNION
     SELECT queue FROM running
 )
-SELECT q.queue, p.pending, p.scheduled, coalesce(r.n, 0) AS processing,
+SELECT w.queue, coalesce(p.pending, 0) AS pending, coalesce(p.scheduled, 0) AS scheduled,
+       coalesce(r.n, 0) AS processing,
        (SELECT count(*) FROM jobqueue.jobs
-        WHERE status = 'dead_letter' AND queue = q.queue) AS dead_letter,
+        WHERE status = 'dead_letter' AND queue = w.queue) AS dead_letter,
        coalesce(extract(epoch FROM now() - p.oldest_due), 0)::float8
-           AS oldest_pending_age_seconds
-FROM queues AS q
-LEFT JOIN running AS r ON r.queue = q.queue
+           AS oldest_pending_age_seconds,
+       coalesce(p.priorities, '{}') AS priorities, coalesce(p.firsts, '{}') AS firsts,
+       CAST(extract(epoch FROM coalesce(r.first, now())) * 1000000 AS bigint) AS running
+FROM queues AS w
+LEFT JOIN running AS r ON r.queue = w.queue
 CROSS JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
-           count(*) FILTER (WHERE run_at > now()) AS scheduled,
-           min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-    FROM jobqueue.jobs WHERE status = 'pending' AND queue = q.queue
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($3 AS text[]),
+                    CAST($4 AS smallint[]),
+                    CAST($5 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+    SELECT CAST(sum(x.pending) AS bigint) AS pending,
+           CAST(sum(x.scheduled) AS bigint) AS scheduled,
+           min(x.oldest_due) AS oldest_due,
+           array_agg(priorities.p ORDER BY priorities.p DESC) AS priorities,
+           array_agg(x.first ORDER BY priorities.p DESC) AS firsts
+    FROM priorities CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE run_at <= now()) AS pending,
+               count(*) FILTER (WHERE run_at > now()) AS scheduled,
+               min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due,
+               CAST(extract(epoch FROM least(min(run_at), now())) * 1000000 AS bigint) AS first
+        FROM jobqueue.jobs
+        WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
+          AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz))
+    ) AS x
+    WHERE priorities.p IS NOT NULL
 ) AS p
-ORDER BY q.queue;
+ORDER BY w.queue;
 
 -- name: job_count_finished_per_minute
 -- parameters: (none)
