@@ -192,6 +192,7 @@ async def claim_limited(
     overruns: Mapping[str, int] | None = None,
     key_limits: Mapping[str, int] | None = None,
     key_overruns: Mapping[tuple[str, str], int] | None = None,
+    type_floors: Mapping[str, list[Any]] | None = None,
 ) -> LimitedClaim:
     """Lease due jobs of the limited types, in claim order against every other type's due
     jobs, at most `slots[queue]` of each queue (those the other types outrank are left to
@@ -200,7 +201,9 @@ async def claim_limited(
     `floors` as for `claim` (the other types are read from them); `overruns`: per limited
     type, this process's handlers still running after their attempts were recorded (each
     still holds a unit of its TYPE_CONCURRENCY); `key_limits` and `key_overruns` as for
-    `claim`: KEY_CONCURRENCY holds for the limited types' jobs too."""
+    `claim`: KEY_CONCURRENCY holds for the limited types' jobs too. `type_floors`: where
+    the limited types' jobs and leases are read from (`jobcore.floors.TypeFloors.params`;
+    None: from the head)."""
     types = limits.types
     rates = [limits.rate.get(name) for name in types]
     overruns = overruns or {}
@@ -215,6 +218,7 @@ async def claim_limited(
         "lease_seconds": lease_seconds,
         "claim": claim_id or uuid4(),
         "holder": recorder_name(),
+        **(type_floors or _no_type_floors(types)),
     }
     locked = _keyed(values, key_limits or {}, key_overruns)
     async with _transaction(conn):
@@ -226,14 +230,28 @@ async def claim_limited(
     jobs: list[Claimed] = []
     held: dict[str, str] = {}
     waits: list[float] = []
+    running: dict[str, int] = {}
     for row in rows:
         if row["id"] is not None:
             jobs.append(claimed_from_row(row))
-        elif row["held"] is not None:
+            continue
+        running[row["type"]] = row["running"]
+        if row["held"] is not None:
             held[row["type"]] = row["held"]
             if row["held"] == "rate" and row["wait"] is not None:
                 waits.append(max(float(row["wait"]), 0.0))
-    return LimitedClaim(jobs, held, min(waits) if waits else None)
+    return LimitedClaim(jobs, held, min(waits) if waits else None, running)
+
+
+def _no_type_floors(types: Sequence[str]) -> dict[str, list[Any]]:
+    """The limited claim's floor parameters for a read from the head."""
+    return {
+        "type_floor_types": [],
+        "type_floor_queues": [],
+        "type_floor_priorities": [],
+        "type_floors": [],
+        "lease_floors": [None] * len(types),
+    }
 
 
 async def next_due(

@@ -248,3 +248,74 @@ class CountFloors:
         if lease is not None:
             floor = lease - self._margin
             self._lease = floor if self._lease is None else max(self._lease, floor)
+
+
+# --- the limited types' floors -----------------------------------------------------------
+#
+# The claim under per-type limits (`JOB_CLAIM_LIMITED`) reads each limited type's due jobs
+# from its own index (`jobs_claim_type_idx`) and counts its running jobs through the lease
+# index: from the head, both would visit every dead entry a held horizon keeps. Its
+# floors are a claim's, per type, and a lease floor per type. TYPE_CONCURRENCY is a
+# guarantee, so the lease floor must lie below every running job of the type: a lease only
+# moves forward (a claim sets it to its transaction's now() and the lease's length, a
+# heartbeat extends it), one that ran out stays until recovery takes the job back, and the
+# count sees every claim committed before the type's lock. A claim the count did not see
+# began before it, at most a call's time (`CALL_TIMEOUT`, seconds) earlier; `LEASE_MARGIN`
+# is well past that.
+LEASE_MARGIN = timedelta(seconds=30)
+
+
+class Taken(Position, Protocol):
+    @property
+    def type(self) -> str: ...
+
+
+class TypeFloors:
+    """Per limited type, its claim floors (per queue and priority, as `ClaimFloors`) and
+    its lease floor; and when the limited claim sweeps (`sweeps`: by its cost, at most
+    `COUNT_SWEEP_INTERVAL` apart)."""
+
+    def __init__(self, types: Iterable[str], margin: timedelta = MARGIN) -> None:
+        self._claims = {name: ClaimFloors(margin) for name in types}
+        self._leases: dict[str, int] = {}
+        self._lease_margin = LEASE_MARGIN // _MICROSECOND
+        self.sweeps = Sweeps(COST_RATIO, COUNT_SWEEP_INTERVAL, cheap=float("inf"))
+
+    def params(self, queues: Iterable[str], *, sweep: bool) -> dict[str, list[Any]]:
+        """The limited claim's floor parameters: the claim floors of `queues` (a queue with
+        KEY_CONCURRENCY is read from the head: a job of a full key is left below what the
+        claim took) and the lease floors; none for a sweep."""
+        wanted = list(queues)
+        found: dict[str, list[Any]] = {
+            "type_floor_types": [],
+            "type_floor_queues": [],
+            "type_floor_priorities": [],
+            "type_floors": [],
+        }
+        for name, claims in self._claims.items():
+            sent = claims.params(wanted, sweep=sweep)
+            found["type_floor_types"] += [name] * len(sent["floors"])
+            found["type_floor_queues"] += sent["floor_queues"]
+            found["type_floor_priorities"] += sent["floor_priorities"]
+            found["type_floors"] += sent["floors"]
+        found["lease_floors"] = [None if sweep else self._leases.get(name) for name in self._claims]
+        return found
+
+    def learn(self, taken: Sequence[Taken], running: dict[str, int], *, sweep: bool) -> None:
+        """Move the claim floors past what a claim took (as `ClaimFloors.learn`), and the
+        lease floors up to the earliest lease `running` names per type (a sweep's may fall),
+        less `LEASE_MARGIN`."""
+        for name, claims in self._claims.items():
+            claims.learn([job for job in taken if job.type == name], sweep=sweep)
+        for name, first in running.items():
+            floor = first - self._lease_margin
+            old = self._leases.get(name)
+            self._leases[name] = floor if sweep or old is None else max(old, floor)
+
+    def lower(self, heads: Iterable[Position]) -> None:
+        """Lower each claim floor a due key-less job lies below (a check of the heads found
+        it, whatever its type: the limited ones' floors may be lower than need be, never
+        higher). Only floors that are set: a priority without one is read from its head."""
+        heads = list(heads)
+        for claims in self._claims.values():
+            claims.lower([h for h in heads if claims.floor(h.queue, h.priority) is not None])

@@ -149,6 +149,9 @@ class LimitedClaim(NamedTuple):
     held: dict[str, str]
     # Seconds until the rate window of a type held by its rate ends (the soonest); None: none.
     wait: float | None
+    # Type -> the earliest lease of its running jobs the claim counted, or the claim's time,
+    # as `jobcore.floors.micros` (where its lease floor may rise to, `floors.TypeFloors`).
+    running: dict[str, int]
 
 
 class TableStats(NamedTuple):

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore import compiled, queries
-from jobcore.floors import ClaimFloors, Sweeps, check_interval, micros
+from jobcore.floors import LEASE_MARGIN, ClaimFloors, Sweeps, TypeFloors, check_interval, micros
 from jobcore.ids import new_id
 from jobcore.runner import Compiled
 from jobcore.states import Operation
@@ -312,3 +312,43 @@ async def test_recovery_with_a_window_takes_only_leases_that_ran_out_within_it(e
         await conn.commit()
     assert [job_id for job_id, _ in windowed] == [recent]
     assert [job_id for job_id, _ in swept] == [old]
+
+
+# --- the limited types' floors ----------------------------------------------------------------
+
+
+def typed(type: str, queue: str, priority: int, run_at: datetime) -> Any:
+    return SimpleNamespace(type=type, queue=queue, priority=priority, run_at=run_at)
+
+
+def test_each_limited_type_has_its_own_claim_floors_learnt_from_its_own_jobs():
+    floors = TypeFloors(["mail", "report"])
+    floors.learn([typed("mail", "default", 0, T0 + 5 * SECOND)], {}, sweep=False)
+    sent = floors.params(["default"], sweep=False)
+    assert sent["type_floor_types"] == ["mail"]
+    assert sent["type_floors"] == [micros(T0 + 4 * SECOND)]
+    assert sent["lease_floors"] == [None, None]  # from the head until a claim counted
+    assert floors.params(["other"], sweep=False)["type_floors"] == []  # floors per queue
+
+
+def test_a_lease_floor_lies_the_lease_margin_below_the_earliest_lease_counted_and_only_rises():
+    floors = TypeFloors(["mail"])
+    margin = LEASE_MARGIN // timedelta(microseconds=1)
+    floors.learn([], {"mail": micros(T0)}, sweep=True)
+    assert floors.params([], sweep=False)["lease_floors"] == [micros(T0) - margin]
+    floors.learn([], {"mail": micros(T0 - 5 * SECOND)}, sweep=False)
+    assert floors.params([], sweep=False)["lease_floors"] == [micros(T0) - margin]
+    floors.learn([], {"mail": micros(T0 - 5 * SECOND)}, sweep=True)  # a sweep's may fall
+    assert floors.params([], sweep=False)["lease_floors"] == [micros(T0 - 5 * SECOND) - margin]
+    assert floors.params([], sweep=True)["lease_floors"] == [None]
+
+
+def test_a_check_of_the_heads_lowers_only_the_limited_floors_that_are_set():
+    floors = TypeFloors(["mail"])
+    floors.learn([typed("mail", "default", 0, T0)], {}, sweep=False)
+    floors.lower([taken("default", 0, T0 - 60 * SECOND), taken("default", 3, T0 - 60 * SECOND)])
+    sent = floors.params(["default"], sweep=False)
+    # A keyed job of the type may lie below a head of priority 3: that one stays unfloored.
+    assert list(zip(sent["type_floor_priorities"], sent["type_floors"], strict=True)) == [
+        (0, micros(T0 - 60 * SECOND))
+    ]

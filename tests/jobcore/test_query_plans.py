@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
 
 from jobcore import queries, store
 from jobcore.compiled import NO_FLOORS, NO_OVERRUNS, NO_TURNS
-from jobcore.floors import micros
+from jobcore.floors import TypeFloors, micros
 from jobcore.ids import new_id
 from jobcore.rows import NewJob
 from jobcore.runner import Compiled
@@ -244,8 +245,19 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         assert "jobs" not in _scanned_tables(plan), plan
 
 
+def _type_floors(types: list[str], floored: bool) -> dict:
+    """The limited claim's floor parameters: from the head, or from floors it learnt."""
+    floors = TypeFloors(types)
+    if floored:
+        now = datetime.now(UTC)
+        taken = [SimpleNamespace(type=t, queue="default", priority=0, run_at=now) for t in types]
+        floors.learn(taken, {t: micros(now) for t in types}, sweep=True)
+    return floors.params(["default", "other"], sweep=not floored)
+
+
+@pytest.mark.parametrize("floored", [False, True], ids=["from-the-head", "from-floors"])
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine, generic):
+async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine, generic, floored):
     await _fill(engine)
     plan = await _plan(
         engine,
@@ -257,6 +269,7 @@ async def test_a_limited_claim_reads_the_type_index_and_only_leased_rows(engine,
             "concurrency": [3, None],
             "overruns": [0, 0],
             **NO_FLOORS,
+            **_type_floors(["sleep", "mail"], floored),
             "rates": [None, 50],
             "periods": [None, 1.0],
             "lease_seconds": 60.0,
@@ -298,6 +311,7 @@ async def test_a_limited_claim_reads_no_more_of_other_types_than_it_has_slots(en
         "concurrency": [5],
         "overruns": [0],
         **NO_FLOORS,
+        **_type_floors(["mail"], False),
         "rates": [None],
         "periods": [None],
         "lease_seconds": 60.0,

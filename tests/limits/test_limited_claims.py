@@ -9,15 +9,18 @@ import math
 import random
 import time
 from collections import Counter
+from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from jobcore import compiled
+from jobcore.floors import TypeFloors
 from jobcore.ids import new_id
 from jobcore.rows import NewJob, TypeLimits
 from jobcore.states import Operation
 from jobcore.store import submit_many
-from tests.pg import driver
+from tests.pg import driver, entries_read
 
 LEASE = 60.0
 
@@ -32,7 +35,10 @@ async def _count(engine, sql: str) -> int:
         return int((await conn.execute(sa.text(sql))).scalar_one())
 
 
-async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engine):
+@pytest.mark.parametrize("floored", [False, True], ids=["from-the-head", "from-floors"])
+async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engine, floored):
+    """From floors (`jobcore.floors.TypeFloors`), each claimer reads the type's jobs and
+    running leases from where its own last claim found them, as a worker process does."""
     await _add(engine, "limited", 60)
     limits = TypeLimits(concurrency={"limited": 3})
     most = 0
@@ -55,10 +61,20 @@ async def test_concurrent_claimers_never_hold_more_of_a_type_than_its_limit(engi
 
     async def claimer() -> int:
         taken = 0
+        floors = TypeFloors(limits.types)
+        sweep = True  # the first claim; from floors after it
         async with engine.connect() as conn:
             raw = await driver(conn)
             while True:
-                got = await compiled.claim_limited(raw, limits, {"default": 2}, LEASE)
+                got = await compiled.claim_limited(
+                    raw,
+                    limits,
+                    {"default": 2},
+                    LEASE,
+                    type_floors=floors.params(["default"], sweep=sweep) if floored else None,
+                )
+                floors.learn(got.jobs, got.running, sweep=sweep)
+                sweep = False
                 assert len(got.jobs) <= 3
                 taken += len(got.jobs)
                 if got.jobs:
@@ -213,3 +229,68 @@ async def test_a_lost_limited_claim_is_released_by_its_claim_id(engine):
         assert len(got.jobs) == 2
         released = await compiled.release_claim(raw, [claim_id])
     assert sorted(released) == sorted(job.id for job in got.jobs)
+
+
+# --- under a held MVCC horizon ----------------------------------------------------------------
+
+
+async def _entries(engine, floors: TypeFloors, index: str, *, sweep: bool) -> tuple[int, Any]:
+    limits = TypeLimits(concurrency={"mail": 4})
+    got: list[Any] = []
+
+    async def claim(raw: Any) -> None:
+        params = floors.params(["default"], sweep=sweep)
+        got.append(
+            await compiled.claim_limited(raw, limits, {"default": 10}, LEASE, type_floors=params)
+        )
+
+    return await entries_read(engine, f"jobqueue.{index}", claim), got[0]
+
+
+async def test_under_a_held_horizon_a_limited_claim_reads_past_what_its_type_left_behind(engine):
+    """3,000 jobs of a limited type ran and finished while a transaction holds the horizon:
+    their pending and leased entries stay, dead, in the type's index and the lease index.
+    A limited claim from the head visits each one; from its floors, next to none, and it
+    counts the same running jobs."""
+    async with engine.connect() as holder:
+        await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
+        async with engine.begin() as conn:
+            # Due one every 200 ms, the last 32 s ago; each lease ended a second after.
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, run_at)"
+                    " SELECT gen_random_uuid(), 'mail', '{}', 3,"
+                    " now() - interval '632 s' + i * interval '200 ms'"
+                    " FROM generate_series(1, 3000) AS i"
+                )
+            )
+        for change in (
+            "status = 'processing', attempts = 1, lease_token = 1,"
+            " locked_until = run_at + interval '1 s'",
+            "status = 'completed', locked_until = NULL, finished_at = now()",
+        ):
+            async with engine.begin() as conn:
+                await conn.execute(sa.text(f"UPDATE jobqueue.jobs SET {change}"))
+        await _add(engine, "mail", 6)
+        floors = TypeFloors(["mail"])
+        async with engine.connect() as conn:
+            raw = await driver(conn)
+            limits = TypeLimits(concurrency={"mail": 4})
+            first = await compiled.claim_limited(
+                raw,
+                limits,
+                {"default": 2},
+                LEASE,
+                type_floors=floors.params(["default"], sweep=True),
+            )
+            await conn.commit()
+        assert len(first.jobs) == 2
+        floors.learn(first.jobs, first.running, sweep=True)
+        reads = {}
+        for index in ("jobs_claim_type_idx", "jobs_lease_idx"):
+            reads[index] = [await _entries(engine, floors, index, sweep=s) for s in (True, False)]
+        await holder.rollback()
+    for index, ((head, swept), (floor, floored)) in reads.items():
+        assert head > 3000 and floor < 40, (index, head, floor)
+        # Both take the 2 jobs the limit leaves room for, of the 4 left.
+        assert len(swept.jobs) == len(floored.jobs) == 2, (swept, floored)

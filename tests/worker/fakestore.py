@@ -225,7 +225,7 @@ class FakeStore:
             if name in self.limits.concurrency and room[name] - started <= 0:
                 held[name] = "concurrency"
         waits = [windows[name] - now for name, why in held.items() if why == "rate"]
-        return LimitedClaim(jobs, held, min(waits) if waits else None)
+        return LimitedClaim(jobs, held, min(waits) if waits else None, {})
 
     # --- maintenance (jobqueue_worker.maintenance.MaintenanceStore) ---
 

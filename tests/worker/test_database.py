@@ -587,3 +587,39 @@ async def test_the_limited_claim_keeps_the_workers_key_concurrency(engine):
         assert [job.concurrency_key for job in got.jobs] == ["tenant-1"] * 2
     finally:
         await store.close()
+
+
+async def test_the_limited_claim_reads_from_the_floors_it_learnt(engine):
+    """A worker process's limited claims learn where their type's jobs and leases begin
+    (`jobcore.floors.TypeFloors`), and read from there between sweeps."""
+    store = PgJobStore(engine, limits=TypeLimits(concurrency={"sleep": 10}))
+    try:
+        await _backlog(engine, 3, None, 0)
+        assert len((await store.claim_limited({"default": 2}, 60)).jobs) == 2
+        sent = store.type_floors.params(["default"], sweep=False)
+        assert sent["type_floor_queues"] == ["default"] and sent["lease_floors"] != [None]
+        store.type_floors.sweeps.done(0.0, 1e9)  # no sweep for a while: from the floors
+        await _backlog(engine, 1, None, 3600)  # handed back: below the floor
+        assert len((await store.claim_limited({"default": 2}, 60)).jobs) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_limited_claim_in_a_queue_with_key_concurrency_reads_from_the_head(engine):
+    """A job of a full key is left below what the claim took: read from a floor, it would
+    wait for a sweep once its key has room."""
+    store = PgJobStore(
+        engine, limits=TypeLimits(concurrency={"sleep": 10}), key_concurrency={"*": 1}
+    )
+    try:
+        await _backlog(engine, 2, "tenant-1", 10)
+        await _backlog(engine, 1, None, 0)
+        first = await store.claim_limited({"default": 3}, 60)
+        assert sorted(str(job.concurrency_key) for job in first.jobs) == ["None", "tenant-1"]
+        keyed = [job.lease for job in first.jobs if job.concurrency_key is not None]
+        assert await store.record(Operation.COMPLETE, keyed) == []
+        store.type_floors.sweeps.done(0.0, 1e9)  # no sweep for a while
+        again = await store.claim_limited({"default": 3}, 60)
+        assert [job.concurrency_key for job in again.jobs] == ["tenant-1"]
+    finally:
+        await store.close()

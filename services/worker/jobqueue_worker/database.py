@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled, maintenance
 from jobcore.errors import describe
-from jobcore.floors import ClaimFloors, CountFloors, Sweeps
+from jobcore.floors import ClaimFloors, CountFloors, Sweeps, TypeFloors
 from jobcore.queries import RECOVER_BATCH
 from jobcore.rows import Claimed, Lease, LimitedClaim, Moved, Renewed, TableStats, TypeLimits
 from jobcore.runner import Driver
@@ -229,6 +229,7 @@ class PgJobStore:
         self._idle: list[tuple[AsyncConnection, Driver]] = []
         self._lost_claims: list[UUID] = []
         self.floors = ClaimFloors()
+        self.type_floors = TypeFloors(self._limited)
         self.turns = KeyTurns()
         self.keyed = KeyedQueues()
         # KEY_CONCURRENCY: queue (or "*") -> n; and, per (queue, key), this process's
@@ -400,22 +401,36 @@ class PgJobStore:
         overruns: Mapping[str, int] | None = None,
     ) -> LimitedClaim:
         # The other types' jobs it ranks against are read from the floors; it takes none of
-        # them, so the floors learn nothing from it.
+        # them, so the floors learn nothing from it. The limited types' own are read from
+        # theirs, which it does learn.
         floors = self.floors.params(slots, sweep=False)
-        return await self._claiming(
-            lambda claim_id: self._run(
-                "claim_limited",
-                compiled.claim_limited,
-                self.limits,
-                slots,
-                lease_seconds,
-                claim_id,
-                floors,
-                overruns,
-                self._key_limits(slots),
-                self._key_overruns() if self._key_concurrency else None,
+        key_limits = self._key_limits(slots)
+        started = self.availability.now()
+        sweep = self.type_floors.sweeps.due(started)
+        floored = [queue for queue in slots if key_limits.get(queue) is None]
+        type_floors = self.type_floors.params(floored, sweep=sweep)
+        try:
+            got = await self._claiming(
+                lambda claim_id: self._run(
+                    "claim_limited",
+                    compiled.claim_limited,
+                    self.limits,
+                    slots,
+                    lease_seconds,
+                    claim_id,
+                    floors,
+                    overruns,
+                    key_limits,
+                    self._key_overruns() if self._key_concurrency else None,
+                    type_floors,
+                )
             )
-        )
+        finally:
+            # A sweep that failed counts as one: the claims after it go on from the floors.
+            if sweep:
+                self.type_floors.sweeps.done(started, self.availability.now())
+        self.type_floors.learn(got.jobs, got.running, sweep=sweep)
+        return got
 
     async def check_floors(self, queues: Sequence[str]) -> float:
         """Lower the claim floors that a due job of `queues` lies below (found from the head
@@ -426,6 +441,7 @@ class PgJobStore:
         cost = ended - started
         self.floors.sweeps.measured(cost, ended)
         self.floors.lower(heads)
+        self.type_floors.lower(heads)
         return cost
 
     async def next_due(self, queues: Sequence[str]) -> float | None:

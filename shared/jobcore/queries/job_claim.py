@@ -69,9 +69,11 @@ _KNOWN = """
                     CAST(:floors AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     )"""
+# The pending jobs of the queue at hand.
+_IN_QUEUE = f"status = {_PENDING} AND queue = w.queue"
 
 
-def _next_priority(above: str, i: str) -> str:
+def _next_priority(above: str, i: str, where: str = _IN_QUEUE) -> str:
     """The next priority present below `above` (SQL, NULL: the top), where `i` is the
     place in `known` of the highest known priority below it: the highest pending one in
     the gap down to that known priority (no read where they are adjacent), else that known
@@ -82,7 +84,7 @@ def _next_priority(above: str, i: str) -> str:
     return f"""SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, {i} AS i FROM (
                 SELECT priority FROM jobqueue.jobs
-                WHERE status = {_PENDING} AND queue = w.queue{bound}
+                WHERE {where}{bound}
                   AND priority > coalesce(known.ps[{i}], {_NO_PRIORITY}){gap}
                 ORDER BY priority DESC LIMIT 1
             ) AS g
@@ -93,13 +95,21 @@ def _next_priority(above: str, i: str) -> str:
 
 # Each step is one probe of the index at most, and finds its known priority by its place:
 # a claim costs no more per priority for knowing many.
-PRIORITIES = f"""
-    WITH RECURSIVE {_KNOWN.strip()}, priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL ({_next_priority("NULL", "1")}) AS n
+def priorities(known: str = _KNOWN, where: str = _IN_QUEUE) -> str:
+    """`WITH RECURSIVE known, priorities(p, f, i)`: the priorities present among the
+    pending jobs `where` selects, highest first, each with its floor from `known` (a CTE of
+    the floors' priorities `ps` and floors `fs`, highest first) or NULL."""
+    return f"""
+    WITH RECURSIVE {known.strip()}, priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL ({_next_priority("NULL", "1", where)}) AS n
         UNION ALL
         SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
-        CROSS JOIN LATERAL ({_next_priority("priorities.p", "priorities.i")}) AS n
+        CROSS JOIN LATERAL ({_next_priority("priorities.p", "priorities.i", where)}) AS n
     )"""
+
+
+PRIORITIES = priorities()
 FLOOR = "coalesce(priorities.f, CAST('-infinity' AS timestamptz))"
 # The pending jobs of the queue and priority at hand.
 _AT = f"status = {_PENDING} AND queue = w.queue AND priority = priorities.p"

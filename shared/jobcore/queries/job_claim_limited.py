@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from jobcore.queries.common import c
-from jobcore.queries.job_claim import CLAIMED_COLUMNS, KEY, PRIORITIES
+from jobcore.queries.job_claim import CLAIMED_COLUMNS, FLOOR, KEY, PRIORITIES, priorities
 from jobcore.rows import Claimed
 from jobcore.states import Operation, Status
 
@@ -38,6 +38,24 @@ FROM (
 ).columns(sa.column("sort", sa.Text), sa.column("jit", sa.Text), sa.column("locked", sa.BigInteger))
 
 _PROCESSING = f"'{Status.PROCESSING.value}'"
+
+# The limited types' claim floors (`jobcore.floors.TypeFloors`), per type, queue and
+# priority: a type's due jobs are read in `jobs_claim_type_idx` from its floors, as JOB_CLAIM
+# reads the other types' from theirs, with the priorities found the same way.
+_TYPE_KNOWN = """
+    known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST(:type_floor_types AS text[]),
+                    CAST(:type_floor_queues AS text[]),
+                    CAST(:type_floor_priorities AS smallint[]),
+                    CAST(:type_floors AS bigint[])) AS k(t, q, p, f)
+        WHERE k.t = room.type AND k.q = w.queue
+    )"""
+_TYPE_PRIORITIES = priorities(
+    _TYPE_KNOWN, f"status = {_PENDING} AND type = room.type AND queue = w.queue"
+)
 # The claim of the limited types, for the free slots of every queue, ranked by priority
 # against the other types' due jobs (a low-priority limited backlog never takes a slot a
 # higher-priority job of another type is due for; at equal priority the limited ones come
@@ -45,11 +63,14 @@ _PROCESSING = f"'{Status.PROCESSING.value}'"
 # ordinary claim that follows (`JOB_CLAIM_UNLIMITED`), so this transaction, serialised with
 # the other claimers of the same types by their advisory locks, locks none of them. Per
 # limited type, the jobs it may still start: its concurrency limit less its processing jobs
-# (read through the lease index: only leased rows) and less its handlers that outlived their
+# (read through the lease index: only leased rows, from the type's lease floor,
+# `:lease_floors`, below which no running job's lease lies, see `jobcore.floors.TypeFloors`;
+# its row returns the earliest such lease as `running`) and less its handlers that outlived their
 # recorded attempts in this process (`overruns`: they still hold their unit until they
 # return), its rate less what its current window used; NULL where it has no such limit.
 # The candidates: per queue and limited type, the due jobs in claim order (a loose index
-# scan over priorities, as in JOB_CLAIM, in `jobs_claim_type_idx`), at most what the type
+# scan over priorities, as in JOB_CLAIM, in `jobs_claim_type_idx`, from the type's floors),
+# at most what the type
 # has left and the queue's free slots, of which at most what each type has left; and per
 # queue, read without a lock, the first free-slots due jobs of the other types of a
 # priority above the lowest limited candidate's, as JOB_CLAIM finds the priorities (from the
@@ -77,20 +98,26 @@ JOB_CLAIM_LIMITED = sa.text(
     f"""
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
-           l.concurrency - l.overrun
-           - (SELECT count(*) FROM jobqueue.jobs
-              WHERE status = {_PROCESSING} AND type = l.type) AS concurrency_left,
+           l.concurrency - l.overrun - running.n AS concurrency_left,
            l.rate - coalesce((SELECT used FROM jobqueue.job_rate_windows AS u
                               WHERE u.type = l.type AND u.window_start = r.window_start),
-                             0) AS rate_left
+                             0) AS rate_left,
+           least(running.first, now()) AS running
     FROM unnest(CAST(:types AS text[]), CAST(:concurrency AS integer[]),
                 CAST(:overruns AS integer[]), CAST(:rates AS integer[]),
-                CAST(:periods AS float8[]))
-         AS l(type, concurrency, overrun, rate, period)
+                CAST(:periods AS float8[]), CAST(:lease_floors AS bigint[]))
+         AS l(type, concurrency, overrun, rate, period, lease_floor)
     CROSS JOIN LATERAL (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(locked_until) AS first FROM jobqueue.jobs
+        WHERE status = {_PROCESSING} AND type = l.type
+          AND locked_until >= coalesce(CAST('epoch' AS timestamptz)
+                                       + l.lease_floor * INTERVAL '1 microsecond',
+                                       CAST('-infinity' AS timestamptz))
+    ) AS running
 ), key_use AS MATERIALIZED (
     SELECT w.queue, u.k, sum(u.n) AS used
     FROM unnest(CAST(:queues AS text[]), CAST(:key_limits AS integer[])) AS w(queue, key_limit)
@@ -115,27 +142,17 @@ WITH room AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
            w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
     FROM room CROSS JOIN queue_limits AS w
-    CROSS JOIN LATERAL (
-        WITH RECURSIVE priorities(p) AS (
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
-             ORDER BY priority DESC LIMIT 1)
-            UNION ALL
-            SELECT (SELECT priority FROM jobqueue.jobs
-                    WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
-                      AND priority < priorities.p
-                    ORDER BY priority DESC LIMIT 1)
-            FROM priorities WHERE priorities.p IS NOT NULL
-        )
+    CROSS JOIN LATERAL ({_TYPE_PRIORITIES}
         SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM priorities CROSS JOIN LATERAL (
             SELECT id, priority, run_at, concurrency_key FROM jobqueue.jobs
             WHERE status = {_PENDING} AND type = room.type AND queue = w.queue
-              AND priority = priorities.p AND run_at <= now()
+              AND priority = priorities.p AND run_at <= now() AND run_at >= {FLOOR}
               AND (concurrency_key IS NULL OR concurrency_key <> ALL(w.full_keys))
             ORDER BY run_at, id
             LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
             FOR UPDATE SKIP LOCKED
         ) AS j
+        WHERE priorities.p IS NOT NULL
         LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
     ) AS d
 ), keyed AS (
@@ -196,7 +213,8 @@ WITH room AS MATERIALIZED (
                     THEN u.used + excluded.used ELSE excluded.used END,
         window_start = excluded.window_start
 )
-SELECT {_RETURNED}, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+SELECT {_RETURNED}, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait,
+       CAST(NULL AS bigint) AS running
 FROM claimed
 UNION ALL
 SELECT {_NO_JOB},
@@ -204,11 +222,13 @@ SELECT {_NO_JOB},
             WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
        END,
        extract(epoch FROM room.window_start + room.period * interval '1 second'
-                          - statement_timestamp())::float8
+                          - statement_timestamp())::float8,
+       CAST(extract(epoch FROM room.running) * 1000000 AS bigint)
 FROM room LEFT JOIN started ON started.type = room.type"""
 ).columns(
     sa.column("id", pg.UUID(as_uuid=True)),
     *(sa.column(name, c[name].type) for name in CLAIMED_COLUMNS),
     sa.column("held", sa.Text),
     sa.column("wait", sa.Float),
+    sa.column("running", sa.BigInteger),
 )

@@ -105,7 +105,8 @@ CROSS JOIN LATERAL (
                     CAST($7 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -171,7 +172,8 @@ SELECT c.id FROM (
                     CAST($11 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -365,7 +367,8 @@ SELECT c.id FROM (
                     CAST($11 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -553,7 +556,8 @@ SELECT c.id FROM (
                     CAST($14 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -753,7 +757,8 @@ SELECT c.id FROM (
                     CAST($14 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -939,7 +944,8 @@ CROSS JOIN LATERAL (
                     CAST($10 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -988,7 +994,8 @@ CROSS JOIN LATERAL (
                     CAST($10 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -1039,7 +1046,8 @@ CROSS JOIN LATERAL (
                     CAST($13 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -1094,7 +1102,8 @@ CROSS JOIN LATERAL (
                     CAST($13 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -1153,33 +1162,39 @@ FROM (
 ) AS keys;
 
 -- name: job_claim_limited
--- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 queues, $7 key_limits, $8 overrun_queues, $9 overrun_keys, $10 overrun_counts, $11 slots, $12 floor_queues, $13 floor_priorities, $14 floors, $15 lease_seconds, $16 claim, $17 holder
+-- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 lease_floors, $7 queues, $8 key_limits, $9 overrun_queues, $10 overrun_keys, $11 overrun_counts, $12 slots, $13 type_floor_types, $14 type_floor_queues, $15 type_floor_priorities, $16 type_floors, $17 floor_queues, $18 floor_priorities, $19 floors, $20 lease_seconds, $21 claim, $22 holder
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
-           l.concurrency - l.overrun
-           - (SELECT count(*) FROM jobqueue.jobs
-              WHERE status = 'processing' AND type = l.type) AS concurrency_left,
+           l.concurrency - l.overrun - running.n AS concurrency_left,
            l.rate - coalesce((SELECT used FROM jobqueue.job_rate_windows AS u
                               WHERE u.type = l.type AND u.window_start = r.window_start),
-                             0) AS rate_left
+                             0) AS rate_left,
+           least(running.first, now()) AS running
     FROM unnest(CAST($1 AS text[]), CAST($2 AS integer[]),
                 CAST($3 AS integer[]), CAST($4 AS integer[]),
-                CAST($5 AS float8[]))
-         AS l(type, concurrency, overrun, rate, period)
+                CAST($5 AS float8[]), CAST($6 AS bigint[]))
+         AS l(type, concurrency, overrun, rate, period, lease_floor)
     CROSS JOIN LATERAL (
         SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / l.period)
                             * l.period) AS window_start
     ) AS r
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(locked_until) AS first FROM jobqueue.jobs
+        WHERE status = 'processing' AND type = l.type
+          AND locked_until >= coalesce(CAST('epoch' AS timestamptz)
+                                       + l.lease_floor * INTERVAL '1 microsecond',
+                                       CAST('-infinity' AS timestamptz))
+    ) AS running
 ), key_use AS MATERIALIZED (
     SELECT w.queue, u.k, sum(u.n) AS used
-    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[])) AS w(queue, key_limit)
+    FROM unnest(CAST($7 AS text[]), CAST($8 AS integer[])) AS w(queue, key_limit)
     CROSS JOIN LATERAL (
         SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
         WHERE r.status = 'processing' AND r.queue = w.queue AND r.concurrency_key IS NOT NULL
         UNION ALL
-        SELECT o.k, o.n FROM unnest(CAST($8 AS text[]),
-                                    CAST($9 AS text[]),
-                                    CAST($10 AS integer[])) AS o(q, k, n)
+        SELECT o.k, o.n FROM unnest(CAST($9 AS text[]),
+                                    CAST($10 AS text[]),
+                                    CAST($11 AS integer[])) AS o(q, k, n)
         WHERE o.q = w.queue
     ) AS u
     WHERE w.key_limit IS NOT NULL
@@ -1188,33 +1203,57 @@ WITH room AS MATERIALIZED (
     SELECT w.queue, w.n, w.key_limit,
            ARRAY(SELECT u.k FROM key_use AS u
                  WHERE u.queue = w.queue AND u.used >= w.key_limit) AS full_keys
-    FROM unnest(CAST($6 AS text[]), CAST($11 AS integer[]),
-                CAST($7 AS integer[])) AS w(queue, n, key_limit)
+    FROM unnest(CAST($7 AS text[]), CAST($12 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
 ), due AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
            w.key_limit, greatest(least(room.concurrency_left, room.rate_left), 0) AS type_left
     FROM room CROSS JOIN queue_limits AS w
     CROSS JOIN LATERAL (
-        WITH RECURSIVE priorities(p) AS (
-            (SELECT priority FROM jobqueue.jobs
-             WHERE status = 'pending' AND type = room.type AND queue = w.queue
-             ORDER BY priority DESC LIMIT 1)
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($13 AS text[]),
+                    CAST($14 AS text[]),
+                    CAST($15 AS smallint[]),
+                    CAST($16 AS bigint[])) AS k(t, q, p, f)
+        WHERE k.t = room.type AND k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND type = room.type AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
             UNION ALL
-            SELECT (SELECT priority FROM jobqueue.jobs
-                    WHERE status = 'pending' AND type = room.type AND queue = w.queue
-                      AND priority < priorities.p
-                    ORDER BY priority DESC LIMIT 1)
-            FROM priorities WHERE priorities.p IS NOT NULL
-        )
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND type = room.type AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
         SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM priorities CROSS JOIN LATERAL (
             SELECT id, priority, run_at, concurrency_key FROM jobqueue.jobs
             WHERE status = 'pending' AND type = room.type AND queue = w.queue
-              AND priority = priorities.p AND run_at <= now()
+              AND priority = priorities.p AND run_at <= now() AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz))
               AND (concurrency_key IS NULL OR concurrency_key <> ALL(w.full_keys))
             ORDER BY run_at, id
             LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
             FOR UPDATE SKIP LOCKED
         ) AS j
+        WHERE priorities.p IS NOT NULL
         LIMIT greatest(least(room.concurrency_left, room.rate_left, w.n), 0)
     ) AS d
 ), keyed AS (
@@ -1233,18 +1272,19 @@ WITH room AS MATERIALIZED (
     FROM keyed WHERE key_left IS NULL OR nth_key <= key_left
 ), others AS MATERIALIZED (
     SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
-    FROM unnest(CAST($6 AS text[]), CAST($11 AS integer[])) AS w(queue, n)
+    FROM unnest(CAST($7 AS text[]), CAST($12 AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
     WITH RECURSIVE known AS MATERIALIZED (
         SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
                coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
                                   ORDER BY k.p DESC), '{}') AS fs
-        FROM unnest(CAST($12 AS text[]),
-                    CAST($13 AS smallint[]),
-                    CAST($14 AS bigint[])) AS k(q, p, f)
+        FROM unnest(CAST($17 AS text[]),
+                    CAST($18 AS smallint[]),
+                    CAST($19 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -1291,8 +1331,8 @@ WITH room AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobqueue.jobs SET status = 'processing', attempts = attempts + 1,
         lease_token = lease_token + 1,
-        locked_until = now() + CAST($15 AS float8) * interval '1 second',
-        claim_id = CAST($16 AS uuid), leased_by = CAST($17 AS text), updated_at = now()
+        locked_until = now() + CAST($20 AS float8) * interval '1 second',
+        claim_id = CAST($21 AS uuid), leased_by = CAST($22 AS text), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key
 ), started AS (
@@ -1307,7 +1347,8 @@ WITH room AS MATERIALIZED (
                     THEN u.used + excluded.used ELSE excluded.used END,
         window_start = excluded.window_start
 )
-SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait
+SELECT id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key, CAST(NULL AS text) AS held, CAST(NULL AS float8) AS wait,
+       CAST(NULL AS bigint) AS running
 FROM claimed
 UNION ALL
 SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -1315,7 +1356,8 @@ SELECT NULL, room.type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NU
             WHEN room.concurrency_left - coalesce(started.n, 0) <= 0 THEN 'concurrency'
        END,
        extract(epoch FROM room.window_start + room.period * interval '1 second'
-                          - statement_timestamp())::float8
+                          - statement_timestamp())::float8,
+       CAST(extract(epoch FROM room.running) * 1000000 AS bigint)
 FROM room LEFT JOIN started ON started.type = room.type;
 
 -- name: job_next_due
@@ -1332,7 +1374,8 @@ CROSS JOIN LATERAL (
                     CAST($4 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -1381,7 +1424,8 @@ CROSS JOIN LATERAL (
                     CAST($4 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
@@ -1620,7 +1664,8 @@ CROSS JOIN LATERAL (
                     CAST($5 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known CROSS JOIN LATERAL (SELECT * FROM (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
                 SELECT priority FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue
