@@ -78,16 +78,15 @@ async def pending_depths(
     others: int | None,
     floors: CountFloors | None = None,
     sweep: bool = True,
-) -> dict[str, int]:
-    """Pending jobs of each capped queue (at most its cap); queues holding none may be
-    absent. Read from the head, or with `floors` from them unless this is a `sweep`;
-    either way `floors` learns where the read found the first pending jobs."""
+) -> tuple[dict[str, int], list[Counted]]:
+    """Pending jobs of each capped queue (at most its cap; queues holding none may be
+    absent), and where the read found each queue's first pending jobs, for `floors` to
+    learn. Read from the head, or with `floors` from them unless this is a `sweep`."""
     counts = {"queues": list(caps), "caps": list(caps.values()), "others": others}
     where = (floors or CountFloors()).params(sweep=sweep or floors is None, leases=False)
     rows = (await conn.execute(queries.JOB_COUNT_PENDING, {**counts, **where})).all()
-    if floors is not None:
-        floors.learn((Counted(row.queue, row.priorities, row.firsts) for row in rows), sweep=sweep)
-    return {row.queue: row.pending for row in rows}
+    counted = [Counted(row.queue, row.priorities, row.firsts) for row in rows]
+    return {row.queue: row.pending for row in rows}, counted
 
 
 async def existing_keys(conn: AsyncConnection, keys: set[str]) -> set[str]:

@@ -227,7 +227,7 @@ async def test_a_full_queue_stays_full_while_its_depth_is_read_again(
     slow = asyncio.Event()
     slow.set()
 
-    async def reading(*args: Any) -> dict[str, int]:
+    async def reading(*args: Any) -> Any:
         await slow.wait()
         return await read(*args)
 
@@ -316,7 +316,7 @@ async def test_depths_are_read_once_per_refresh_period_not_per_request(
     reads = 0
     read = store.pending_depths
 
-    async def counted(*args: Any) -> dict[str, int]:
+    async def counted(*args: Any) -> Any:
         nonlocal reads
         reads += 1
         return await read(*args)
@@ -387,7 +387,7 @@ async def test_between_sweeps_the_depths_are_read_from_where_the_last_read_found
     sweeps: list[bool] = []
     read = store.pending_depths
 
-    async def recorded(*args: Any) -> dict[str, int]:
+    async def recorded(*args: Any) -> Any:
         sweeps.append(args[-1])
         return await read(*args)
 

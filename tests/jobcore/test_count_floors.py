@@ -117,8 +117,9 @@ def _counts(depths: dict[str, search.QueueDepth]) -> dict[str, tuple[int, ...]]:
 
 async def _pending(engine, floors: CountFloors, *, sweep: bool, caps: dict[str, int]) -> Any:
     async with engine.connect() as conn:
-        found = await store.pending_depths(conn, caps, 1000, floors, sweep)
+        found, counted = await store.pending_depths(conn, caps, 1000, floors, sweep)
         await conn.commit()
+    floors.learn(counted, sweep=sweep)
     return found
 
 
@@ -239,3 +240,18 @@ async def test_a_scheduled_job_sets_no_floor_above_the_count(engine):
     await _insert(engine, 1, queue="a")
     depth = (await _depths(engine, floors, sweep=False))["a"]
     assert (depth.pending, depth.scheduled) == (1, 1)
+
+
+async def test_admission_reads_at_most_its_cap_of_pending_jobs_whatever_the_priorities(engine):
+    for priority in (0, 5, 10):
+        await _insert(engine, 50, queue="a", priority=priority)
+    caps = {"queues": ["a"], "caps": [20], "others": None}
+    read = await _entries(
+        engine, JOB_COUNT_PENDING, {**caps, **_HEAD_PENDING}, _INDEXES["pending"][0]
+    )
+    read += await _entries(
+        engine, JOB_COUNT_PENDING, {**caps, **_HEAD_PENDING}, _INDEXES["pending"][1]
+    )
+    assert await _pending(engine, CountFloors(), sweep=True, caps={"a": 20}) == {"a": 20}
+    # The cap's entries, a probe per priority for its floor and one to find each priority.
+    assert read <= 20 + 2 * 3 + 1, read

@@ -72,6 +72,7 @@ class Admission:
         # Where the reads start between sweeps (`jobcore.floors.CountFloors`): under a held
         # MVCC horizon a read from the head visits every dead entry the claims left.
         self.floors = CountFloors()
+        self._sweeping = False
 
     @classmethod
     def of(cls, settings: ApiSettings) -> Admission | None:
@@ -149,8 +150,10 @@ class Admission:
         # have instead of queueing behind this read (or, in an outage, behind one failed
         # read after another).
         loop = asyncio.get_running_loop()
-        self._read_at = loop.time()
-        sweep = self.floors.sweeps.due(self._read_at)
+        started = self._read_at = loop.time()
+        # One sweep at a time: reads overlap while one is slow (under a held horizon).
+        sweep = not self._sweeping and self.floors.sweeps.due(started)
+        self._sweeping |= sweep
         self._sequence += 1
         sequence = self._sequence
         # Jobs created from here on may be in the read too: counted twice until the next
@@ -160,14 +163,17 @@ class Admission:
         self._reads.append(since)
         try:
             async with asyncio.timeout_at(deadline), in_turn(engine), engine.connect() as conn:
-                pending = await store.pending_depths(
+                pending, counted = await store.pending_depths(
                     conn, self._caps, self._others, self.floors, sweep
                 )
             if sequence > self._applied:  # a slower, older read must not undo a newer one
                 self._pending, self._created, self._applied = pending, since, sequence
+                # Nor its floors: a sweep's may have fallen below those of an older read.
+                self.floors.learn(counted, sweep=sweep)
         finally:
             if sweep:  # one that failed too: the reads after it go on from the floors
-                self.floors.sweeps.done(self._read_at, loop.time())
+                self.floors.sweeps.done(started, loop.time())
+                self._sweeping = False
             # By identity: Counters with the same counts are equal.
             self._reads = [other for other in self._reads if other is not since]
             self._first_read.set()

@@ -34,16 +34,23 @@ JOB_GET = sa.union_all(_get(jobs), _get(jobs_history))
 # --- admission (the API's MAX_PENDING) ----------------------------------------
 #
 # Pending jobs per capped queue, due or not, each count stopping at the queue's cap (a
-# queue holding millions costs no more than one at its cap): per priority present, at most
-# the cap, read in `run_at` order. Index-only reads of `jobs_claim_queue_idx`, which holds
-# exactly the pending rows, queue first: the listed queues, and with a cap for every other
-# queue (`others`), each queue present among the pending jobs, found as a loose index scan
-# (one probe per queue). Each API process reads from its count floors
-# (`jobcore.floors.CountFloors`) between sweeps, as the worker's gauges do
-# (`jobcore.search.QUEUE_GET_DEPTHS`): the queues it knows, per queue and priority the
-# `run_at` to start from; and each row says where it found the first pending jobs
-# (`priorities`, `firsts`).
+# queue holding millions costs no more than one at its cap), the priorities present read
+# highest first, and the earliest pending job of each (one probe). Index-only reads of
+# `jobs_claim_queue_idx`, which holds exactly the pending rows, queue first: the listed
+# queues, and with a cap for every other queue (`others`), each queue present among the
+# pending jobs, found as a loose index scan (one probe per queue). Each API process reads
+# from its count floors (`jobcore.floors.CountFloors`) between sweeps, as the worker's
+# gauges do (`jobcore.search.QUEUE_GET_DEPTHS`): the queues it knows, per queue and
+# priority the `run_at` to start from; and each row says where it found the first pending
+# jobs (`priorities`, `firsts`).
 _PENDING = status_literal(Status.PENDING)
+# A priority's earliest pending job (one probe from its floor), or the count's time.
+_FIRST = micros(
+    f"""least((SELECT run_at FROM jobqueue.jobs
+                  WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
+                    AND run_at >= {FLOOR}
+                  ORDER BY run_at LIMIT 1), now())"""
+)
 JOB_COUNT_PENDING = sa.text(
     f"""
 WITH RECURSIVE {QUEUES_LISTED},
@@ -60,22 +67,22 @@ capped(queue, cap) AS (
     SELECT queue, CAST(:others AS bigint) FROM present
     WHERE queue <> ALL(CAST(:queues AS text[])) AND CAST(:others AS bigint) IS NOT NULL
 )
-SELECT w.queue, least(coalesce(p.pending, 0), w.cap) AS pending,
+SELECT w.queue, coalesce(p.pending, 0) AS pending,
        coalesce(p.priorities, '{{}}') AS priorities, coalesce(p.firsts, '{{}}') AS firsts
 FROM capped AS w
 CROSS JOIN LATERAL ({PRIORITIES}
-    SELECT CAST(sum(x.n) AS bigint) AS pending,
+    SELECT (SELECT count(*) FROM (
+                SELECT 1 FROM priorities AS at CROSS JOIN LATERAL (
+                    SELECT 1 FROM jobqueue.jobs
+                    WHERE status = {_PENDING} AND queue = w.queue AND priority = at.p
+                      AND run_at >= coalesce(at.f, CAST('-infinity' AS timestamptz))
+                    LIMIT w.cap
+                ) AS j
+                LIMIT w.cap
+            ) AS n) AS pending,
            array_agg(priorities.p ORDER BY priorities.p DESC) AS priorities,
-           array_agg(x.first ORDER BY priorities.p DESC) AS firsts
-    FROM priorities CROSS JOIN LATERAL (
-        SELECT count(*) AS n, {micros("least(min(j.run_at), now())")} AS first FROM (
-            SELECT run_at FROM jobqueue.jobs
-            WHERE status = {_PENDING} AND queue = w.queue AND priority = priorities.p
-              AND run_at >= {FLOOR}
-            ORDER BY run_at LIMIT w.cap
-        ) AS j
-    ) AS x
-    WHERE priorities.p IS NOT NULL
+           array_agg({_FIRST} ORDER BY priorities.p DESC) AS firsts
+    FROM priorities
 ) AS p"""
 ).columns(
     sa.column("queue", sa.Text),

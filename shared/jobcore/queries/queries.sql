@@ -92,7 +92,7 @@ capped(queue, cap) AS (
     SELECT queue, CAST($2 AS bigint) FROM present
     WHERE queue <> ALL(CAST($3 AS text[])) AND CAST($2 AS bigint) IS NOT NULL
 )
-SELECT w.queue, least(coalesce(p.pending, 0), w.cap) AS pending,
+SELECT w.queue, coalesce(p.pending, 0) AS pending,
        coalesce(p.priorities, '{}') AS priorities, coalesce(p.firsts, '{}') AS firsts
 FROM capped AS w
 CROSS JOIN LATERAL (
@@ -129,18 +129,21 @@ CROSS JOIN LATERAL (
             SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
         ) AS step LIMIT 1) AS n
     )
-    SELECT CAST(sum(x.n) AS bigint) AS pending,
+    SELECT (SELECT count(*) FROM (
+                SELECT 1 FROM priorities AS at CROSS JOIN LATERAL (
+                    SELECT 1 FROM jobqueue.jobs
+                    WHERE status = 'pending' AND queue = w.queue AND priority = at.p
+                      AND run_at >= coalesce(at.f, CAST('-infinity' AS timestamptz))
+                    LIMIT w.cap
+                ) AS j
+                LIMIT w.cap
+            ) AS n) AS pending,
            array_agg(priorities.p ORDER BY priorities.p DESC) AS priorities,
-           array_agg(x.first ORDER BY priorities.p DESC) AS firsts
-    FROM priorities CROSS JOIN LATERAL (
-        SELECT count(*) AS n, CAST(extract(epoch FROM least(min(j.run_at), now())) * 1000000 AS bigint) AS first FROM (
-            SELECT run_at FROM jobqueue.jobs
-            WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
-              AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-            ORDER BY run_at LIMIT w.cap
-        ) AS j
-    ) AS x
-    WHERE priorities.p IS NOT NULL
+           array_agg(CAST(extract(epoch FROM least((SELECT run_at FROM jobqueue.jobs
+                  WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p
+                    AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz))
+                  ORDER BY run_at LIMIT 1), now())) * 1000000 AS bigint) ORDER BY priorities.p DESC) AS firsts
+    FROM priorities
 ) AS p;
 
 -- name: job_find_keys
