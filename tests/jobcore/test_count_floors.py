@@ -13,6 +13,7 @@ from jobcore import compiled, search, store
 from jobcore.floors import COUNT_SWEEP_INTERVAL, Counted, CountFloors
 from jobcore.queries import JOB_COUNT_PENDING
 from jobcore.runner import Compiled
+from tests.jobcore.test_floors import insert
 from tests.pg import driver, entries_read
 
 MARGIN = 1_000_000  # the default margin, in microseconds
@@ -84,17 +85,6 @@ def test_counts_sweep_while_cheap_and_at_least_every_30_s_when_not():
 # --- on PostgreSQL ------------------------------------------------------------------------
 
 
-async def _insert(engine, rows: int, *, queue: str, priority: int = 0, run_at: str = "now()"):
-    async with engine.begin() as conn:
-        await conn.execute(
-            sa.text(
-                "INSERT INTO jobqueue.jobs (id, type, queue, payload, max_attempts, priority,"
-                f" run_at) SELECT gen_random_uuid(), 'sleep', '{queue}', '{{}}', 3, {priority},"
-                f" {run_at} FROM generate_series(1, {rows}) AS i"
-            )
-        )
-
-
 async def _run(engine, statement: str, where: str = "TRUE") -> None:
     async with engine.begin() as conn:
         await conn.execute(sa.text(f"UPDATE jobqueue.jobs SET {statement} WHERE {where}"))
@@ -148,22 +138,22 @@ async def test_under_a_held_horizon_floored_counts_step_over_no_dead_entry(engin
     none, and they count the same."""
     async with engine.connect() as holder:
         await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
-        await _insert(
+        await insert(
             engine, 3000, queue="a", run_at="now() - interval '302 s' + i * interval '100 ms'"
         )
         await _run(engine, f"{_CLAIMED}, locked_until = run_at")
         await _run(engine, "status = 'completed', locked_until = NULL, finished_at = now()")
         async with engine.begin() as conn:  # moved to the history
             await conn.execute(sa.text("DELETE FROM jobqueue.jobs"))
-        await _insert(engine, 5, queue="a")
-        await _insert(engine, 3, queue="b", priority=2)
-        await _insert(engine, 2, queue="a", priority=1)
+        await insert(engine, 5, queue="a")
+        await insert(engine, 3, queue="b", priority=2)
+        await insert(engine, 2, queue="a", priority=1)
         await _run(engine, f"{_CLAIMED}, locked_until = now() + interval '30 s'", "priority = 1")
         gauges, admission = CountFloors(), CountFloors()
         swept = await _depths(engine, gauges, sweep=True)
         await _pending(engine, admission, sweep=True, caps={"a": 100})
-        await _insert(engine, 4, queue="a")
-        await _insert(engine, 1, queue="c")  # a queue past the known ones
+        await insert(engine, 4, queue="a")
+        await insert(engine, 1, queue="c")  # a queue past the known ones
 
         floored = await _depths(engine, gauges, sweep=False)
         assert _counts(floored) == _counts(await _depths(engine, CountFloors(), sweep=True))
@@ -199,9 +189,9 @@ async def test_a_job_below_a_count_floor_is_counted_from_the_next_sweep(engine):
     """A job handed back or recovered keeps its `run_at`, and a late commit can land below
     a floor: the counts between sweeps miss it, the next sweep counts it."""
     floors = CountFloors()
-    await _insert(engine, 1, queue="a")
+    await insert(engine, 1, queue="a")
     await _depths(engine, floors, sweep=True)
-    await _insert(engine, 1, queue="a", run_at="now() - interval '1 hour'")
+    await insert(engine, 1, queue="a", run_at="now() - interval '1 hour'")
     assert (await _depths(engine, floors, sweep=False))["a"].pending == 1
     assert (await _depths(engine, floors, sweep=True))["a"].pending == 2
     assert (await _depths(engine, floors, sweep=False))["a"].pending == 2
@@ -211,13 +201,13 @@ async def test_counts_find_new_queues_and_priorities_in_the_gaps_and_keep_emptie
     engine,
 ):
     floors = CountFloors()
-    await _insert(engine, 1, queue="b", priority=0)
-    await _insert(engine, 1, queue="d", priority=0)
+    await insert(engine, 1, queue="b", priority=0)
+    await insert(engine, 1, queue="d", priority=0)
     await _depths(engine, floors, sweep=True)
     for queue in ("a", "c", "e"):
-        await _insert(engine, 1, queue=queue)
+        await insert(engine, 1, queue=queue)
     for priority in (5, -5):
-        await _insert(engine, 1, queue="b", priority=priority)
+        await insert(engine, 1, queue="b", priority=priority)
     async with engine.begin() as conn:
         await conn.execute(sa.text("DELETE FROM jobqueue.jobs WHERE queue = 'd'"))
     depths = await _depths(engine, floors, sweep=False)
@@ -235,16 +225,16 @@ async def test_a_scheduled_job_sets_no_floor_above_the_count(engine):
     """A queue holding only jobs due later gets a floor at the count's time, not at their
     `run_at`: a job submitted due now still lies above it."""
     floors = CountFloors()
-    await _insert(engine, 1, queue="a", run_at="now() + interval '1 hour'")
+    await insert(engine, 1, queue="a", run_at="now() + interval '1 hour'")
     await _depths(engine, floors, sweep=True)
-    await _insert(engine, 1, queue="a")
+    await insert(engine, 1, queue="a")
     depth = (await _depths(engine, floors, sweep=False))["a"]
     assert (depth.pending, depth.scheduled) == (1, 1)
 
 
 async def test_admission_reads_at_most_its_cap_of_pending_jobs_whatever_the_priorities(engine):
     for priority in (0, 5, 10):
-        await _insert(engine, 50, queue="a", priority=priority)
+        await insert(engine, 50, queue="a", priority=priority)
     caps = {"queues": ["a"], "caps": [20], "others": None}
     read = await _entries(
         engine, JOB_COUNT_PENDING, {**caps, **_HEAD_PENDING}, _INDEXES["pending"][0]

@@ -121,13 +121,16 @@ def test_a_check_of_the_heads_lowers_a_floor_a_due_job_lies_below_and_never_rais
 # --- on PostgreSQL ----------------------------------------------------------------
 
 
-async def _insert(engine, rows: int, *, priority: int = 0, run_at: str = "now()") -> None:
+async def insert(
+    engine, rows: int, *, queue: str = "default", priority: int = 0, run_at: str = "now()"
+) -> None:
+    """`rows` pending jobs, due at `run_at` (SQL, `i` numbering them from 1)."""
     async with engine.begin() as conn:
         await conn.execute(
             sa.text(
-                "INSERT INTO jobqueue.jobs (id, type, payload, max_attempts, priority, run_at)"
-                f" SELECT gen_random_uuid(), 'sleep', '{{}}', 3, {priority}, {run_at}"
-                f" FROM generate_series(1, {rows}) AS i"
+                "INSERT INTO jobqueue.jobs (id, type, queue, payload, max_attempts, priority,"
+                f" run_at) SELECT gen_random_uuid(), 'sleep', '{queue}', '{{}}', 3, {priority},"
+                f" {run_at} FROM generate_series(1, {rows}) AS i"
             )
         )
 
@@ -145,10 +148,10 @@ async def _claim(engine, floors: ClaimFloors, n: int, *, sweep: bool) -> list[An
 
 async def test_a_floored_claim_leaves_a_job_below_its_floor_to_the_next_sweep(engine):
     floors = ClaimFloors()
-    await _insert(engine, 1)
+    await insert(engine, 1)
     assert len(await _claim(engine, floors, 5, sweep=True)) == 1
     # Handed back, recovered or committed late: below the floor the first claim set.
-    await _insert(engine, 1, run_at="now() - interval '1 hour'")
+    await insert(engine, 1, run_at="now() - interval '1 hour'")
     assert await _claim(engine, floors, 5, sweep=False) == []
     (found,) = await _claim(engine, floors, 5, sweep=True)
     assert found.run_at < datetime.now(UTC) - timedelta(minutes=59)
@@ -156,10 +159,10 @@ async def test_a_floored_claim_leaves_a_job_below_its_floor_to_the_next_sweep(en
 
 async def test_a_check_of_the_heads_finds_a_job_below_a_floor_for_the_next_claim(engine):
     floors = ClaimFloors()
-    await _insert(engine, 1)
+    await insert(engine, 1)
     assert len(await _claim(engine, floors, 5, sweep=True)) == 1
-    await _insert(engine, 2, run_at="now() - interval '1 hour'")
-    await _insert(engine, 1, priority=3, run_at="now() - interval '2 hours'")
+    await insert(engine, 2, run_at="now() - interval '1 hour'")
+    await insert(engine, 1, priority=3, run_at="now() - interval '2 hours'")
     assert await _claim(engine, floors, 5, sweep=False) != []  # the new priority: a gap
     async with engine.connect() as conn:
         heads = await compiled.claim_heads(await driver(conn), ["default"])
@@ -174,12 +177,12 @@ async def test_a_floored_claim_still_takes_the_highest_priority_first(engine):
     """Priorities the process has not seen yet are probed in the gaps between the known
     ones: above, between and below them."""
     floors = ClaimFloors()
-    await _insert(engine, 3, priority=0)
-    await _insert(engine, 3, priority=10)
+    await insert(engine, 3, priority=0)
+    await insert(engine, 3, priority=10)
     assert {job.priority for job in await _claim(engine, floors, 6, sweep=True)} == {0, 10}
     for priority in (5, 20, -4):
-        await _insert(engine, 2, priority=priority)
-    await _insert(engine, 2, priority=0)
+        await insert(engine, 2, priority=priority)
+    await insert(engine, 2, priority=0)
     got = await _claim(engine, floors, 3, sweep=False)
     assert sorted(job.priority for job in got) == [5, 20, 20]
     got = await _claim(engine, floors, 10, sweep=False)
@@ -214,14 +217,14 @@ async def test_under_a_held_horizon_a_floored_claim_reads_only_past_its_floor(en
     async with engine.connect() as holder:
         await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
         # Due one every 100 ms over the last 5 minutes, so the 1 s margin spans 10 of them.
-        await _insert(engine, 3000, run_at="now() - interval '301 seconds' + i * interval '100 ms'")
+        await insert(engine, 3000, run_at="now() - interval '301 seconds' + i * interval '100 ms'")
         floors = ClaimFloors()
         while jobs := await _claim(engine, floors, 25, sweep=False):
             async with engine.connect() as conn:
                 raw = await driver(conn)
                 await compiled.record(raw, Operation.COMPLETE, [job.lease for job in jobs])
                 await conn.commit()
-        await _insert(engine, 10)
+        await insert(engine, 10)
         sweep = await _entries_read(engine, compiled.NO_FLOORS)
         floored = await _entries_read(engine, floors.params(["default"], sweep=False))
         await holder.rollback()
@@ -236,7 +239,7 @@ async def test_racing_claimers_with_floors_take_every_job_once_stragglers_includ
     """Four processes' worth of claimers, each with its own floors, race over 1,500 jobs
     while jobs due long ago keep arriving below their floors: found by the claims'
     sweeps, or (claims never sweeping, as under a held horizon) by checks of the heads."""
-    await _insert(engine, 1500)
+    await insert(engine, 1500)
     expected = 1500
     claimed: list[Any] = []
     done = asyncio.Event()
@@ -277,7 +280,7 @@ async def test_racing_claimers_with_floors_take_every_job_once_stragglers_includ
 
     async def stragglers() -> None:
         for _ in range(10):
-            await _insert(engine, 5, run_at="now() - interval '10 minutes'")
+            await insert(engine, 5, run_at="now() - interval '10 minutes'")
             await asyncio.sleep(0.02)
 
     expected += 50

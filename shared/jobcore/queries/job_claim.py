@@ -59,16 +59,28 @@ _NO_PRIORITY = -32768  # below every priority: "no known priority below this one
 KEY = "coalesce(concurrency_key, '')"
 # The priorities the claimer knows in this queue, highest first, and their floors (sent as
 # microseconds since the epoch, `jobcore.floors.micros`).
-_KNOWN = """
+
+
+def known(floors: str, match: str) -> str:
+    """The CTE `known`: of the floors `floors` lists (rows `k` with a priority `p` and a
+    floor `f`, sent as microseconds since the epoch), those `match` keeps, priorities
+    (`ps`) and floors (`fs`) highest first."""
+    return f"""
     known AS MATERIALIZED (
-        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{{}}') AS ps,
                coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
-                                  ORDER BY k.p DESC), '{}') AS fs
-        FROM unnest(CAST(:floor_queues AS text[]),
-                    CAST(:floor_priorities AS smallint[]),
-                    CAST(:floors AS bigint[])) AS k(q, p, f)
-        WHERE k.q = w.queue
+                                  ORDER BY k.p DESC), '{{}}') AS fs
+        FROM {floors}
+        WHERE {match}
     )"""
+
+
+_KNOWN = known(
+    """unnest(CAST(:floor_queues AS text[]),
+                    CAST(:floor_priorities AS smallint[]),
+                    CAST(:floors AS bigint[])) AS k(q, p, f)""",
+    "k.q = w.queue",
+)
 # The pending jobs of the queue at hand.
 _IN_QUEUE = f"status = {_PENDING} AND queue = w.queue"
 

@@ -7,7 +7,14 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from jobcore.queries.common import c
-from jobcore.queries.job_claim import CLAIMED_COLUMNS, FLOOR, KEY, PRIORITIES, priorities
+from jobcore.queries.job_claim import (
+    CLAIMED_COLUMNS,
+    FLOOR,
+    KEY,
+    PRIORITIES,
+    known,
+    priorities,
+)
 from jobcore.rows import Claimed
 from jobcore.states import Operation, Status
 
@@ -42,17 +49,13 @@ _PROCESSING = f"'{Status.PROCESSING.value}'"
 # The limited types' claim floors (`jobcore.floors.TypeFloors`), per type, queue and
 # priority: a type's due jobs are read in `jobs_claim_type_idx` from its floors, as JOB_CLAIM
 # reads the other types' from theirs, with the priorities found the same way.
-_TYPE_KNOWN = """
-    known AS MATERIALIZED (
-        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
-               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
-                                  ORDER BY k.p DESC), '{}') AS fs
-        FROM unnest(CAST(:type_floor_types AS text[]),
+_TYPE_KNOWN = known(
+    """unnest(CAST(:type_floor_types AS text[]),
                     CAST(:type_floor_queues AS text[]),
                     CAST(:type_floor_priorities AS smallint[]),
-                    CAST(:type_floors AS bigint[])) AS k(t, q, p, f)
-        WHERE k.t = room.type AND k.q = w.queue
-    )"""
+                    CAST(:type_floors AS bigint[])) AS k(t, q, p, f)""",
+    "k.t = room.type AND k.q = w.queue",
+)
 _TYPE_PRIORITIES = priorities(
     _TYPE_KNOWN, f"status = {_PENDING} AND type = room.type AND queue = w.queue"
 )
