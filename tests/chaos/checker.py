@@ -43,8 +43,8 @@ The guarantees checked:
   succeeded and reached its newest revision, no service turned unready while it
   should serve, every old service exited 0 on SIGTERM, no API answered 5xx (503
   included) while the phase went on, and both releases acknowledged and ran jobs;
-- no more than the workers' KEY_CONCURRENCY of one (queue, key) ran at once
-  (`tests.chaos.check_keys`);
+- no more than the workers' KEY_CONCURRENCY of one (queue, key) ran at once, nor more
+  than their TYPE_CONCURRENCY of a type (`tests.chaos.check_keys`);
 - queue pauses and bulk cancels and retries (`tests.chaos.check_admin`): no attempt of a
   paused queue starts a second after the pause's answer; no cancelled job starts again;
 - a held MVCC horizon (`tests.chaos.horizon`) was held: pg_stat_activity showed its idle
@@ -64,7 +64,7 @@ from typing import Any
 from jobqueue_worker.heartbeat import RENEWALS_PER_LEASE
 from tests.chaos.check_admin import check_bulk, check_pauses, retries_of
 from tests.chaos.check_cancels import CANCEL_MARGIN, check_cancels
-from tests.chaos.check_keys import check_key_concurrency
+from tests.chaos.check_keys import check_key_concurrency, check_type_concurrency
 from tests.chaos.check_retention import accounted_as_pruned, check_pruned
 from tests.chaos.evidence import (
     HELD_HORIZON,
@@ -137,13 +137,15 @@ def check(
     rollout: Rollout | None = None,
     server_errors: Sequence[ServerError] = (),
     key_limit: int = 0,
+    type_limits: Mapping[str, int] | None = None,
     pauses: Sequence[QueuePause] = (),
     bulk: Sequence[BulkAction] = (),
 ) -> Report:
     """Every invariant over one run; see the module docstring. `retention`: the age in
     seconds at which each finished status is deleted (missing or 0: kept). `rollout`: the
     rollout phase's record, if it had one; `server_errors`: every 5xx the client got;
-    `key_limit`: the workers' KEY_CONCURRENCY per (queue, key) (0: none); `pauses`, `bulk`:
+    `key_limit`: the workers' KEY_CONCURRENCY per (queue, key) (0: none); `type_limits`:
+    their TYPE_CONCURRENCY per type; `pauses`, `bulk`:
     the operator's queue pauses and bulk actions (`tests.chaos.admin`)."""
     report = Report()
     bad = report.violations
@@ -192,6 +194,7 @@ def check(
         if key_limit
         else None
     )
+    types = check_type_concurrency(per_job, logged, hits, lease_duration, type_limits or {}, bad)
     cuts = _check_listener_cuts(
         faults, cancels, per_job, logged, cancel_paths(entries), lease_duration, bad
     )
@@ -240,6 +243,7 @@ def check(
         "claims_without_execution_record": _token_gaps(finals, per_job),
         "cancels": cancelled,
         "keys": keys,
+        "type_limits": types,
         "pauses": paused_queues,
         "bulk": bulk_actions,
         "retention": {

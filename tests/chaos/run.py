@@ -46,6 +46,7 @@ from tests.chaos.system import (
     DEFAULT_RETENTION,
     KEY_LIMIT,
     LEASE_SECONDS,
+    TYPE_LIMIT,
     System,
     retention_ages,
     wait_until,
@@ -165,6 +166,7 @@ def run_chaos(
             rollout=rolled,
             server_errors=load.stats.server_errors,
             key_limit=KEY_LIMIT,
+            type_limits=dict([TYPE_LIMIT]),
             pauses=operator.pauses,
             bulk=operator.actions,
         )
@@ -330,6 +332,7 @@ def table(report: Report) -> str:
         f"{_long(s['long_jobs'])} |",
         *_cancel_lines(s["cancels"]),
         *_key_lines(s.get("keys")),
+        *_type_lines(s.get("type_limits")),
         *_admin_lines(s.get("pauses"), s.get("bulk"), s.get("runs_after_a_bulk_retry", 0)),
         *_retention_lines(s["retention"]),
         f"| faults injected | {sum(s['faults_injected'].values())} "
@@ -441,6 +444,14 @@ def _key_lines(k: dict[str, Any] | None) -> list[str]:
         f"| keyed jobs (attempts) / most running of one key at once (limit) | "
         f"{k['keyed_jobs']} ({k['keyed_attempts']}) / {k['max_running']} ({k['limit']}) "
         f"{_pairs(k['max_running_by_key'])} |"
+    ]
+
+
+def _type_lines(limited: dict[str, Any] | None) -> list[str]:
+    return [
+        f"| {name} attempts / most running at once (TYPE_CONCURRENCY) | "
+        f"{t['attempts']} / {t['max_running']} ({t['limit']}) |"
+        for name, t in sorted((limited or {}).items())
     ]
 
 

@@ -68,6 +68,9 @@ WORKER_PROCESSES = 2
 QUEUES = "default,bulk,urgent:4"
 # At most this many jobs of one (queue, concurrency key) run at once, across every worker.
 KEY_LIMIT = 2
+# TYPE_CONCURRENCY of the workers: chaos-slow jobs (the load's "slow" kinds) are claimed by
+# the claim under per-type limits, from its floors, through the held horizon and the faults.
+TYPE_LIMIT = ("chaos-slow", 6)
 # The retention variables the workers get: each finished status is deleted this long after
 # it finished (RETENTION_FAILED covers cancelled jobs too), so pruning runs during faults.
 RETENTION_VARIABLES = {
@@ -300,6 +303,7 @@ class System:
             "WORKERS": str(self._slots),
             "QUEUES": QUEUES,
             "KEY_CONCURRENCY": f"*:{KEY_LIMIT}",
+            "TYPE_CONCURRENCY": f"{TYPE_LIMIT[0]}:{TYPE_LIMIT[1]}",
             **{
                 name: f"{retention_ages(self.retention)[status]:g}s"
                 for name, status in RETENTION_VARIABLES.items()

@@ -33,12 +33,18 @@ def row(job_id: str, status: str, attempts: int = 1, token: int = 1, **kw: Any) 
 
 
 def run(
-    job_id: str, token: int, start: float, end: float | None, outcome: str | None, pid: int = 100
+    job_id: str,
+    token: int,
+    start: float,
+    end: float | None,
+    outcome: str | None,
+    pid: int = 100,
+    type: str = "chaos-fast",
 ) -> list[dict[str, Any]]:
     """The start (and end) records of one execution, at T0 + seconds."""
     base = {
         "job_id": job_id,
-        "type": "chaos-fast",
+        "type": type,
         "attempt": token,
         "max_attempts": 3,
         "lease_token": token,
@@ -1212,6 +1218,35 @@ def test_a_killed_holder_counts_against_its_key_until_its_lease_ran_out() -> Non
     ]
     report = checked_keys(rows, keyed_acks(*ids), within_lease, [kill])
     assert any("3 attempts ran at once" in v and "k1 lease 1" in v for v in report.violations)
+
+
+def test_more_attempts_of_a_type_at_once_than_its_type_concurrency_is_a_violation() -> None:
+    ids = ["s1", "s2", "s3", "f1"]
+    records = [
+        *run("s1", 1, 0, 5, "ok", type="chaos-slow"),
+        *run("s2", 1, 1, 5, "ok", type="chaos-slow"),
+        *run("s3", 1, 2, 3, "ok", type="chaos-slow"),
+        *run("f1", 1, 2, 3, "ok"),
+    ]
+    rows = [row(i, "completed") for i in ids]
+
+    def checked(limit: int) -> Any:
+        return check(
+            rows,
+            acks(*ids),
+            records,
+            [],
+            [],
+            lease_duration=LEASE,
+            type_limits={"chaos-slow": limit},
+        )
+
+    report = checked(2)
+    assert any("type chaos-slow: 3 attempts ran at once (limit 2)" in v for v in report.violations)
+    assert report.summary["type_limits"] == {
+        "chaos-slow": {"limit": 2, "attempts": 3, "max_running": 3}
+    }
+    assert checked(3).violations == []  # and the other type is not counted
 
 
 # --- queue pauses and bulk actions ----------------------------------------------------
