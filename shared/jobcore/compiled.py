@@ -27,7 +27,7 @@ from uuid import UUID, uuid4
 
 from jobcore import history, maintenance, queries, search
 from jobcore.catalog import recorder_name
-from jobcore.floors import EPOCH, CountFloors
+from jobcore.floors import EPOCH, NO_KEYS, CountFloors
 from jobcore.queries.job_types import record_from_row, record_params
 from jobcore.rows import (
     Claimed,
@@ -127,7 +127,12 @@ async def _lock_keys(conn: Driver, values: dict[str, Any], locked: list[str]) ->
 
 # A claim without floors reads the claim index from its head (`jobcore.floors`); one without
 # turns starts each priority's keys from the first (`jobcore.turns`).
-NO_FLOORS: Mapping[str, list[Any]] = {"floor_queues": [], "floor_priorities": [], "floors": []}
+NO_FLOORS: Mapping[str, list[Any]] = {
+    "floor_queues": [],
+    "floor_priorities": [],
+    "floors": [],
+    **NO_KEYS,
+}
 NO_TURNS: Mapping[str, list[Any]] = {"turn_queues": [], "turn_priorities": [], "turns": []}
 # No handler of a keyed job outlived its attempt (`claim`'s `key_overruns`).
 NO_OVERRUNS: Mapping[str, list[Any]] = {
@@ -265,19 +270,29 @@ async def next_due(
 
 
 class Head(NamedTuple):
-    """The earliest due pending job of a queue at one priority: when it is due."""
+    """The earliest due pending job of a queue at one priority, key-less or of one key:
+    when it is due."""
 
     queue: str
     priority: int
     run_at: datetime
+    concurrency_key: str | None = None
 
 
-async def claim_heads(conn: Driver, queues: Sequence[str]) -> list[Head]:
-    """Per queue and priority present, the earliest due pending job's run_at, read from the
-    head of the claim index; locks nothing."""
+async def claim_heads(
+    conn: Driver, queues: Sequence[str], keys: Mapping[str, list[Any]] = NO_KEYS
+) -> list[Head]:
+    """Per queue and priority present, the earliest due key-less pending job's run_at, and
+    per key of `keys` (`ClaimFloors.keys`) the earliest due one of its, read from the head
+    of the claim index; locks nothing."""
     statement = STATEMENTS["job_claim_heads"]
-    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues), **NO_FLOORS}))
-    return [Head(row["queue"], row["priority"], row["run_at"]) for row in rows]
+    values = {"queues": list(queues), **NO_FLOORS, **keys}
+    rows = await conn.fetch(statement.sql, *statement.args(values))
+    return [
+        Head(row["queue"], row["priority"], row["run_at"], row["concurrency_key"])
+        for row in rows
+        if row["run_at"] is not None
+    ]
 
 
 async def record(

@@ -9,10 +9,14 @@ head visits each one (and its heap row) before the first live job: a claim then
 costs O(jobs claimed since the horizon was pinned), and the queue falls behind.
 
 So each worker process remembers, per (queue, priority), a floor for the key-less
-jobs (those with a concurrency key are read from their key's head): a `run_at`
-below which it has already taken every job it could see, less `MARGIN` for jobs
-that commit a little after their `run_at` (a submit's transaction takes
-milliseconds). Claims read the index from there (`jobcore.queries`' `JOB_CLAIM`).
+jobs: a `run_at` below which it has already taken every job it could see, less
+`MARGIN` for jobs that commit a little after their `run_at` (a submit's
+transaction takes milliseconds). Claims read the index from there
+(`jobcore.queries`' `JOB_CLAIM`). And per (queue, priority, concurrency key), the
+same for the keys it served last (`KNOWN_KEYS` of them): keys take turns, but
+within a key the claim goes in `run_at` order too. Those are sent only while reading
+from the head is costly (a held horizon): a claim steps through each known key it
+passes, where from the head it steps only through keys with jobs.
 A job can still appear below a floor: one whose transaction ran longer than the
 margin (a transactional enqueue), a job handed back or recovered (it keeps its
 `run_at`), a row another transaction held when the claim skipped it, a job
@@ -38,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 MARGIN = timedelta(seconds=1)
 COST_RATIO = 20.0
@@ -49,7 +53,7 @@ MIN_CHECK_INTERVAL = 1.0
 
 class Position(Protocol):
     """Where a job stands in claim order: a job a claim took, or one a check of the heads
-    found (a queue's earliest due job at one priority)."""
+    found (a queue's earliest due job at one priority, and one key's)."""
 
     @property
     def queue(self) -> str: ...
@@ -59,6 +63,22 @@ class Position(Protocol):
 
     @property
     def run_at(self) -> datetime: ...
+
+
+class KeyPosition(Position, Protocol):
+    @property
+    def concurrency_key(self) -> str | None: ...
+
+
+# The keys a process keeps floors for, the ones it served last: a claim steps through each
+# it passes in turn order, with jobs or not.
+KNOWN_KEYS = 256
+NO_KEYS: dict[str, list[Any]] = {
+    "key_floor_queues": [],
+    "key_floor_priorities": [],
+    "key_floor_keys": [],
+    "key_floors": [],
+}
 
 
 def check_interval(cost: float) -> float:
@@ -80,6 +100,11 @@ class Sweeps:
         self._next = float("-inf")
         self._last = float("-inf")
         self.cost = 0.0  # what the last read from the head took, a sweep's or a check's
+
+    def costly(self) -> bool:
+        """Whether the last read from the head cost more than reading it on a table
+        without dead entries would."""
+        return self.cost > self._cheap
 
     def due(self, now: float) -> bool:
         if self.cost <= self._cheap:
@@ -113,18 +138,64 @@ class ClaimFloors:
         self._margin = margin
         self._floors: dict[tuple[str, int], datetime] = {}
         self._sent: dict[tuple[str, int], int] = {}  # the same, as `micros`
+        # Per (queue, priority, key), as `micros`; the key served last comes last.
+        self._keys: dict[tuple[str, int, str], int] = {}
         self.sweeps = sweeps or Sweeps()
 
     def params(self, queues: Iterable[str], *, sweep: bool) -> dict[str, list[Any]]:
         """The claim's floor parameters for `queues` (the floors as `micros`); none at all
-        for a sweep."""
+        for a sweep, and the keys' only while reading from the head is costly."""
         wanted = set(queues)
-        known = [] if sweep else [(k, f) for k, f in self._sent.items() if k[0] in wanted]
+        known: list[tuple[tuple[str, int], int | None]] = []
+        keys = NO_KEYS
+        if not sweep:
+            known += [(k, f) for k, f in self._sent.items() if k[0] in wanted]
+            if self.sweeps.costly():
+                keys = self.keys(wanted)
+                # The keys' priorities are known too, their key-less jobs read from the head
+                # (a floor of None): a priority found by a probe would be read from its head.
+                known += [
+                    (place, None)
+                    for place in dict.fromkeys(
+                        zip(keys["key_floor_queues"], keys["key_floor_priorities"], strict=True)
+                    )
+                    if place not in self._sent
+                ]
         return {
             "floor_queues": [queue for (queue, _), _ in known],
             "floor_priorities": [priority for (_, priority), _ in known],
             "floors": [floor for _, floor in known],
+            **keys,
         }
+
+    def keys(self, queues: Iterable[str]) -> dict[str, list[Any]]:
+        """The known keys of `queues` and their floors, as parameters."""
+        wanted = set(queues)
+        known = [(k, f) for k, f in self._keys.items() if k[0] in wanted]
+        return {
+            "key_floor_queues": [queue for (queue, _, _), _ in known],
+            "key_floor_priorities": [priority for (_, priority, _), _ in known],
+            "key_floor_keys": [key for (_, _, key), _ in known],
+            "key_floors": [floor for _, floor in known],
+        }
+
+    def learn_keys(self, taken: Sequence[KeyPosition], *, sweep: bool) -> None:
+        """Move the floors of the keys a claim took jobs of past the last one it took of
+        each (as `learn` for the key-less jobs, a sweep's may fall), and forget the keys
+        served longest ago beyond `KNOWN_KEYS`."""
+        latest: dict[tuple[str, int, str], datetime] = {}
+        for job in taken:
+            if job.concurrency_key is None:
+                continue
+            key = (job.queue, job.priority, job.concurrency_key)
+            if key not in latest or job.run_at > latest[key]:
+                latest[key] = job.run_at
+        for key, run_at in latest.items():
+            floor = micros(run_at - self._margin)
+            old = self._keys.pop(key, None)
+            self._keys[key] = floor if sweep or old is None else max(old, floor)
+        for key in list(self._keys)[: max(len(self._keys) - KNOWN_KEYS, 0)]:
+            del self._keys[key]
 
     def _set(self, key: tuple[str, int], floor: datetime) -> None:
         if self._floors.get(key) != floor:
@@ -162,16 +233,25 @@ class ClaimFloors:
             old = self._floors.get(key)
             self._set(key, floor if sweep or old is None else max(old, floor))
 
-    def lower(self, heads: Iterable[Position]) -> None:
+    def lower(self, heads: Iterable[KeyPosition]) -> None:
         """Lower each floor that a due job lies below to that job's `run_at` (a check of
-        the heads found it); a priority without a floor gets one there."""
+        the heads found it); a priority without a floor gets one there (a key without one
+        stays unknown)."""
         for head in heads:
+            if head.concurrency_key is not None:
+                place = (head.queue, head.priority, head.concurrency_key)
+                if place in self._keys:
+                    self._keys[place] = min(self._keys[place], micros(head.run_at))
+                continue
             key = (head.queue, head.priority)
             old = self._floors.get(key)
             self._set(key, head.run_at if old is None else min(old, head.run_at))
 
     def floor(self, queue: str, priority: int) -> datetime | None:
         return self._floors.get((queue, priority))
+
+    def key_floor(self, queue: str, priority: int, key: str) -> int | None:
+        return self._keys.get((queue, priority, key))
 
 
 # --- count floors -------------------------------------------------------------------------
@@ -313,9 +393,18 @@ class TypeFloors:
             self._leases[name] = floor if sweep or old is None else max(old, floor)
 
     def lower(self, heads: Iterable[Position]) -> None:
-        """Lower each claim floor a due key-less job lies below (a check of the heads found
-        it, whatever its type: the limited ones' floors may be lower than need be, never
-        higher). Only floors that are set: a priority without one is read from its head."""
-        heads = list(heads)
+        """Lower each claim floor a due job lies below (a check of the heads found it,
+        whatever its type, and whatever its key: the limited claim reads a queue without
+        KEY_CONCURRENCY in `run_at` order, keys or not; so its floors may be lower than
+        need be, never higher). Only floors that are set: a priority without one is read
+        from its head."""
+        found = [_At(h.queue, h.priority, h.run_at) for h in heads]
         for claims in self._claims.values():
-            claims.lower([h for h in heads if claims.floor(h.queue, h.priority) is not None])
+            claims.lower([h for h in found if claims.floor(h.queue, h.priority) is not None])
+
+
+class _At(NamedTuple):
+    queue: str
+    priority: int
+    run_at: datetime
+    concurrency_key: str | None = None

@@ -14,7 +14,15 @@ import pytest
 import sqlalchemy as sa
 
 from jobcore import compiled, queries
-from jobcore.floors import LEASE_MARGIN, ClaimFloors, Sweeps, TypeFloors, check_interval, micros
+from jobcore.floors import (
+    LEASE_MARGIN,
+    NO_KEYS,
+    ClaimFloors,
+    Sweeps,
+    TypeFloors,
+    check_interval,
+    micros,
+)
 from jobcore.ids import new_id
 from jobcore.runner import Compiled
 from jobcore.states import Operation
@@ -24,8 +32,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SECOND = timedelta(seconds=1)
 
 
-def taken(queue: str, priority: int, run_at: datetime) -> Any:
-    return SimpleNamespace(queue=queue, priority=priority, run_at=run_at)
+def taken(queue: str, priority: int, run_at: datetime, key: str | None = None) -> Any:
+    return SimpleNamespace(queue=queue, priority=priority, run_at=run_at, concurrency_key=key)
 
 
 # --- the bookkeeping ------------------------------------------------------------
@@ -75,6 +83,7 @@ def test_a_sweep_sends_no_floors_and_a_claim_only_those_of_its_queues():
         "floor_queues": ["b"],
         "floor_priorities": [2],
         "floors": [micros(T0 - SECOND)],
+        **NO_KEYS,
     }
 
 

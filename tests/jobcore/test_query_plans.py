@@ -73,11 +73,16 @@ def _index_scans(plan: str) -> set[str]:
     return {node["Index Name"] for node in _nodes(plan) if "Index Name" in node}
 
 
-# A claim from the head (a sweep), and one from floors: one known priority of each queue.
+# A claim from the head (a sweep), and one from floors: one known priority of each queue,
+# and two known keys of one.
 FLOORED = {
     "floor_queues": ["default", "other"],
     "floor_priorities": [0, 5],
     "floors": [micros(datetime.now(UTC) - timedelta(minutes=1))] * 2,
+    "key_floor_queues": ["default", "default"],
+    "key_floor_priorities": [0, 0],
+    "key_floor_keys": ["k1", "k2"],
+    "key_floors": [micros(datetime.now(UTC) - timedelta(minutes=1))] * 2,
 }
 FLOORS = pytest.mark.parametrize("floors", [NO_FLOORS, FLOORED], ids=["sweep", "floored"])
 
@@ -117,10 +122,11 @@ async def test_next_due_reads_the_claim_index(engine, generic, floors):
     assert '"Seq Scan"' not in plan, plan
 
 
+@FLOORS
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-async def test_the_check_of_the_heads_reads_the_claim_index(engine, generic):
+async def test_the_check_of_the_heads_reads_the_claim_index(engine, generic, floors):
     await _fill(engine)
-    params = {"queues": ["default", "other"], **NO_FLOORS}
+    params = {"queues": ["default", "other"], **NO_FLOORS, **floors}
     plan = await _plan(engine, queries.JOB_CLAIM_HEADS, params, generic)
     assert _index_scans(plan) == {"jobs_claim_key_idx"}, plan
     assert '"Seq Scan"' not in plan, plan

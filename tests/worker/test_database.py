@@ -209,10 +209,11 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
 
 # The claims' floor parameters as literals, none: a claim from the head, as a sweep.
 _NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::bigint[]"
-# No key limits, then no floors, no turns and no overruns: the claim's parameters after
-# its slots.
+# No key limits, then no floors, no turns, no key floors and no overruns: the claim's
+# parameters after its slots.
 _NO_KEYS = (
     f"'{{}}'::integer[], {_NO_FLOORS}, '{{}}'::text[], '{{}}'::smallint[], '{{}}'::text[],"
+    " '{}'::text[], '{}'::smallint[], '{}'::text[], '{}'::bigint[],"
     " '{}'::text[], '{}'::text[], '{}'::integer[]"
 )
 
@@ -569,6 +570,27 @@ async def test_under_key_concurrency_every_claim_has_keys_in_turn(engine):
         await store.close()
     # Never two of the key at once, however many claims.
     assert [job.concurrency_key for job in taken].count("tenant-1") == 1
+
+
+async def test_the_claims_learn_the_keys_floors_and_a_check_of_the_heads_lowers_them(engine):
+    """A worker process's claims learn where each key's jobs begin (`ClaimFloors`), and
+    while reading from the head is costly they read each known key from there: a job of
+    the key handed back below its floor waits for a check of the heads (`check_floors`)."""
+    store = PgJobStore(engine)
+    store.keyed = KeyedQueues(clock=lambda: 0.0)
+    try:
+        await _backlog(engine, 2, "tenant-1", 0)
+        assert len(await store.claim({"default": 4}, 60)) == 2
+        assert store.floors.key_floor("default", 0, "tenant-1") is not None
+        store.floors.sweeps.measured(1.0, at=store.availability.now())  # costly: no sweeps
+        await _backlog(engine, 1, "tenant-1", 3600)  # handed back: below the floor
+        assert await store.claim({"default": 4}, 60) == []
+        await store.check_floors(["default"])
+        store.floors.sweeps.measured(1.0, at=store.availability.now())
+        (late,) = await store.claim({"default": 4}, 60)
+        assert late.concurrency_key == "tenant-1"
+    finally:
+        await store.close()
 
 
 async def test_the_limited_claim_keeps_the_workers_key_concurrency(engine):

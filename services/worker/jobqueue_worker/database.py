@@ -352,8 +352,8 @@ class PgJobStore:
         taken: Callable[[T], list[Claimed]],
     ) -> T:
         """Run `claim(floors, turns)` from this process's floors, or from the head when a
-        sweep is due, and its key turns; the floors (of the key-less jobs) and the turns
-        then learn from the jobs it took (`taken(result)`)."""
+        sweep is due, and its key turns; the floors (the key-less jobs' and the keys') and
+        the turns then learn from the jobs it took (`taken(result)`)."""
         started = self.availability.now()
         sweep = self.floors.sweeps.due(started)
         result = await claim(self.floors.params(slots, sweep=sweep), self.turns.params(slots))
@@ -361,6 +361,7 @@ class PgJobStore:
             self.floors.sweeps.done(started, self.availability.now())
         jobs = taken(result)
         self.floors.learn([job for job in jobs if job.concurrency_key is None], sweep=sweep)
+        self.floors.learn_keys(jobs, sweep=sweep)
         self.turns.learn(jobs)
         self.keyed.learn(jobs)
         return result
@@ -436,7 +437,8 @@ class PgJobStore:
         """Lower the claim floors that a due job of `queues` lies below (found from the head
         of the claim index, off the claims' path); the seconds that read took."""
         started = self.availability.now()
-        heads = await self._run("claim_heads", compiled.claim_heads, queues)
+        keys = self.floors.keys(queues)
+        heads = await self._run("claim_heads", compiled.claim_heads, queues, keys)
         ended = self.availability.now()
         cost = ended - started
         self.floors.sweeps.measured(cost, ended)

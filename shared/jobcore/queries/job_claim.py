@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.queries.common import ONE_SECOND, c, status_literal
 from jobcore.queries.job_outcome import JOB_SET_OUTCOME
 from jobcore.rows import Claimed
-from jobcore.schema import jobs
+from jobcore.schema import MAX_KEY_LENGTH, jobs
 from jobcore.states import Operation, Status
 
 # --- the worker's statements ------------------------------------------------
@@ -40,8 +40,12 @@ from jobcore.states import Operation, Status
 # `floor_queues`, `floor_priorities`, `floors`), are read from their floor, and only the
 # gaps between them are probed for priorities it does not know yet. Without floors (a
 # sweep) this is the plain loose index scan from the head. The dead entries a held MVCC
-# horizon keeps in the index lie below the floors, so no claim but a sweep reads them. A
-# key's jobs are read from the key's head (docs/pressure.md).
+# horizon keeps in the index lie below the floors, so no claim but a sweep reads them.
+# Likewise the keys it knows, each with its floor (`known_keys`: parameters
+# `key_floor_queues`, `key_floor_priorities`, `key_floor_keys`, `key_floors`): a known key
+# is looked for, and its jobs read, from its floor, and only the gaps between known keys
+# are probed from their head (a probe bounded by the next known key stops at that key's
+# first entry, dead or not). A key it does not know is read from its head.
 #
 # KEY_CONCURRENCY (`key_limits`, per queue, NULL for none): a key's share is at most its
 # room, from `key_rooms()` (revision 0013), one call for the first keys in turn (and one
@@ -149,14 +153,59 @@ def keys_present() -> str:
     )"""
 
 
-def _first_after(bound: str) -> str:
-    """The first key at hand after `bound` and where its first job is (SQL, a subquery of
-    `k`, `tid`): the index orders a key's jobs by run_at, id, so the entry the probe for the
-    key lands on is that job's."""
+def _next_key(bound: str, i: str) -> str:
+    """The next key at hand after `bound` (SQL), where `i` is the place in `known_keys` of
+    the first known key after it, and where that key's first job is: the first key in the
+    gap up to that known key (read from the gap's head), else the known key, looked for
+    from its floor (whether it has jobs there or not: `present`). The index orders a key's
+    jobs by run_at, id, so the entry a probe for a key lands on is that job's. A subquery of
+    rows (k, tid, i, present), with `i` the place of the first known key after `k`; none
+    past the last key."""
+    upto = f"known_keys.ks[{i}]"
+    return f"""(SELECT * FROM (
+            SELECT g.k, g.tid, {i} AS i, true AS present FROM (
+                SELECT {KEY} AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE {_AT} AND {KEY} > {bound} AND {KEY} < {upto}
+                ORDER BY {KEY}, run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT {upto}, t.tid, {i} + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE {_AT} AND {KEY} = {upto} AND run_at >= known_keys.fs[{i}]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE {upto} IS NOT NULL
+        ) AS step LIMIT 1)"""
+
+
+def _known_after(bound: str) -> str:
+    """The place in `known_keys` of the first known key after `bound` (SQL)."""
     return (
-        f"(SELECT {KEY} AS k, ctid AS tid FROM jobqueue.jobs WHERE {_AT} AND {KEY} > {bound}"
-        f" ORDER BY {KEY}, run_at, id LIMIT 1)"
+        f"(SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM"
+        f' unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > {bound} COLLATE "C")'
     )
+
+
+# The keys this claimer knows at the queue and priority at hand, in key order, and their
+# floors (sent as microseconds since the epoch); and last, past every key there can be
+# (one character longer than the longest, of the greatest), one with no jobs: the walk's
+# end, so that every gap has a key to end at.
+_PAST_EVERY_KEY = f"repeat(chr(1114111), {MAX_KEY_LENGTH + 1})"
+_MICROSECOND = "INTERVAL '1 microsecond'"
+_KNOWN_KEYS = f"""known_keys AS MATERIALIZED (
+            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), {_PAST_EVERY_KEY}) AS ks,
+                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * {_MICROSECOND}
+                                          ORDER BY x.k COLLATE "C"),
+                                CAST('infinity' AS timestamptz)) AS fs
+            FROM unnest(CAST(:key_floor_queues AS text[]),
+                        CAST(:key_floor_priorities AS smallint[]),
+                        CAST(:key_floor_keys AS text[]) COLLATE "C",
+                        CAST(:key_floors AS bigint[])) AS x(q, p, k, f)
+            WHERE x.q = w.queue AND x.p = priorities.p
+        )"""
+# Where a key's jobs are read from: its floor, if known.
+_KEY_FLOOR = (
+    "coalesce(known_keys.fs[array_position(known_keys.ks, {k})], CAST('-infinity' AS timestamptz))"
+)
 
 
 def _by_tid(skip: str) -> str:
@@ -238,27 +287,32 @@ def _in_turn(skip: str) -> str:
                                            CAST(:turn_priorities AS smallint[]),
                                            CAST(:turns AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k, tid) AS (
-            SELECT CASE WHEN l.c IS NULL THEN {_NO_KEY} ELSE n.k END, n.tid
-            FROM last_turn AS l LEFT JOIN LATERAL {_first_after("l.c")} AS n ON true
+        ), {_KNOWN_KEYS}, after(k, tid, i, present) AS (
+            -- From '' (present), or from the last turn's key (served: not in this turn).
+            SELECT coalesce(l.c, {_NO_KEY}), CAST(NULL AS tid),
+                   {_known_after(f"coalesce(l.c, {_NO_KEY})")}, l.c IS NULL
+            FROM last_turn AS l CROSS JOIN known_keys
             UNION ALL
-            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL {_first_after("after.k")} AS n
-        ), wrapped(k, tid) AS (
-            SELECT {_NO_KEY}, CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
+            CROSS JOIN LATERAL {_next_key("after.k", "after.i")} AS n
+        ), wrapped(k, tid, i, present) AS (
+            SELECT {_NO_KEY}, CAST(NULL AS tid), 1, true
+            WHERE (SELECT c FROM last_turn) IS NOT NULL
             UNION ALL
-            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL {_first_after("wrapped.k")} AS n
+            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
+            CROSS JOIN LATERAL {_next_key("wrapped.k", "wrapped.i")} AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), found AS MATERIALIZED (
             -- The keys in turn, read as far as the claim needs them: the first w.n, then,
             -- should some have no room, as many again and SEEN_BEYOND more.
-            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
                                 UNION ALL
-                                SELECT k, tid FROM wrapped
+                                SELECT k, tid, present FROM wrapped
                                 WHERE k <= (SELECT c FROM last_turn)) AS f
             -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
+            WHERE present AND (k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip})
+                WHERE {_AT} AND {KEY} = '' AND run_at >= {FLOOR} AND run_at <= now(){skip}))
             LIMIT 2 * w.n + {SEEN_BEYOND}
         ), {_seen("1", "SELECT k, tid FROM found LIMIT w.n", "w.n", "0")}, short AS MATERIALIZED (
             -- The keys of the first w.n without room: as many keys with room are looked for
@@ -279,7 +333,8 @@ def _in_turn(skip: str) -> str:
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE {_AT} AND {KEY} = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN {FLOOR}
-                                     ELSE CAST('-infinity' AS timestamptz) END
+                                     ELSE (SELECT {_KEY_FLOOR.format(k="shares.k")}
+                                           FROM known_keys) END
                   AND run_at <= now(){skip}
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -439,12 +494,14 @@ CROSS JOIN LATERAL ({PRIORITIES}
 
 
 # Per queue and priority present, the earliest due key-less pending job's run_at, found from
-# the head of the claim index (without floors: `known` empty), locking nothing: what a
-# process checks its floors against now and then, off the claims' path (`jobcore.floors`).
-# Under a held MVCC horizon it reads every dead entry, as a claim from the head would.
+# the head of the claim index (without floors: `known` empty), and the same for each key the
+# process knows (`key_floor_queues`, `key_floor_priorities`, `key_floor_keys`), locking
+# nothing: what a process checks its floors against now and then, off the claims' path
+# (`jobcore.floors`). Under a held MVCC horizon it reads every dead entry of those, as a
+# claim from the head would.
 JOB_CLAIM_HEADS = sa.text(
     f"""
-SELECT w.queue, h.p AS priority, h.run_at
+SELECT w.queue, h.p AS priority, CAST(NULL AS text) AS concurrency_key, h.run_at
 FROM unnest(CAST(:queues AS text[])) AS w(queue)
 CROSS JOIN LATERAL ({PRIORITIES}
     SELECT priorities.p, (SELECT run_at FROM jobqueue.jobs
@@ -452,10 +509,19 @@ CROSS JOIN LATERAL ({PRIORITIES}
                           ORDER BY run_at, id LIMIT 1) AS run_at
     FROM priorities WHERE priorities.p IS NOT NULL
 ) AS h
-WHERE h.run_at IS NOT NULL"""
+WHERE h.run_at IS NOT NULL
+UNION ALL
+SELECT x.q, x.p, x.k, (SELECT run_at FROM jobqueue.jobs
+                       WHERE status = {_PENDING} AND queue = x.q AND priority = x.p
+                         AND {KEY} = x.k AND run_at <= now()
+                       ORDER BY run_at, id LIMIT 1) AS run_at
+FROM unnest(CAST(:key_floor_queues AS text[]), CAST(:key_floor_priorities AS smallint[]),
+            CAST(:key_floor_keys AS text[]) COLLATE "C") AS x(q, p, k)
+WHERE x.q = ANY(CAST(:queues AS text[]))"""
 ).columns(
     sa.column("queue", sa.Text),
     sa.column("priority", sa.SmallInteger),
+    sa.column("concurrency_key", sa.Text),
     sa.column("run_at", sa.DateTime(timezone=True)),
 )
 

@@ -157,7 +157,7 @@ WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 
 -- name: job_claim
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 overrun_queues, $16 overrun_keys, $17 overrun_counts
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts
 WITH due AS MATERIALIZED 
 (
 SELECT c.id FROM (
@@ -206,27 +206,66 @@ SELECT c.id FROM (
                                            CAST($13 AS smallint[]),
                                            CAST($14 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k, tid) AS (
-            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
-            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+        ), known_keys AS MATERIALIZED (
+            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
+                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                          ORDER BY x.k COLLATE "C"),
+                                CAST('infinity' AS timestamptz)) AS fs
+            FROM unnest(CAST($15 AS text[]),
+                        CAST($16 AS smallint[]),
+                        CAST($17 AS text[]) COLLATE "C",
+                        CAST($18 AS bigint[])) AS x(q, p, k, f)
+            WHERE x.q = w.queue AND x.p = priorities.p
+        ), after(k, tid, i, present) AS (
+            -- From '' (present), or from the last turn's key (served: not in this turn).
+            SELECT coalesce(l.c, CAST('' AS text) COLLATE "C"), CAST(NULL AS tid),
+                   (SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > coalesce(l.c, CAST('' AS text) COLLATE "C") COLLATE "C"), l.c IS NULL
+            FROM last_turn AS l CROSS JOIN known_keys
             UNION ALL
-            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
-        ), wrapped(k, tid) AS (
-            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, after.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
-            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[after.i] AND run_at >= known_keys.fs[after.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[after.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        ), wrapped(k, tid, i, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), 1, true
+            WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[wrapped.i] AND run_at >= known_keys.fs[wrapped.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[wrapped.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), found AS MATERIALIZED (
             -- The keys in turn, read as far as the claim needs them: the first w.n, then,
             -- should some have no room, as many again and SEEN_BEYOND more.
-            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
                                 UNION ALL
-                                SELECT k, tid FROM wrapped
+                                SELECT k, tid, present FROM wrapped
                                 WHERE k <= (SELECT c FROM last_turn)) AS f
             -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
+            WHERE present AND (k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now()))
             LIMIT 2 * w.n + 16
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
@@ -236,9 +275,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($15 AS text[]),
-                               CAST($16 AS text[]),
-                               CAST($17 AS integer[])) AS o(q, k, n)
+                               CAST($19 AS text[]),
+                               CAST($20 AS text[]),
+                               CAST($21 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -265,9 +304,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($15 AS text[]),
-                               CAST($16 AS text[]),
-                               CAST($17 AS integer[])) AS o(q, k, n)
+                               CAST($19 AS text[]),
+                               CAST($20 AS text[]),
+                               CAST($21 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -305,7 +344,8 @@ SELECT c.id FROM (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE CAST('-infinity' AS timestamptz) END
+                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
+                                           FROM known_keys) END
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -352,7 +392,7 @@ WHERE c.nth <= c.k_left AND (
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_claim_unlimited
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 limited, $16 overrun_queues, $17 overrun_keys, $18 overrun_counts
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 limited, $20 overrun_queues, $21 overrun_keys, $22 overrun_counts
 WITH due AS MATERIALIZED 
 (
 SELECT c.id FROM (
@@ -401,27 +441,66 @@ SELECT c.id FROM (
                                            CAST($13 AS smallint[]),
                                            CAST($14 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k, tid) AS (
-            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
-            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+        ), known_keys AS MATERIALIZED (
+            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
+                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                          ORDER BY x.k COLLATE "C"),
+                                CAST('infinity' AS timestamptz)) AS fs
+            FROM unnest(CAST($15 AS text[]),
+                        CAST($16 AS smallint[]),
+                        CAST($17 AS text[]) COLLATE "C",
+                        CAST($18 AS bigint[])) AS x(q, p, k, f)
+            WHERE x.q = w.queue AND x.p = priorities.p
+        ), after(k, tid, i, present) AS (
+            -- From '' (present), or from the last turn's key (served: not in this turn).
+            SELECT coalesce(l.c, CAST('' AS text) COLLATE "C"), CAST(NULL AS tid),
+                   (SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > coalesce(l.c, CAST('' AS text) COLLATE "C") COLLATE "C"), l.c IS NULL
+            FROM last_turn AS l CROSS JOIN known_keys
             UNION ALL
-            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
-        ), wrapped(k, tid) AS (
-            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, after.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
-            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[after.i] AND run_at >= known_keys.fs[after.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[after.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        ), wrapped(k, tid, i, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), 1, true
+            WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[wrapped.i] AND run_at >= known_keys.fs[wrapped.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[wrapped.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), found AS MATERIALIZED (
             -- The keys in turn, read as far as the claim needs them: the first w.n, then,
             -- should some have no room, as many again and SEEN_BEYOND more.
-            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
                                 UNION ALL
-                                SELECT k, tid FROM wrapped
+                                SELECT k, tid, present FROM wrapped
                                 WHERE k <= (SELECT c FROM last_turn)) AS f
             -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
+            WHERE present AND (k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[])))
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))))
             LIMIT 2 * w.n + 16
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
@@ -431,9 +510,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($16 AS text[]),
-                               CAST($17 AS text[]),
-                               CAST($18 AS integer[])) AS o(q, k, n)
+                               CAST($20 AS text[]),
+                               CAST($21 AS text[]),
+                               CAST($22 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -460,9 +539,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($16 AS text[]),
-                               CAST($17 AS text[]),
-                               CAST($18 AS integer[])) AS o(q, k, n)
+                               CAST($20 AS text[]),
+                               CAST($21 AS text[]),
+                               CAST($22 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -492,8 +571,9 @@ SELECT c.id FROM (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE CAST('-infinity' AS timestamptz) END
-                  AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
+                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
+                                           FROM known_keys) END
+                  AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
             
@@ -512,7 +592,7 @@ SELECT c.id FROM (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
-                  AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
+                  AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))
                 ORDER BY run_at, id
                 LIMIT least(filled.k_left - filled.taken,
                             ceil((w.n - (SELECT count(*) FROM first))
@@ -539,7 +619,7 @@ WHERE c.nth <= c.k_left AND (
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_complete_and_claim
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 overrun_queues, $19 overrun_keys, $20 overrun_counts
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 overrun_queues, $23 overrun_keys, $24 overrun_counts
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
@@ -590,27 +670,66 @@ SELECT c.id FROM (
                                            CAST($16 AS smallint[]),
                                            CAST($17 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k, tid) AS (
-            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
-            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+        ), known_keys AS MATERIALIZED (
+            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
+                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                          ORDER BY x.k COLLATE "C"),
+                                CAST('infinity' AS timestamptz)) AS fs
+            FROM unnest(CAST($18 AS text[]),
+                        CAST($19 AS smallint[]),
+                        CAST($20 AS text[]) COLLATE "C",
+                        CAST($21 AS bigint[])) AS x(q, p, k, f)
+            WHERE x.q = w.queue AND x.p = priorities.p
+        ), after(k, tid, i, present) AS (
+            -- From '' (present), or from the last turn's key (served: not in this turn).
+            SELECT coalesce(l.c, CAST('' AS text) COLLATE "C"), CAST(NULL AS tid),
+                   (SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > coalesce(l.c, CAST('' AS text) COLLATE "C") COLLATE "C"), l.c IS NULL
+            FROM last_turn AS l CROSS JOIN known_keys
             UNION ALL
-            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
-        ), wrapped(k, tid) AS (
-            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, after.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
-            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[after.i] AND run_at >= known_keys.fs[after.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[after.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        ), wrapped(k, tid, i, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), 1, true
+            WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[wrapped.i] AND run_at >= known_keys.fs[wrapped.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[wrapped.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), found AS MATERIALIZED (
             -- The keys in turn, read as far as the claim needs them: the first w.n, then,
             -- should some have no room, as many again and SEEN_BEYOND more.
-            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
                                 UNION ALL
-                                SELECT k, tid FROM wrapped
+                                SELECT k, tid, present FROM wrapped
                                 WHERE k <= (SELECT c FROM last_turn)) AS f
             -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
+            WHERE present AND (k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now())
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now()))
             LIMIT 2 * w.n + 16
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
@@ -620,9 +739,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($18 AS text[]),
-                               CAST($19 AS text[]),
-                               CAST($20 AS integer[])) AS o(q, k, n)
+                               CAST($22 AS text[]),
+                               CAST($23 AS text[]),
+                               CAST($24 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -649,9 +768,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($18 AS text[]),
-                               CAST($19 AS text[]),
-                               CAST($20 AS integer[])) AS o(q, k, n)
+                               CAST($22 AS text[]),
+                               CAST($23 AS text[]),
+                               CAST($24 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -689,7 +808,8 @@ SELECT c.id FROM (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE CAST('-infinity' AS timestamptz) END
+                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
+                                           FROM known_keys) END
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -740,7 +860,7 @@ FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.pa
 FROM claimed;
 
 -- name: job_complete_and_claim_unlimited
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 limited, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 limited, $23 overrun_queues, $24 overrun_keys, $25 overrun_counts
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
@@ -791,27 +911,66 @@ SELECT c.id FROM (
                                            CAST($16 AS smallint[]),
                                            CAST($17 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), after(k, tid) AS (
-            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid
-            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+        ), known_keys AS MATERIALIZED (
+            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
+                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                          ORDER BY x.k COLLATE "C"),
+                                CAST('infinity' AS timestamptz)) AS fs
+            FROM unnest(CAST($18 AS text[]),
+                        CAST($19 AS smallint[]),
+                        CAST($20 AS text[]) COLLATE "C",
+                        CAST($21 AS bigint[])) AS x(q, p, k, f)
+            WHERE x.q = w.queue AND x.p = priorities.p
+        ), after(k, tid, i, present) AS (
+            -- From '' (present), or from the last turn's key (served: not in this turn).
+            SELECT coalesce(l.c, CAST('' AS text) COLLATE "C"), CAST(NULL AS tid),
+                   (SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > coalesce(l.c, CAST('' AS text) COLLATE "C") COLLATE "C"), l.c IS NULL
+            FROM last_turn AS l CROSS JOIN known_keys
             UNION ALL
-            SELECT n.k, n.tid FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
-        ), wrapped(k, tid) AS (
-            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid) WHERE (SELECT c FROM last_turn) IS NOT NULL
+            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, after.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
-            SELECT n.k, n.tid FROM wrapped CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[after.i] AND run_at >= known_keys.fs[after.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[after.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        ), wrapped(k, tid, i, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), 1, true
+            WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
+                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[wrapped.i] AND run_at >= known_keys.fs[wrapped.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[wrapped.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
         ), found AS MATERIALIZED (
             -- The keys in turn, read as far as the claim needs them: the first w.n, then,
             -- should some have no room, as many again and SEEN_BEYOND more.
-            SELECT k, tid FROM (SELECT k, tid FROM after WHERE k IS NOT NULL
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
                                 UNION ALL
-                                SELECT k, tid FROM wrapped
+                                SELECT k, tid, present FROM wrapped
                                 WHERE k <= (SELECT c FROM last_turn)) AS f
             -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE k <> '' OR EXISTS (
+            WHERE present AND (k <> '' OR EXISTS (
                 SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[])))
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($22 AS text[]))))
             LIMIT 2 * w.n + 16
         ), ask1 AS MATERIALIZED (
             SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
@@ -821,9 +980,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($19 AS text[]),
-                               CAST($20 AS text[]),
-                               CAST($21 AS integer[])) AS o(q, k, n)
+                               CAST($23 AS text[]),
+                               CAST($24 AS text[]),
+                               CAST($25 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -850,9 +1009,9 @@ SELECT c.id FROM (
                 SELECT array_agg(a.k ORDER BY a.nth) AS ks,
                        array_agg(w.key_limit - coalesce((
                            SELECT sum(o.n) FROM unnest(
-                               CAST($19 AS text[]),
-                               CAST($20 AS text[]),
-                               CAST($21 AS integer[])) AS o(q, k, n)
+                               CAST($23 AS text[]),
+                               CAST($24 AS text[]),
+                               CAST($25 AS integer[])) AS o(q, k, n)
                            WHERE o.q = w.queue AND o.k = a.k), 0)::integer
                                  ORDER BY a.nth) AS rooms,
                        -- '' takes a slot of the claim's without a lock.
@@ -882,8 +1041,9 @@ SELECT c.id FROM (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
                   AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE CAST('-infinity' AS timestamptz) END
-                  AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
+                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
+                                           FROM known_keys) END
+                  AND run_at <= now() AND type <> ALL(CAST($22 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
             
@@ -902,7 +1062,7 @@ SELECT c.id FROM (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
                   AND (run_at, id) > (filled.last_run_at, filled.last_id)
-                  AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
+                  AND run_at <= now() AND type <> ALL(CAST($22 AS text[]))
                 ORDER BY run_at, id
                 LIMIT least(filled.k_left - filled.taken,
                             ceil((w.n - (SELECT count(*) FROM first))
@@ -1414,8 +1574,8 @@ CROSS JOIN LATERAL (
 ) AS n;
 
 -- name: job_claim_heads
--- parameters: $1 queues, $2 floor_queues, $3 floor_priorities, $4 floors
-SELECT w.queue, h.p AS priority, h.run_at
+-- parameters: $1 queues, $2 floor_queues, $3 floor_priorities, $4 floors, $5 key_floor_queues, $6 key_floor_priorities, $7 key_floor_keys
+SELECT w.queue, h.p AS priority, CAST(NULL AS text) AS concurrency_key, h.run_at
 FROM unnest(CAST($1 AS text[])) AS w(queue)
 CROSS JOIN LATERAL (
     WITH RECURSIVE known AS MATERIALIZED (
@@ -1456,7 +1616,15 @@ CROSS JOIN LATERAL (
                           ORDER BY run_at, id LIMIT 1) AS run_at
     FROM priorities WHERE priorities.p IS NOT NULL
 ) AS h
-WHERE h.run_at IS NOT NULL;
+WHERE h.run_at IS NOT NULL
+UNION ALL
+SELECT x.q, x.p, x.k, (SELECT run_at FROM jobqueue.jobs
+                       WHERE status = 'pending' AND queue = x.q AND priority = x.p
+                         AND coalesce(concurrency_key, '') = x.k AND run_at <= now()
+                       ORDER BY run_at, id LIMIT 1) AS run_at
+FROM unnest(CAST($5 AS text[]), CAST($6 AS smallint[]),
+            CAST($7 AS text[]) COLLATE "C") AS x(q, p, k)
+WHERE x.q = ANY(CAST($1 AS text[]));
 
 -- name: job_set_outcome_complete
 -- parameters: $1 ids, $2 tokens, $3 results
