@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 from uuid import UUID, uuid4
 
 from jobcore import history, maintenance, queries, search
@@ -127,11 +127,12 @@ async def _lock_keys(conn: Driver, values: dict[str, Any], locked: list[str]) ->
 
 # A claim without floors reads the claim index from its head (`jobcore.floors`); one without
 # turns starts each priority's keys from the first (`jobcore.turns`).
-NO_FLOORS: Mapping[str, list[Any]] = {
+NO_FLOORS: Mapping[str, Any] = {
     "floor_queues": [],
     "floor_priorities": [],
     "floors": [],
     **NO_KEYS,
+    "key_lease_floor": None,
 }
 NO_TURNS: Mapping[str, list[Any]] = {"turn_queues": [], "turn_priorities": [], "turns": []}
 # No handler of a keyed job outlived its attempt (`claim`'s `key_overruns`).
@@ -148,7 +149,7 @@ async def claim(
     lease_seconds: float,
     claim_id: UUID | None = None,
     limited: Sequence[str] = (),
-    floors: Mapping[str, list[Any]] = NO_FLOORS,
+    floors: Mapping[str, Any] = NO_FLOORS,
     turns: Mapping[str, list[Any]] = NO_TURNS,
     key_limits: Mapping[str, int] | None = None,
     key_overruns: Mapping[tuple[str, str], int] | None = None,
@@ -193,7 +194,7 @@ async def claim_limited(
     slots: Mapping[str, int],
     lease_seconds: float,
     claim_id: UUID | None = None,
-    floors: Mapping[str, list[Any]] = NO_FLOORS,
+    floors: Mapping[str, Any] = NO_FLOORS,
     overruns: Mapping[str, int] | None = None,
     key_limits: Mapping[str, int] | None = None,
     key_overruns: Mapping[tuple[str, str], int] | None = None,
@@ -260,7 +261,7 @@ def _no_type_floors(types: Sequence[str]) -> dict[str, list[Any]]:
 
 
 async def next_due(
-    conn: Driver, queues: Sequence[str], floors: Mapping[str, list[Any]] = NO_FLOORS
+    conn: Driver, queues: Sequence[str], floors: Mapping[str, Any] = NO_FLOORS
 ) -> float | None:
     """Seconds until the earliest pending job of `queues` that is not due yet; None if none."""
     statement = STATEMENTS["job_next_due"]
@@ -277,6 +278,14 @@ class Head(NamedTuple):
     priority: int
     run_at: datetime
     concurrency_key: str | None = None
+
+
+async def key_lease_first(conn: Driver, queues: Sequence[str]) -> datetime:
+    """The earliest lease among the running jobs with a key of `queues`, or now() if earlier
+    (none running), read from the head of the lease index; locks nothing."""
+    statement = STATEMENTS["job_key_lease_first"]
+    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues)}))
+    return cast(datetime, rows[0]["first"])
 
 
 async def claim_heads(
@@ -340,7 +349,7 @@ async def complete_and_claim(
     claim_id: UUID | None = None,
     limited: Sequence[str] = (),
     results: Sequence[str | None] = (),
-    floors: Mapping[str, list[Any]] = NO_FLOORS,
+    floors: Mapping[str, Any] = NO_FLOORS,
     turns: Mapping[str, list[Any]] = NO_TURNS,
     key_limits: Mapping[str, int] | None = None,
     key_overruns: Mapping[tuple[str, str], int] | None = None,

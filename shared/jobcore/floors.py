@@ -81,6 +81,18 @@ NO_KEYS: dict[str, list[Any]] = {
 }
 
 
+# A check of the heads reads each known key's head too: on a table without dead entries
+# about 10-20 µs a key, a few ms for `KNOWN_KEYS`. Whether reading from the head is costly
+# is judged on what it cost per this many keys (at least the cost of one).
+KEYS_PER_CHECK = 100
+
+
+def check_cost(cost: float, keys: int) -> float:
+    """What a check of the heads that read `keys` keys' heads and took `cost` seconds
+    says a read from the head costs."""
+    return cost * KEYS_PER_CHECK / max(KEYS_PER_CHECK, keys)
+
+
 def check_interval(cost: float) -> float:
     """Seconds until the next check of the heads, after one that took `cost` seconds."""
     return min(max(COST_RATIO * cost, MIN_CHECK_INTERVAL), MAX_INTERVAL)
@@ -140,11 +152,19 @@ class ClaimFloors:
         self._sent: dict[tuple[str, int], int] = {}  # the same, as `micros`
         # Per (queue, priority, key), as `micros`; the key served last comes last.
         self._keys: dict[tuple[str, int, str], int] = {}
+        self._key_leases: int | None = None  # below every running job's lease, with a key
+        # Checks of the heads run while claims do: per floor, the last check that lowered it
+        # (`generation` counts them), so a claim that read its floors before does not raise
+        # it again past the job the check found.
+        self.generation = 0
+        self._lowered: dict[tuple[str, int] | tuple[str, int, str], int] = {}
         self.sweeps = sweeps or Sweeps()
 
-    def params(self, queues: Iterable[str], *, sweep: bool) -> dict[str, list[Any]]:
+    def params(self, queues: Iterable[str], *, sweep: bool) -> dict[str, Any]:
         """The claim's floor parameters for `queues` (the floors as `micros`); none at all
-        for a sweep, and the keys' only while reading from the head is costly."""
+        for a sweep, and the keys' only while reading from the head is costly. The key
+        lease floor, which only makes KEY_CONCURRENCY's count cheaper, goes with every
+        claim."""
         wanted = set(queues)
         known: list[tuple[tuple[str, int], int | None]] = []
         keys = NO_KEYS
@@ -166,7 +186,17 @@ class ClaimFloors:
             "floor_priorities": [priority for (_, priority), _ in known],
             "floors": [floor for _, floor in known],
             **keys,
+            "key_lease_floor": self._key_leases,
         }
+
+    def learn_key_leases(self, first: datetime) -> None:
+        """Set the key lease floor `LEASE_MARGIN` below `first`, the earliest lease among
+        the running jobs with a key (or the time, if none ran), read from the head. A lease
+        only moves forward (a claim sets it to its transaction's now() and the lease's
+        length, a heartbeat extends it), and one that ran out stays until recovery takes
+        the job back; a claim the read did not see began at most a call's time before it.
+        So every running job's lease lies above the floor, from then on."""
+        self._key_leases = micros(first - LEASE_MARGIN)
 
     def keys(self, queues: Iterable[str]) -> dict[str, list[Any]]:
         """The known keys of `queues` and their floors, as parameters."""
@@ -179,10 +209,20 @@ class ClaimFloors:
             "key_floors": [floor for _, floor in known],
         }
 
-    def learn_keys(self, taken: Sequence[KeyPosition], *, sweep: bool) -> None:
+    def _lowered_since(
+        self, place: tuple[str, int] | tuple[str, int, str], since: int | None
+    ) -> bool:
+        """Whether a check lowered the floor at `place` after generation `since` (when the
+        claim learning now read its floors; None: unknown, taken as no)."""
+        return since is not None and self._lowered.get(place, 0) > since
+
+    def learn_keys(
+        self, taken: Sequence[KeyPosition], *, sweep: bool, since: int | None = None
+    ) -> None:
         """Move the floors of the keys a claim took jobs of past the last one it took of
-        each (as `learn` for the key-less jobs, a sweep's may fall), and forget the keys
-        served longest ago beyond `KNOWN_KEYS`."""
+        each (as `learn` for the key-less jobs, a sweep's may fall, and none past what a
+        check found since `since`), and forget the keys served longest ago beyond
+        `KNOWN_KEYS`."""
         latest: dict[tuple[str, int, str], datetime] = {}
         for job in taken:
             if job.concurrency_key is None:
@@ -193,21 +233,26 @@ class ClaimFloors:
         for key, run_at in latest.items():
             floor = micros(run_at - self._margin)
             old = self._keys.pop(key, None)
-            self._keys[key] = floor if sweep or old is None else max(old, floor)
+            if old is not None and self._lowered_since(key, since):
+                self._keys[key] = min(old, floor)
+            else:
+                self._keys[key] = floor if sweep or old is None else max(old, floor)
         for key in list(self._keys)[: max(len(self._keys) - KNOWN_KEYS, 0)]:
             del self._keys[key]
+            self._lowered.pop(key, None)
 
     def _set(self, key: tuple[str, int], floor: datetime) -> None:
         if self._floors.get(key) != floor:
             self._floors[key] = floor
             self._sent[key] = micros(floor)
 
-    def learn(self, taken: Sequence[Position], *, sweep: bool) -> None:
-        """Move the floors past what a claim took. Every job of a (queue, priority) the
-        claim could take below the last one it took (in claim order) it took, or another
-        claim held; so the floor rises to that job's `run_at`, less the margin. After a
-        sweep it may also fall: the sweep found jobs below the floor, and there may be more
-        of them between what it took and the old floor.
+    def learn(self, taken: Sequence[Position], *, sweep: bool, since: int | None = None) -> None:
+        """Move the floors past what a claim took (that read its floors at generation
+        `since`: a floor a check lowered after that is not raised). Every job of a (queue,
+        priority) the claim could take below the last one it took (in claim order) it took,
+        or another claim held; so the floor rises to that job's `run_at`, less the margin.
+        After a sweep it may also fall: the sweep found jobs below the floor, and there may
+        be more of them between what it took and the old floor.
 
         A sweep also forgets, in each queue it took from, the floors above the highest
         priority it took from there: it read those priorities from the head and found
@@ -228,24 +273,32 @@ class ClaimFloors:
             for queue, priority in list(self._floors):
                 if queue in top and priority > top[queue]:
                     del self._floors[(queue, priority)], self._sent[(queue, priority)]
+                    self._lowered.pop((queue, priority), None)
         for key, run_at in latest.items():
             floor = run_at - self._margin
             old = self._floors.get(key)
-            self._set(key, floor if sweep or old is None else max(old, floor))
+            if old is not None and self._lowered_since(key, since):
+                self._set(key, min(old, floor))
+            else:
+                self._set(key, floor if sweep or old is None else max(old, floor))
 
     def lower(self, heads: Iterable[KeyPosition]) -> None:
         """Lower each floor that a due job lies below to that job's `run_at` (a check of
         the heads found it); a priority without a floor gets one there (a key without one
         stays unknown)."""
+        self.generation += 1
         for head in heads:
             if head.concurrency_key is not None:
                 place = (head.queue, head.priority, head.concurrency_key)
-                if place in self._keys:
-                    self._keys[place] = min(self._keys[place], micros(head.run_at))
+                if place in self._keys and micros(head.run_at) < self._keys[place]:
+                    self._keys[place] = micros(head.run_at)
+                    self._lowered[place] = self.generation
                 continue
             key = (head.queue, head.priority)
             old = self._floors.get(key)
-            self._set(key, head.run_at if old is None else min(old, head.run_at))
+            if old is None or head.run_at < old:
+                self._set(key, head.run_at)
+                self._lowered[key] = self.generation
 
     def floor(self, queue: str, priority: int) -> datetime | None:
         return self._floors.get((queue, priority))
@@ -357,6 +410,7 @@ class TypeFloors:
 
     def __init__(self, types: Iterable[str], margin: timedelta = MARGIN) -> None:
         self._claims = {name: ClaimFloors(margin) for name in types}
+        self._generation = 0
         self._leases: dict[str, int] = {}
         self._lease_margin = LEASE_MARGIN // _MICROSECOND
         self.sweeps = Sweeps(COST_RATIO, COUNT_SWEEP_INTERVAL, cheap=float("inf"))
@@ -381,12 +435,25 @@ class TypeFloors:
         found["lease_floors"] = [None if sweep else self._leases.get(name) for name in self._claims]
         return found
 
-    def learn(self, taken: Sequence[Taken], running: dict[str, int], *, sweep: bool) -> None:
-        """Move the claim floors past what a claim took (as `ClaimFloors.learn`), and the
-        lease floors up to the earliest lease `running` names per type (a sweep's may fall),
-        less `LEASE_MARGIN`."""
+    @property
+    def generation(self) -> int:
+        """The checks that lowered floors so far (as `ClaimFloors.generation`: each type's
+        claim floors are lowered by every check)."""
+        return self._generation
+
+    def learn(
+        self,
+        taken: Sequence[Taken],
+        running: dict[str, int],
+        *,
+        sweep: bool,
+        since: int | None = None,
+    ) -> None:
+        """Move the claim floors past what a claim took (as `ClaimFloors.learn`, the
+        claim having read them at generation `since`), and the lease floors up to the
+        earliest lease `running` names per type (a sweep's may fall), less `LEASE_MARGIN`."""
         for name, claims in self._claims.items():
-            claims.learn([job for job in taken if job.type == name], sweep=sweep)
+            claims.learn([job for job in taken if job.type == name], sweep=sweep, since=since)
         for name, first in running.items():
             floor = first - self._lease_margin
             old = self._leases.get(name)
@@ -399,6 +466,7 @@ class TypeFloors:
         need be, never higher). Only floors that are set: a priority without one is read
         from its head."""
         found = [_At(h.queue, h.priority, h.run_at) for h in heads]
+        self._generation += 1
         for claims in self._claims.values():
             claims.lower([h for h in found if claims.floor(h.queue, h.priority) is not None])
 

@@ -16,7 +16,7 @@ from jobcore.naming import DEFAULT_SCHEMA
 from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
-SCHEMA_REVISION = "0015"
+SCHEMA_REVISION = "0016"
 # The revisions this code works on; services refuse to start on any other. 0015 adds the
 # index the move of completed jobs into `jobs_history` (0014) reads (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
@@ -141,11 +141,14 @@ jobs = sa.Table(
         "id",
         postgresql_where=sa.text("status = 'pending'"),
     ),
-    # KEY_CONCURRENCY counts a key's running jobs here, not among every running job.
+    # KEY_CONCURRENCY counts a key's running jobs here, not among every running job, from
+    # a lease floor (`jobcore.floors`): under a held horizon the attempts that ended since
+    # the pin stay in the index as dead entries, most of them below the floor.
     sa.Index(
-        "jobs_key_running_idx",
+        "jobs_key_lease_idx",
         "queue",
         "concurrency_key",
+        "locked_until",
         postgresql_where=sa.text("status = 'processing' AND concurrency_key IS NOT NULL"),
     ),
     # A type held by TYPE_CONCURRENCY or TYPE_RATE is claimed by type: per type and queue,

@@ -80,6 +80,7 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
             "key_floor_priorities": [6],
             "key_floor_keys": ["kk"],
             "key_floors": ["kf"],
+            "key_lease_floor": "kl",
             "overrun_queues": ["oq"],
             "overrun_keys": ["ok"],
             "overrun_counts": [5],
@@ -90,7 +91,7 @@ def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals(
         [
             *("1", "1", "['q']", "[7]", "30.0", "c", "h", "[2]"),
             *("['fq']", "[3]", "['f']", "['tq']", "[4]", "['t']", "['oq']", "['ok']", "[5]"),
-            *("['kq']", "[6]", "['kk']", "['kf']"),
+            *("['kq']", "[6]", "['kk']", "['kf']", "kl"),
         ]
     )
     for position, value in enumerate(args, start=1):

@@ -84,6 +84,7 @@ def test_a_sweep_sends_no_floors_and_a_claim_only_those_of_its_queues():
         "floor_priorities": [2],
         "floors": [micros(T0 - SECOND)],
         **NO_KEYS,
+        "key_lease_floor": None,
     }
 
 

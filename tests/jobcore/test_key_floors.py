@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from jobcore import compiled, queries
 from jobcore import floors as floors_module
-from jobcore.floors import ClaimFloors, Sweeps, micros
+from jobcore.floors import ClaimFloors, Sweeps, check_cost, micros
 from jobcore.ids import new_id
 from jobcore.runner import Compiled
 from jobcore.states import Operation
@@ -62,7 +62,7 @@ def test_the_keys_floors_are_sent_only_while_reading_from_the_head_is_costly():
     assert (sent["key_floor_keys"], sent["key_floors"]) == (["a"], [micros(T0 - SECOND)])
     assert floors.params(["q"], sweep=True)["key_floor_keys"] == []
     assert floors.params(["other"], sweep=False)["key_floor_keys"] == []
-    assert floors.keys(["q"]) == {k: v for k, v in sent.items() if k.startswith("key_")}
+    assert floors.keys(["q"]) == {k: v for k, v in sent.items() if k.startswith("key_floor")}
 
 
 def test_a_process_keeps_the_floors_of_the_keys_it_served_last(monkeypatch):
@@ -86,6 +86,30 @@ def test_a_check_of_the_heads_lowers_a_known_keys_floor_and_learns_no_new_key():
     assert floors.floor("q", 0) == T0 + 59 * SECOND  # a key's job says nothing of key-less ones
     floors.lower([taken("a", T0 + 90 * SECOND)])
     assert floors.key_floor("q", 0, "a") == micros(T0)
+
+
+def test_a_claim_that_read_its_floors_before_a_check_lowered_them_does_not_raise_them():
+    """A check of the heads runs while a claim does: what the check found stays below the
+    floors the claim would set, key-less or of a key, until the next claim after it."""
+    floors = costly()
+    floors.learn([taken(None, T0)], sweep=False)
+    floors.learn_keys([taken("a", T0)], sweep=False)
+    since = floors.generation  # a claim reads its floors
+    floors.lower([taken(None, T0 - 60 * SECOND), taken("a", T0 - 60 * SECOND)])
+    floors.learn([taken(None, T0 + 9 * SECOND)], sweep=False, since=since)
+    floors.learn_keys([taken("a", T0 + 9 * SECOND)], sweep=True, since=since)
+    assert floors.floor("q", 0) == T0 - 60 * SECOND
+    assert floors.key_floor("q", 0, "a") == micros(T0 - 60 * SECOND)
+    since = floors.generation  # the next claim, after the check
+    floors.learn([taken(None, T0 + 9 * SECOND)], sweep=False, since=since)
+    floors.learn_keys([taken("a", T0 + 9 * SECOND)], sweep=False, since=since)
+    assert floors.floor("q", 0) == T0 + 8 * SECOND
+    assert floors.key_floor("q", 0, "a") == micros(T0 + 8 * SECOND)
+
+
+def test_a_check_that_reads_many_keys_heads_is_judged_per_hundred_of_them():
+    assert check_cost(0.004, 0) == check_cost(0.004, 100) == 0.004
+    assert check_cost(0.004, 256) == pytest.approx(0.004 * 100 / 256)
 
 
 # --- on PostgreSQL ----------------------------------------------------------------
@@ -127,9 +151,11 @@ async def complete(engine, jobs: list[Any]) -> None:
         await conn.commit()
 
 
-async def read_by_a_claim(engine, floors: dict[str, list[Any]], turns: KeyTurns) -> tuple[int, set]:
-    """Claim index entries a claim of 30 reads (dead ones included), and what it takes, in a
-    transaction rolled back."""
+async def read_by_a_claim(
+    engine, floors: dict[str, Any], turns: KeyTurns, index: str = "jobqueue.jobs_claim_key_idx"
+) -> tuple[int, set]:
+    """Entries of `index` (the claim index) a claim of 30 reads (dead ones included), and
+    what it takes, in a transaction rolled back."""
     sql = Compiled(queries.JOB_CLAIM)
     params = {
         "queues": ["q"],
@@ -137,7 +163,7 @@ async def read_by_a_claim(engine, floors: dict[str, list[Any]], turns: KeyTurns)
         "lease_seconds": 60.0,
         "claim": new_id(),
         "holder": "key-floor-host:1",
-        "key_limits": [],
+        "key_limits": [None],
         **compiled.NO_OVERRUNS,
         **turns.params(["q"]),
         **floors,
@@ -147,7 +173,7 @@ async def read_by_a_claim(engine, floors: dict[str, list[Any]], turns: KeyTurns)
     async def run(raw: Any) -> None:
         took.update(row["id"] for row in await raw.fetch(sql.sql, *sql.args(params)))
 
-    return await entries_read(engine, "jobqueue.jobs_claim_key_idx", run), took
+    return await entries_read(engine, index, run), took
 
 
 async def test_under_a_held_horizon_a_keyed_claim_reads_only_past_its_keys_floors(engine):
@@ -197,6 +223,45 @@ async def test_known_keys_without_jobs_are_passed_over_and_the_keys_still_take_t
     floors.lower(heads)
     (late,) = await claim(engine, floors, turns, 10)
     assert late.concurrency_key == "k03" and late.run_at < datetime.now(UTC) - timedelta(minutes=59)
+
+
+async def test_a_known_key_without_jobs_first_in_turn_takes_no_slot(engine):
+    """One slot, and the first key in turn a known one with no jobs left: the claim passes
+    over it and takes the next key's job."""
+    floors, turns = costly(), KeyTurns()
+    await _insert_key(engine, "k00", "now()")
+    assert len(await claim(engine, floors, turns, 1)) == 1
+    await _insert_key(engine, "k01", "now()")
+    (got,) = await claim(engine, floors, KeyTurns(), 1)  # from the first key: k00, empty
+    assert got.concurrency_key == "k01"
+
+
+async def test_key_concurrency_holds_for_keys_read_from_their_floors(engine):
+    """Three known keys, three jobs each, KEY_CONCURRENCY 1: a claim of six takes one of
+    each, and the next none."""
+    floors, turns = costly(), KeyTurns()
+    await insert(engine, 3, 1)
+    got = await claim(engine, floors, turns, 6)
+    await complete(engine, got)
+    await insert(engine, 3, 3)
+
+    async def limited() -> list[Any]:
+        async with engine.connect() as conn:
+            jobs = await compiled.claim(
+                await driver(conn),
+                {"q": 6},
+                60,
+                floors=floors.params(["q"], sweep=False),
+                turns=turns.params(["q"]),
+                key_limits={"q": 1},
+            )
+            await conn.commit()
+        turns.learn(jobs)
+        return jobs
+
+    assert floors.params(["q"], sweep=False)["key_floor_keys"] == ["k00", "k01", "k02"]
+    assert sorted(job.concurrency_key for job in await limited()) == ["k00", "k01", "k02"]
+    assert await limited() == []
 
 
 async def _insert_key(engine, key: str, run_at: str) -> None:
@@ -263,3 +328,83 @@ async def test_racing_keyed_claimers_with_floors_take_every_job_once_stragglers_
 
     await asyncio.gather(stragglers(), *(claimer(seed) for seed in range(4)))
     assert len(claimed) == len(set(claimed)) == expected
+
+
+# --- KEY_CONCURRENCY's running count, from the key lease floor ---------------------------
+
+
+async def test_under_a_held_horizon_key_concurrency_counts_from_the_key_lease_floor(engine):
+    """3,000 attempts of 30 keys, run in the hour before, end while a transaction holds the
+    horizon: their dead entries stay among the keys' running jobs. A claim under
+    KEY_CONCURRENCY counting from the head reads them all (twice: before each key's lock and
+    after); from the key lease floor it reads none of them (an entry a key at most), and
+    takes the same jobs."""
+    async with engine.connect() as holder:
+        await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
+        async with engine.begin() as conn:
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO jobqueue.jobs (id, type, queue, payload, max_attempts, status,"
+                    " attempts, lease_token, concurrency_key, locked_until)"
+                    " SELECT gen_random_uuid(), 'sleep', 'q', '{}', 3, 'processing', 1, 1,"
+                    " 'k' || lpad(k::text, 2, '0'), now() - interval '1 hour' + i * interval '1 s'"
+                    " FROM generate_series(0, 29) AS k, generate_series(1, 100) AS i"
+                )
+            )
+        async with engine.begin() as conn:
+            await conn.execute(
+                sa.text(
+                    "UPDATE jobqueue.jobs SET status = 'completed', finished_at = now(),"
+                    " locked_until = NULL"
+                    " WHERE status = 'processing'"
+                )
+            )
+        await insert(engine, 30, 2)
+        floors, turns = ClaimFloors(), KeyTurns()
+        async with engine.connect() as conn:
+            floors.learn_key_leases(await compiled.key_lease_first(await driver(conn), ["q"]))
+            await conn.commit()
+        keyed = {"key_limits": [1]}
+        lease_index = "jobqueue.jobs_key_lease_idx"
+        sent = floors.params(["q"], sweep=False)
+        head, from_head = await read_by_a_claim(
+            engine, {**sent, "key_lease_floor": None, **keyed}, turns, index=lease_index
+        )
+        floored, took = await read_by_a_claim(engine, {**sent, **keyed}, turns, index=lease_index)
+        await holder.rollback()
+    assert head >= 6000, head  # the dead entries are there: the test can tell
+    assert floored <= 60, (floored, head)  # at most one a count, whatever the dead
+    assert took == from_head and len(took) == 30
+
+
+async def test_a_lease_that_ran_out_still_counts_against_its_key_until_recovered(engine):
+    """A job of k00 still running on a lease that ran out an hour ago (its worker stalled,
+    recovery not yet there): the key lease floor lies below it, so KEY_CONCURRENCY 1 leaves
+    k00 no room, while k01 takes its turn."""
+    await insert(engine, 2, 2)
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobqueue.jobs (id, type, queue, payload, max_attempts, status,"
+                " attempts, lease_token, concurrency_key, locked_until) VALUES"
+                " (gen_random_uuid(), 'sleep', 'q', '{}', 3, 'processing', 1, 1, 'k00',"
+                " now() - interval '1 hour')"
+            )
+        )
+    floors = costly()
+    async with engine.connect() as conn:
+        floors.learn_key_leases(await compiled.key_lease_first(await driver(conn), ["q"]))
+        await conn.commit()
+    assert floors.params(["q"], sweep=False)["key_lease_floor"] < micros(
+        datetime.now(UTC) - timedelta(minutes=60)
+    )
+    async with engine.connect() as conn:
+        got = await compiled.claim(
+            await driver(conn),
+            {"q": 4},
+            60,
+            floors=floors.params(["q"], sweep=False),
+            key_limits={"q": 1},
+        )
+        await conn.commit()
+    assert [job.concurrency_key for job in got] == ["k01"]

@@ -83,6 +83,7 @@ FLOORED = {
     "key_floor_priorities": [0, 0],
     "key_floor_keys": ["k1", "k2"],
     "key_floors": [micros(datetime.now(UTC) - timedelta(minutes=1))] * 2,
+    "key_lease_floor": micros(datetime.now(UTC) - timedelta(minutes=1)),
 }
 FLOORS = pytest.mark.parametrize("floors", [NO_FLOORS, FLOORED], ids=["sweep", "floored"])
 
@@ -119,6 +120,17 @@ async def test_next_due_reads_the_claim_index(engine, generic, floors):
         engine, queries.JOB_NEXT_DUE, {"queues": ["default", "other"], **floors}, generic
     )
     assert _index_scans(plan) == {"jobs_claim_key_idx"}, plan
+    assert '"Seq Scan"' not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_the_first_key_lease_is_read_from_the_running_jobs_only(engine, generic):
+    """In lease order, or by queue among the running jobs with a key: either way off the
+    claims' path, and never through the pending or finished jobs."""
+    await _fill(engine)
+    params = {"queues": ["default", "other"]}
+    plan = await _plan(engine, queries.JOB_KEY_LEASE_FIRST, params, generic)
+    assert _index_scans(plan) in ({"jobs_lease_idx"}, {"jobs_key_lease_idx"}), plan
     assert '"Seq Scan"' not in plan, plan
 
 

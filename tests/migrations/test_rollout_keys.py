@@ -1,8 +1,10 @@
-"""KEY_CONCURRENCY during the rollouts to 0012 and 0013: the claims of the release at 0011
-(the queue's KEY_CONCURRENCY lock taken exclusively, then the claim, in one transaction), or
-of the release at 0012 (each key's own lock through `key_room()`, the queue's lock shared),
-and this release's (the same key locks through `key_rooms()`) race over the same keyed jobs,
-and together never run more of a key than its limit."""
+"""KEY_CONCURRENCY during the rollouts to 0012, 0013 and 0016: the claims of the release at
+0011 (the queue's KEY_CONCURRENCY lock taken exclusively, then the claim, in one
+transaction), of the release at 0012 (each key's own lock through `key_room()`, the queue's
+lock shared), or of the release at 0015 (the same key locks through `key_rooms()` with four
+arguments, counting every running job of the key), and this release's (the same key locks
+through `key_rooms()` with five, counting from the key lease floor) race over the same
+keyed jobs, and together never run more of a key than its limit."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from uuid import uuid4
 import pytest
 
 from jobcore import compiled
+from jobcore.floors import ClaimFloors
 from jobcore.rows import claimed_from_row
 from jobcore.turns import KeyTurns
 from tests.jobcore.test_keys import LEASE, _add, _ago, _race
@@ -20,7 +23,7 @@ from tests.migrations import releases, rollout
 LIMIT = 2
 
 
-@pytest.mark.parametrize("release", ["0011", "0012"])
+@pytest.mark.parametrize("release", ["0011", "0012", "0015"])
 async def test_an_earlier_and_this_release_together_keep_key_concurrency(engine, release):
     """Eight claimers, every other one of an earlier release, over 4 keys × 60 jobs
     with KEY_CONCURRENCY 2 (fewer keys than a claim's slots, so a claim may take a key's
@@ -54,10 +57,13 @@ async def test_an_earlier_and_this_release_together_keep_key_concurrency(engine,
                 # this release's claims must not count the key without it.
                 await asyncio.sleep(0.01)
         else:
+            floors = ClaimFloors()
+            floors.learn_key_leases(await compiled.key_lease_first(raw, ["default"]))
             got = await compiled.claim(
                 raw,
                 {"default": n},
                 LEASE,
+                floors=floors.params(["default"], sweep=True),
                 turns=turns.params(["default"]),
                 key_limits={"default": LIMIT},
             )

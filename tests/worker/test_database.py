@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from jobcore import compiled
 from jobcore.db import make_engine
+from jobcore.floors import LEASE_MARGIN, micros
 from jobcore.ids import new_id
 from jobcore.rows import Lease, TypeLimits
 from jobcore.schema import jobs
@@ -209,12 +210,12 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
 
 # The claims' floor parameters as literals, none: a claim from the head, as a sweep.
 _NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::bigint[]"
-# No key limits, then no floors, no turns, no key floors and no overruns: the claim's
-# parameters after its slots.
+# No key limits, then no floors, no turns, no key floors, no overruns and no key lease
+# floor: the claim's parameters after its slots.
 _NO_KEYS = (
     f"'{{}}'::integer[], {_NO_FLOORS}, '{{}}'::text[], '{{}}'::smallint[], '{{}}'::text[],"
     " '{}'::text[], '{}'::smallint[], '{}'::text[], '{}'::bigint[],"
-    " '{}'::text[], '{}'::text[], '{}'::integer[]"
+    " '{}'::text[], '{}'::text[], '{}'::integer[], NULL::bigint"
 )
 
 
@@ -589,6 +590,34 @@ async def test_the_claims_learn_the_keys_floors_and_a_check_of_the_heads_lowers_
         store.floors.sweeps.measured(1.0, at=store.availability.now())
         (late,) = await store.claim({"default": 4}, 60)
         assert late.concurrency_key == "tenant-1"
+    finally:
+        await store.close()
+
+
+async def test_under_key_concurrency_a_check_sets_the_key_lease_floor_below_every_lease(engine):
+    """The check of the floors also finds where the running jobs with a key begin: the
+    claims count each key's running jobs from there, `LEASE_MARGIN` below the earliest
+    lease, here one that ran out ten minutes ago (its worker stalled, recovery not yet
+    there): it still holds its key's unit."""
+    store = PgJobStore(engine, key_concurrency={"*": 1})
+    try:
+        await _backlog(engine, 1, "tenant-1", 0)
+        (running,) = await store.claim({"default": 4}, 60)
+        assert store.floors.params(["default"], sweep=False)["key_lease_floor"] is None
+        async with engine.begin() as conn:
+            lease = (
+                await conn.execute(
+                    sa.update(jobs)
+                    .where(jobs.c.id == running.id)
+                    .values(locked_until=sa.func.now() - timedelta(minutes=10))
+                    .returning(jobs.c.locked_until)
+                )
+            ).scalar_one()
+        await store.check_floors(["default"])
+        floor = store.floors.params(["default"], sweep=False)["key_lease_floor"]
+        assert floor == micros(lease - LEASE_MARGIN)
+        await _backlog(engine, 1, "tenant-1", 0)
+        assert await store.claim({"default": 4}, 60) == []  # the key is full
     finally:
         await store.close()
 

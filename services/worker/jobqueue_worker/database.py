@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled, maintenance
 from jobcore.errors import describe
-from jobcore.floors import ClaimFloors, CountFloors, Sweeps, TypeFloors
+from jobcore.floors import ClaimFloors, CountFloors, Sweeps, TypeFloors, check_cost
 from jobcore.queries import RECOVER_BATCH
 from jobcore.rows import Claimed, Lease, LimitedClaim, Moved, Renewed, TableStats, TypeLimits
 from jobcore.runner import Driver
@@ -356,12 +356,14 @@ class PgJobStore:
         the turns then learn from the jobs it took (`taken(result)`)."""
         started = self.availability.now()
         sweep = self.floors.sweeps.due(started)
+        since = self.floors.generation  # a check that lowers floors meanwhile is kept
         result = await claim(self.floors.params(slots, sweep=sweep), self.turns.params(slots))
         if sweep:
             self.floors.sweeps.done(started, self.availability.now())
         jobs = taken(result)
-        self.floors.learn([job for job in jobs if job.concurrency_key is None], sweep=sweep)
-        self.floors.learn_keys(jobs, sweep=sweep)
+        keyless = [job for job in jobs if job.concurrency_key is None]
+        self.floors.learn(keyless, sweep=sweep, since=since)
+        self.floors.learn_keys(jobs, sweep=sweep, since=since)
         self.turns.learn(jobs)
         self.keyed.learn(jobs)
         return result
@@ -410,6 +412,7 @@ class PgJobStore:
         sweep = self.type_floors.sweeps.due(started)
         floored = [queue for queue in slots if key_limits.get(queue) is None]
         type_floors = self.type_floors.params(floored, sweep=sweep)
+        since = self.type_floors.generation
         try:
             got = await self._claiming(
                 lambda claim_id: self._run(
@@ -430,20 +433,25 @@ class PgJobStore:
             # A sweep that failed counts as one: the claims after it go on from the floors.
             if sweep:
                 self.type_floors.sweeps.done(started, self.availability.now())
-        self.type_floors.learn(got.jobs, got.running, sweep=sweep)
+        self.type_floors.learn(got.jobs, got.running, sweep=sweep, since=since)
         return got
 
     async def check_floors(self, queues: Sequence[str]) -> float:
         """Lower the claim floors that a due job of `queues` lies below (found from the head
-        of the claim index, off the claims' path); the seconds that read took."""
+        of the claim index, off the claims' path), and, where KEY_CONCURRENCY applies, set
+        the key lease floor; the seconds the first read took."""
         started = self.availability.now()
         keys = self.floors.keys(queues)
         heads = await self._run("claim_heads", compiled.claim_heads, queues, keys)
         ended = self.availability.now()
         cost = ended - started
-        self.floors.sweeps.measured(cost, ended)
+        self.floors.sweeps.measured(check_cost(cost, len(keys["key_floor_keys"])), ended)
         self.floors.lower(heads)
         self.type_floors.lower(heads)
+        keyed = list(key_limits_of(self._key_concurrency, queues))
+        if keyed:
+            first = await self._run("key_lease_first", compiled.key_lease_first, keyed)
+            self.floors.learn_key_leases(first)
         return cost
 
     async def next_due(self, queues: Sequence[str]) -> float | None:

@@ -41,6 +41,7 @@ from jobcore.queries.job_claim import (
     JOB_COMPLETE_AND_CLAIM_PLAIN,
     JOB_COMPLETE_AND_CLAIM_PLAIN_UNLIMITED,
     JOB_COMPLETE_AND_CLAIM_UNLIMITED,
+    JOB_KEY_LEASE_FIRST,
     JOB_LOCK_KEYS,
     JOB_NEXT_DUE,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "JOB_COUNT_PENDING",
     "JOB_FIND_KEYS",
     "JOB_GET",
+    "JOB_KEY_LEASE_FIRST",
     "JOB_LOCK_KEYS",
     "JOB_LOCK_TYPES",
     "JOB_MATCH_REQUESTS",
@@ -142,6 +144,7 @@ def named() -> dict[str, Any]:
         "job_claim_limited": JOB_CLAIM_LIMITED,
         "job_next_due": JOB_NEXT_DUE,
         "job_claim_heads": JOB_CLAIM_HEADS,
+        "job_key_lease_first": JOB_KEY_LEASE_FIRST,
         **{f"job_set_outcome_{op}": statement for op, statement in JOB_SET_OUTCOME.items()},
         "job_renew_many": JOB_RENEW_MANY,
         "job_release_claim": JOB_RELEASE_CLAIM,

@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql as pg
 from jobcore.queries.common import ONE_SECOND, c, status_literal
 from jobcore.queries.job_outcome import JOB_SET_OUTCOME
 from jobcore.rows import Claimed
-from jobcore.schema import MAX_KEY_LENGTH, jobs
+from jobcore.schema import jobs
 from jobcore.states import Operation, Status
 
 # --- the worker's statements ------------------------------------------------
@@ -48,14 +48,15 @@ from jobcore.states import Operation, Status
 # first entry, dead or not). A key it does not know is read from its head.
 #
 # KEY_CONCURRENCY (`key_limits`, per queue, NULL for none): a key's share is at most its
-# room, from `key_rooms()` (revision 0013), one call for the first keys in turn (and one
+# room, from `key_rooms()` (revision 0016), one call for the first keys in turn (and one
 # more for the keys after them, should some have had no room): its limit less the
 # claimer's own handlers of the key that outlived their recorded attempts
 # (`overrun_queues`, `overrun_keys`, `overrun_counts`), less its running jobs
-# (`jobs_key_running_idx`), counted under the key's own advisory lock in a snapshot taken
-# after it, so the count sees every claim of the key committed before (and a completion
-# earlier in the same statement); a key another claimer is taking jobs of at that moment
-# has no room in this claim. Claimers of different keys never wait for each other.
+# (`jobs_key_lease_idx`, from `KEY_LEASE_FLOOR`), counted under the key's own advisory
+# lock in a snapshot taken after it, so the count sees every claim of the key committed
+# before (and a completion earlier in the same statement); a key another claimer is taking
+# jobs of at that moment has no room in this claim. Claimers of different keys never wait
+# for each other.
 (_CLAIMABLE,) = Operation.CLAIM.sources
 _PENDING = f"'{_CLAIMABLE.value}'"
 _NO_PRIORITY = -32768  # below every priority: "no known priority below this one"
@@ -162,11 +163,15 @@ def _next_key(bound: str, i: str) -> str:
     rows (k, tid, i, present), with `i` the place of the first known key after `k`; none
     past the last key."""
     upto = f"known_keys.ks[{i}]"
+    gap = f"SELECT {KEY} AS k, ctid AS tid FROM jobqueue.jobs WHERE {_AT} AND {KEY} > {bound}"
+    order = f"ORDER BY {KEY}, run_at, id LIMIT 1"
+    # Up to the known key, or, past the last, to the end: one of the two runs (the other's
+    # condition on `upto` is false before it reads anything).
     return f"""(SELECT * FROM (
             SELECT g.k, g.tid, {i} AS i, true AS present FROM (
-                SELECT {KEY} AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE {_AT} AND {KEY} > {bound} AND {KEY} < {upto}
-                ORDER BY {KEY}, run_at, id LIMIT 1) AS g
+                {gap} AND {KEY} < {upto} AND {upto} IS NOT NULL {order}) AS g
+            UNION ALL
+            SELECT g.k, g.tid, {i}, true FROM ({gap} AND {upto} IS NULL {order}) AS g
             UNION ALL
             SELECT {upto}, t.tid, {i} + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -186,16 +191,11 @@ def _known_after(bound: str) -> str:
 
 
 # The keys this claimer knows at the queue and priority at hand, in key order, and their
-# floors (sent as microseconds since the epoch); and last, past every key there can be
-# (one character longer than the longest, of the greatest), one with no jobs: the walk's
-# end, so that every gap has a key to end at.
-_PAST_EVERY_KEY = f"repeat(chr(1114111), {MAX_KEY_LENGTH + 1})"
-_MICROSECOND = "INTERVAL '1 microsecond'"
-_KNOWN_KEYS = f"""known_keys AS MATERIALIZED (
-            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), {_PAST_EVERY_KEY}) AS ks,
-                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * {_MICROSECOND}
-                                          ORDER BY x.k COLLATE "C"),
-                                CAST('infinity' AS timestamptz)) AS fs
+# floors (sent as microseconds since the epoch).
+_KNOWN_KEYS = """known_keys AS MATERIALIZED (
+            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
+                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
             FROM unnest(CAST(:key_floor_queues AS text[]),
                         CAST(:key_floor_priorities AS smallint[]),
                         CAST(:key_floor_keys AS text[]) COLLATE "C",
@@ -236,6 +236,15 @@ _BY_INDEX = (
 )
 
 
+# Below every running job's lease, in a queue with KEY_CONCURRENCY (`key_lease_floor`, sent
+# as microseconds since the epoch, NULL: unknown): where its keys' running jobs are counted
+# from (`jobs_key_lease_idx`, revision 0016; `jobcore.floors.ClaimFloors.learn_key_leases`).
+KEY_LEASE_FLOOR = (
+    "coalesce(CAST('epoch' AS timestamptz) + CAST(:key_lease_floor AS bigint)"
+    " * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))"
+)
+
+
 # Keys a claim looks at beyond its free slots, for keys without room it passes over.
 SEEN_BEYOND = 16
 
@@ -243,7 +252,7 @@ SEEN_BEYOND = 16
 def _seen(stage: str, source: str, wanted: str, first: str) -> str:
     """`seen<stage>`: the keys `source` reads from `found` (k, tid), in turn order (`nth`,
     from `first` + 1), each with its room (`k_left`): '' and the keys of a queue without
-    KEY_CONCURRENCY have all the slots; under it, `key_rooms()` (revision 0013) locks the
+    KEY_CONCURRENCY have all the slots; under it, `key_rooms()` (revision 0016) locks the
     first `wanted` of them that have room, counts their running jobs in a snapshot taken
     after the locks and gives their room; the others have none in this claim."""
     return f"""ask{stage} AS MATERIALIZED (
@@ -263,7 +272,8 @@ def _seen(stage: str, source: str, wanted: str, first: str) -> str:
                        CAST({wanted} AS integer) - (SELECT count(*) FROM ask{stage}
                                                     WHERE k = '')::integer AS wanted
                 FROM ask{stage} AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, {KEY_LEASE_FLOOR}) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen{stage} AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -524,6 +534,18 @@ WHERE x.q = ANY(CAST(:queues AS text[]))"""
     sa.column("concurrency_key", sa.Text),
     sa.column("run_at", sa.DateTime(timezone=True)),
 )
+
+
+# The earliest lease among the running jobs with a key of these queues, or now() if earlier
+# (or none is running), read from the head of the lease index off the claims' path: what a
+# process's key lease floor is learnt from (`jobcore.floors.ClaimFloors.learn_key_leases`).
+JOB_KEY_LEASE_FIRST = sa.text(
+    f"""
+SELECT least((SELECT locked_until FROM jobqueue.jobs
+              WHERE status = '{Status.PROCESSING.value}'
+                AND concurrency_key IS NOT NULL AND queue = ANY(CAST(:queues AS text[]))
+              ORDER BY locked_until LIMIT 1), now()) AS first"""
+).columns(sa.column("first", sa.DateTime(timezone=True)))
 
 
 # COMPLETE and JOB_CLAIM in one statement, so a worker refills the slots its completed jobs

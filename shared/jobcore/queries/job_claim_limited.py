@@ -11,6 +11,7 @@ from jobcore.queries.job_claim import (
     CLAIMED_COLUMNS,
     FLOOR,
     KEY,
+    KEY_LEASE_FLOOR,
     PRIORITIES,
     known,
     priorities,
@@ -79,8 +80,9 @@ _TYPE_PRIORITIES = priorities(
 # priority above the lowest limited candidate's, as JOB_CLAIM finds the priorities (from the
 # floors), in any order (they only rank: in index order, keys first). Keys do not order the
 # limited types' jobs, but KEY_CONCURRENCY (`key_limits`, per queue) limits them as in
-# JOB_CLAIM: per queue with a limit, each key's use (`key_use`: its running jobs, read once,
-# and the claimer's overrunning handlers of the key: `overrun_queues`, `overrun_keys`,
+# JOB_CLAIM: per queue with a limit, each key's use (`key_use`: its running jobs, read once
+# from the key lease floor, `KEY_LEASE_FLOOR`, and the claimer's overrunning handlers of the
+# key: `overrun_queues`, `overrun_keys`,
 # `overrun_counts`); the keys at their limit are read past, so a full key's backlog does not
 # take the candidates' places; of another key's candidates, the first in claim order within
 # what it has left are taken. The transaction then also holds
@@ -127,6 +129,7 @@ WITH room AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
         WHERE r.status = {_PROCESSING} AND r.queue = w.queue AND r.concurrency_key IS NOT NULL
+          AND r.locked_until >= {KEY_LEASE_FLOOR}
         UNION ALL
         SELECT o.k, o.n FROM unnest(CAST(:overrun_queues AS text[]),
                                     CAST(:overrun_keys AS text[]),

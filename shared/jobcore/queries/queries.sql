@@ -157,7 +157,7 @@ WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 
 -- name: job_claim
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts, $22 key_lease_floor
 WITH due AS MATERIALIZED 
 (
 SELECT c.id FROM (
@@ -207,10 +207,9 @@ SELECT c.id FROM (
                                            CAST($14 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), known_keys AS MATERIALIZED (
-            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
-                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
-                                          ORDER BY x.k COLLATE "C"),
-                                CAST('infinity' AS timestamptz)) AS fs
+            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
+                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
             FROM unnest(CAST($15 AS text[]),
                         CAST($16 AS smallint[]),
                         CAST($17 AS text[]) COLLATE "C",
@@ -225,9 +224,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, after.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i] AND known_keys.ks[after.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, after.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND known_keys.ks[after.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -243,9 +242,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i] AND known_keys.ks[wrapped.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, wrapped.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND known_keys.ks[wrapped.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -284,7 +283,8 @@ SELECT c.id FROM (
                        CAST(w.n AS integer) - (SELECT count(*) FROM ask1
                                                     WHERE k = '')::integer AS wanted
                 FROM ask1 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($22 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -313,7 +313,8 @@ SELECT c.id FROM (
                        CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
                                                     WHERE k = '')::integer AS wanted
                 FROM ask2 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($22 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -392,7 +393,7 @@ WHERE c.nth <= c.k_left AND (
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_claim_unlimited
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 limited, $20 overrun_queues, $21 overrun_keys, $22 overrun_counts
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 limited, $20 overrun_queues, $21 overrun_keys, $22 overrun_counts, $23 key_lease_floor
 WITH due AS MATERIALIZED 
 (
 SELECT c.id FROM (
@@ -442,10 +443,9 @@ SELECT c.id FROM (
                                            CAST($14 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), known_keys AS MATERIALIZED (
-            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
-                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
-                                          ORDER BY x.k COLLATE "C"),
-                                CAST('infinity' AS timestamptz)) AS fs
+            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
+                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
             FROM unnest(CAST($15 AS text[]),
                         CAST($16 AS smallint[]),
                         CAST($17 AS text[]) COLLATE "C",
@@ -460,9 +460,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, after.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i] AND known_keys.ks[after.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, after.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND known_keys.ks[after.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -478,9 +478,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i] AND known_keys.ks[wrapped.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, wrapped.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND known_keys.ks[wrapped.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -519,7 +519,8 @@ SELECT c.id FROM (
                        CAST(w.n AS integer) - (SELECT count(*) FROM ask1
                                                     WHERE k = '')::integer AS wanted
                 FROM ask1 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($23 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -548,7 +549,8 @@ SELECT c.id FROM (
                        CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
                                                     WHERE k = '')::integer AS wanted
                 FROM ask2 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($23 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -619,7 +621,7 @@ WHERE c.nth <= c.k_left AND (
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
 -- name: job_complete_and_claim
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 overrun_queues, $23 overrun_keys, $24 overrun_counts
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 overrun_queues, $23 overrun_keys, $24 overrun_counts, $25 key_lease_floor
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
@@ -671,10 +673,9 @@ SELECT c.id FROM (
                                            CAST($17 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), known_keys AS MATERIALIZED (
-            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
-                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
-                                          ORDER BY x.k COLLATE "C"),
-                                CAST('infinity' AS timestamptz)) AS fs
+            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
+                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
             FROM unnest(CAST($18 AS text[]),
                         CAST($19 AS smallint[]),
                         CAST($20 AS text[]) COLLATE "C",
@@ -689,9 +690,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, after.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i] AND known_keys.ks[after.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, after.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND known_keys.ks[after.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -707,9 +708,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i] AND known_keys.ks[wrapped.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, wrapped.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND known_keys.ks[wrapped.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -748,7 +749,8 @@ SELECT c.id FROM (
                        CAST(w.n AS integer) - (SELECT count(*) FROM ask1
                                                     WHERE k = '')::integer AS wanted
                 FROM ask1 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($25 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -777,7 +779,8 @@ SELECT c.id FROM (
                        CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
                                                     WHERE k = '')::integer AS wanted
                 FROM ask2 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($25 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -860,7 +863,7 @@ FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.pa
 FROM claimed;
 
 -- name: job_complete_and_claim_unlimited
--- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 limited, $23 overrun_queues, $24 overrun_keys, $25 overrun_counts
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 limited, $23 overrun_queues, $24 overrun_keys, $25 overrun_counts, $26 key_lease_floor
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
 due AS MATERIALIZED 
@@ -912,10 +915,9 @@ SELECT c.id FROM (
                                            CAST($17 AS text[])) AS t(q, p, k)
                     WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
         ), known_keys AS MATERIALIZED (
-            SELECT array_append(array_agg(x.k ORDER BY x.k COLLATE "C"), repeat(chr(1114111), 256)) AS ks,
-                   array_append(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
-                                          ORDER BY x.k COLLATE "C"),
-                                CAST('infinity' AS timestamptz)) AS fs
+            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
+                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
             FROM unnest(CAST($18 AS text[]),
                         CAST($19 AS smallint[]),
                         CAST($20 AS text[]) COLLATE "C",
@@ -930,9 +932,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, after.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i] AND known_keys.ks[after.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, after.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND known_keys.ks[after.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -948,9 +950,9 @@ SELECT c.id FROM (
             SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
             CROSS JOIN LATERAL (SELECT * FROM (
             SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i]
-                ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i] AND known_keys.ks[wrapped.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, wrapped.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND known_keys.ks[wrapped.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
             UNION ALL
             SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
             FROM (SELECT) AS one LEFT JOIN (
@@ -989,7 +991,8 @@ SELECT c.id FROM (
                        CAST(w.n AS integer) - (SELECT count(*) FROM ask1
                                                     WHERE k = '')::integer AS wanted
                 FROM ask1 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($26 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen1 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -1018,7 +1021,8 @@ SELECT c.id FROM (
                        CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
                                                     WHERE k = '')::integer AS wanted
                 FROM ask2 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(w.queue, x.ks, x.rooms, x.wanted) AS r
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($26 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
             WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
         ), seen2 AS MATERIALIZED (
             SELECT a.k, a.tid, a.nth,
@@ -1325,7 +1329,7 @@ FROM (
 ) AS keys;
 
 -- name: job_claim_limited
--- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 lease_floors, $7 queues, $8 key_limits, $9 overrun_queues, $10 overrun_keys, $11 overrun_counts, $12 slots, $13 type_floor_types, $14 type_floor_queues, $15 type_floor_priorities, $16 type_floors, $17 floor_queues, $18 floor_priorities, $19 floors, $20 lease_seconds, $21 claim, $22 holder
+-- parameters: $1 types, $2 concurrency, $3 overruns, $4 rates, $5 periods, $6 lease_floors, $7 queues, $8 key_limits, $9 key_lease_floor, $10 overrun_queues, $11 overrun_keys, $12 overrun_counts, $13 slots, $14 type_floor_types, $15 type_floor_queues, $16 type_floor_priorities, $17 type_floors, $18 floor_queues, $19 floor_priorities, $20 floors, $21 lease_seconds, $22 claim, $23 holder
 WITH room AS MATERIALIZED (
     SELECT l.type, l.rate, l.period, r.window_start,
            l.concurrency - l.overrun - running.n AS concurrency_left,
@@ -1354,10 +1358,11 @@ WITH room AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT r.concurrency_key AS k, 1 AS n FROM jobqueue.jobs AS r
         WHERE r.status = 'processing' AND r.queue = w.queue AND r.concurrency_key IS NOT NULL
+          AND r.locked_until >= coalesce(CAST('epoch' AS timestamptz) + CAST($9 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))
         UNION ALL
-        SELECT o.k, o.n FROM unnest(CAST($9 AS text[]),
-                                    CAST($10 AS text[]),
-                                    CAST($11 AS integer[])) AS o(q, k, n)
+        SELECT o.k, o.n FROM unnest(CAST($10 AS text[]),
+                                    CAST($11 AS text[]),
+                                    CAST($12 AS integer[])) AS o(q, k, n)
         WHERE o.q = w.queue
     ) AS u
     WHERE w.key_limit IS NOT NULL
@@ -1366,7 +1371,7 @@ WITH room AS MATERIALIZED (
     SELECT w.queue, w.n, w.key_limit,
            ARRAY(SELECT u.k FROM key_use AS u
                  WHERE u.queue = w.queue AND u.used >= w.key_limit) AS full_keys
-    FROM unnest(CAST($7 AS text[]), CAST($12 AS integer[]),
+    FROM unnest(CAST($7 AS text[]), CAST($13 AS integer[]),
                 CAST($8 AS integer[])) AS w(queue, n, key_limit)
 ), due AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.concurrency_key, room.type, w.queue, w.n AS slots,
@@ -1377,10 +1382,10 @@ WITH room AS MATERIALIZED (
         SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
                coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
                                   ORDER BY k.p DESC), '{}') AS fs
-        FROM unnest(CAST($13 AS text[]),
-                    CAST($14 AS text[]),
-                    CAST($15 AS smallint[]),
-                    CAST($16 AS bigint[])) AS k(t, q, p, f)
+        FROM unnest(CAST($14 AS text[]),
+                    CAST($15 AS text[]),
+                    CAST($16 AS smallint[]),
+                    CAST($17 AS bigint[])) AS k(t, q, p, f)
         WHERE k.t = room.type AND k.q = w.queue
     ), priorities(p, f, i) AS (
         SELECT n.p, n.f, n.i FROM known
@@ -1435,15 +1440,15 @@ WITH room AS MATERIALIZED (
     FROM keyed WHERE key_left IS NULL OR nth_key <= key_left
 ), others AS MATERIALIZED (
     SELECT o.id, o.priority, o.run_at, w.queue, w.n AS slots
-    FROM unnest(CAST($7 AS text[]), CAST($12 AS integer[])) AS w(queue, n)
+    FROM unnest(CAST($7 AS text[]), CAST($13 AS integer[])) AS w(queue, n)
     CROSS JOIN LATERAL (
     WITH RECURSIVE known AS MATERIALIZED (
         SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
                coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
                                   ORDER BY k.p DESC), '{}') AS fs
-        FROM unnest(CAST($17 AS text[]),
-                    CAST($18 AS smallint[]),
-                    CAST($19 AS bigint[])) AS k(q, p, f)
+        FROM unnest(CAST($18 AS text[]),
+                    CAST($19 AS smallint[]),
+                    CAST($20 AS bigint[])) AS k(q, p, f)
         WHERE k.q = w.queue
     ), priorities(p, f, i) AS (
         SELECT n.p, n.f, n.i FROM known
@@ -1494,8 +1499,8 @@ WITH room AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobqueue.jobs SET status = 'processing', attempts = attempts + 1,
         lease_token = lease_token + 1,
-        locked_until = now() + CAST($20 AS float8) * interval '1 second',
-        claim_id = CAST($21 AS uuid), leased_by = CAST($22 AS text), updated_at = now()
+        locked_until = now() + CAST($21 AS float8) * interval '1 second',
+        claim_id = CAST($22 AS uuid), leased_by = CAST($23 AS text), updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM by_queue WHERE nth <= slots AND limited))
     RETURNING id, type, payload, attempts, max_attempts, lease_token, queue, timeout, traceparent, priority, run_at, concurrency_key
 ), started AS (
@@ -1625,6 +1630,13 @@ SELECT x.q, x.p, x.k, (SELECT run_at FROM jobqueue.jobs
 FROM unnest(CAST($5 AS text[]), CAST($6 AS smallint[]),
             CAST($7 AS text[]) COLLATE "C") AS x(q, p, k)
 WHERE x.q = ANY(CAST($1 AS text[]));
+
+-- name: job_key_lease_first
+-- parameters: $1 queues
+SELECT least((SELECT locked_until FROM jobqueue.jobs
+              WHERE status = 'processing'
+                AND concurrency_key IS NOT NULL AND queue = ANY(CAST($1 AS text[]))
+              ORDER BY locked_until LIMIT 1), now()) AS first;
 
 -- name: job_set_outcome_complete
 -- parameters: $1 ids, $2 tokens, $3 results
