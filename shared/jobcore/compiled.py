@@ -280,11 +280,15 @@ class Head(NamedTuple):
     concurrency_key: str | None = None
 
 
-async def key_lease_first(conn: Driver, queues: Sequence[str]) -> datetime:
+async def key_lease_first(
+    conn: Driver, queues: Sequence[str], floor: int | None = None
+) -> datetime:
     """The earliest lease among the running jobs with a key of `queues`, or now() if earlier
-    (none running), read from the head of the lease index; locks nothing."""
+    (none running), read in lease order from `floor` (the key lease floor it replaces, as
+    `micros`; None: from the head); locks nothing."""
     statement = STATEMENTS["job_key_lease_first"]
-    rows = await conn.fetch(statement.sql, *statement.args({"queues": list(queues)}))
+    values = {"queues": list(queues), "key_lease_floor": floor}
+    rows = await conn.fetch(statement.sql, *statement.args(values))
     return cast(datetime, rows[0]["first"])
 
 

@@ -189,12 +189,18 @@ class ClaimFloors:
             "key_lease_floor": self._key_leases,
         }
 
+    @property
+    def key_leases(self) -> int | None:
+        """The key lease floor, as `micros` (None: not learnt yet)."""
+        return self._key_leases
+
     def learn_key_leases(self, first: datetime) -> None:
         """Set the key lease floor `LEASE_MARGIN` below `first`, the earliest lease among
         the running jobs with a key (or the time, if none ran), read from the head. A lease
         only moves forward (a claim sets it to its transaction's now() and the lease's
         length, a heartbeat extends it), and one that ran out stays until recovery takes
-        the job back; a claim the read did not see began at most a call's time before it.
+        the job back; a claim the read did not see began at most the limits on a worker's
+        session before it (a statement's, a lock's and an idle transaction's time).
         So every running job's lease lies above the floor, from then on."""
         self._key_leases = micros(first - LEASE_MARGIN)
 
@@ -393,8 +399,8 @@ class CountFloors:
 # moves forward (a claim sets it to its transaction's now() and the lease's length, a
 # heartbeat extends it), one that ran out stays until recovery takes the job back, and the
 # count sees every claim committed before the type's lock. A claim the count did not see
-# began before it, at most a call's time (`CALL_TIMEOUT`, seconds) earlier; `LEASE_MARGIN`
-# is well past that.
+# began before it, at most the limits on a worker's session earlier (a statement's, a lock's
+# and an idle transaction's time, 11 s); `LEASE_MARGIN` is well past that.
 LEASE_MARGIN = timedelta(seconds=30)
 
 

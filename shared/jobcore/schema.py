@@ -17,8 +17,8 @@ from jobcore.states import Status
 
 # Bump together with a new Alembic revision: the head this code migrates to.
 SCHEMA_REVISION = "0016"
-# The revisions this code works on; services refuse to start on any other. 0015 adds the
-# index the move of completed jobs into `jobs_history` (0014) reads (docs/upgrading.md).
+# The revisions this code works on; services refuse to start on any other. 0016 adds the
+# index and the function KEY_CONCURRENCY's count from a lease floor reads (docs/upgrading.md).
 ACCEPTED_REVISIONS = frozenset({SCHEMA_REVISION})
 
 # What a job's routing fields may hold; the API and the table check the same rules.

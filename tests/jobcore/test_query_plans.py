@@ -128,7 +128,7 @@ async def test_the_first_key_lease_is_read_from_the_running_jobs_only(engine, ge
     """In lease order, or by queue among the running jobs with a key: either way off the
     claims' path, and never through the pending or finished jobs."""
     await _fill(engine)
-    params = {"queues": ["default", "other"]}
+    params = {"queues": ["default", "other"], "key_lease_floor": FLOORED["key_lease_floor"]}
     plan = await _plan(engine, queries.JOB_KEY_LEASE_FIRST, params, generic)
     assert _index_scans(plan) in ({"jobs_lease_idx"}, {"jobs_key_lease_idx"}), plan
     assert '"Seq Scan"' not in plan, plan

@@ -26,7 +26,13 @@ from jobcore.schema import jobs
 from jobcore.states import Operation, Status
 from jobcore.turns import KeyedQueues
 from jobqueue_worker import database
-from jobqueue_worker.database import Availability, PgJobStore
+from jobqueue_worker.database import (
+    IDLE_IN_TRANSACTION,
+    LOCK_TIMEOUT,
+    STATEMENT_TIMEOUT,
+    Availability,
+    PgJobStore,
+)
 from tests.faultproxy import FaultProxy
 from tests.jobcore.test_store_transitions import _job_in
 from tests.pg import driver
@@ -620,6 +626,38 @@ async def test_under_key_concurrency_a_check_sets_the_key_lease_floor_below_ever
         assert await store.claim({"default": 4}, 60) == []  # the key is full
     finally:
         await store.close()
+
+
+async def test_the_limited_claim_counts_its_keys_use_from_the_key_lease_floor(engine):
+    """As the claims do: a job of the key whose lease ran out ten minutes ago still holds
+    the key's unit for the limited claim, counted from the floor a check set."""
+    store = PgJobStore(
+        engine, limits=TypeLimits(concurrency={"sleep": 10}), key_concurrency={"*": 1}
+    )
+    try:
+        await _backlog(engine, 1, "tenant-1", 0)
+        (running,) = (await store.claim_limited({"default": 4}, 60)).jobs
+        async with engine.begin() as conn:
+            await conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == running.id)
+                .values(locked_until=sa.func.now() - timedelta(minutes=10))
+            )
+        await store.check_floors(["default"])
+        assert store.floors.key_leases is not None
+        await _backlog(engine, 1, "tenant-1", 0)
+        assert (await store.claim_limited({"default": 4}, 60)).jobs == []
+    finally:
+        await store.close()
+
+
+def test_the_lease_margin_covers_the_longest_a_claim_can_take_to_commit():
+    """A claim the check of the floors did not see began before it, at most a statement's,
+    a lock's and an idle transaction's time (the server's limits on a worker's session):
+    its lease, set from its transaction's start, lies above the key lease floor."""
+    assert LEASE_MARGIN.total_seconds() >= 2 * (
+        STATEMENT_TIMEOUT + LOCK_TIMEOUT + IDLE_IN_TRANSACTION
+    )
 
 
 async def test_the_limited_claim_keeps_the_workers_key_concurrency(engine):

@@ -439,7 +439,7 @@ class PgJobStore:
     async def check_floors(self, queues: Sequence[str]) -> float:
         """Lower the claim floors that a due job of `queues` lies below (found from the head
         of the claim index, off the claims' path), and, where KEY_CONCURRENCY applies, set
-        the key lease floor; the seconds the first read took."""
+        the key lease floor; the seconds the check took."""
         started = self.availability.now()
         keys = self.floors.keys(queues)
         heads = await self._run("claim_heads", compiled.claim_heads, queues, keys)
@@ -450,8 +450,11 @@ class PgJobStore:
         self.type_floors.lower(heads)
         keyed = list(key_limits_of(self._key_concurrency, queues))
         if keyed:
-            first = await self._run("key_lease_first", compiled.key_lease_first, keyed)
+            first = await self._run(
+                "key_lease_first", compiled.key_lease_first, keyed, self.floors.key_leases
+            )
             self.floors.learn_key_leases(first)
+            cost = self.availability.now() - started
         return cost
 
     async def next_due(self, queues: Sequence[str]) -> float | None:

@@ -537,13 +537,15 @@ WHERE x.q = ANY(CAST(:queues AS text[]))"""
 
 
 # The earliest lease among the running jobs with a key of these queues, or now() if earlier
-# (or none is running), read from the head of the lease index off the claims' path: what a
+# (or none is running), read in lease order off the claims' path from the key lease floor
+# it replaces (`key_lease_floor`; NULL: from the head), below which no lease lies: what a
 # process's key lease floor is learnt from (`jobcore.floors.ClaimFloors.learn_key_leases`).
 JOB_KEY_LEASE_FIRST = sa.text(
     f"""
 SELECT least((SELECT locked_until FROM jobqueue.jobs
               WHERE status = '{Status.PROCESSING.value}'
                 AND concurrency_key IS NOT NULL AND queue = ANY(CAST(:queues AS text[]))
+                AND locked_until >= {KEY_LEASE_FLOOR}
               ORDER BY locked_until LIMIT 1), now()) AS first"""
 ).columns(sa.column("first", sa.DateTime(timezone=True)))
 

@@ -1632,10 +1632,11 @@ FROM unnest(CAST($5 AS text[]), CAST($6 AS smallint[]),
 WHERE x.q = ANY(CAST($1 AS text[]));
 
 -- name: job_key_lease_first
--- parameters: $1 queues
+-- parameters: $1 queues, $2 key_lease_floor
 SELECT least((SELECT locked_until FROM jobqueue.jobs
               WHERE status = 'processing'
                 AND concurrency_key IS NOT NULL AND queue = ANY(CAST($1 AS text[]))
+                AND locked_until >= coalesce(CAST('epoch' AS timestamptz) + CAST($2 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))
               ORDER BY locked_until LIMIT 1), now()) AS first;
 
 -- name: job_set_outcome_complete
