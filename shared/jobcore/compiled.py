@@ -57,6 +57,13 @@ _PLAIN = {
     _COMPLETE_AND_CLAIM: STATEMENTS["job_complete_and_claim_plain"],
     _COMPLETE_AND_CLAIM_UNLIMITED: STATEMENTS["job_complete_and_claim_plain_unlimited"],
 }
+# With keys' floors sent: the same claims, the known keys read from their floors.
+_KEY_FLOORED = {
+    _CLAIM: STATEMENTS["job_claim_key_floors"],
+    _CLAIM_UNLIMITED: STATEMENTS["job_claim_unlimited_key_floors"],
+    _COMPLETE_AND_CLAIM: STATEMENTS["job_complete_and_claim_key_floors"],
+    _COMPLETE_AND_CLAIM_UNLIMITED: STATEMENTS["job_complete_and_claim_unlimited_key_floors"],
+}
 _LOCK_TYPES = STATEMENTS["job_lock_types"]
 _LOCK_KEYS = STATEMENTS["job_lock_keys"]
 _CLAIM_LIMITED = STATEMENTS["job_claim_limited"]
@@ -178,6 +185,8 @@ async def claim(
         values["limited"] = list(limited)
     if plain:
         statement = _plain(statement, locked)
+    elif values.get("key_floor_keys"):
+        statement = _KEY_FLOORED[statement]
     rows = await conn.fetch(statement.sql, *statement.args(values))
     return [claimed_from_row(row) for row in rows]
 
@@ -292,6 +301,26 @@ async def key_lease_first(
     return cast(datetime, rows[0]["first"])
 
 
+class HeadsRead(NamedTuple):
+    """A check of the heads: what it found, and the claim index entries it read to."""
+
+    heads: list[Head]
+    entries: int
+
+
+async def check_heads(
+    conn: Driver, queues: Sequence[str], keys: Mapping[str, list[Any]] = NO_KEYS
+) -> HeadsRead:
+    """`claim_heads`, and how many claim index entries it read, dead ones included (in
+    one transaction: the count is the transaction's)."""
+    counted = STATEMENTS["table_count_claim_reads"]
+    async with _transaction(conn):
+        before = (await conn.fetch(counted.sql))[0]["n"]
+        heads = await claim_heads(conn, queues, keys)
+        after = (await conn.fetch(counted.sql))[0]["n"]
+    return HeadsRead(heads, int(after - before))
+
+
 async def claim_heads(
     conn: Driver, queues: Sequence[str], keys: Mapping[str, list[Any]] = NO_KEYS
 ) -> list[Head]:
@@ -380,6 +409,8 @@ async def complete_and_claim(
         values["limited"] = list(limited)
     if plain:
         statement = _plain(statement, locked)
+    elif values.get("key_floor_keys"):
+        statement = _KEY_FLOORED[statement]
     rows = await conn.fetch(statement.sql, *statement.args(values))
     applied = set()
     claimed = []

@@ -14,9 +14,11 @@ jobs: a `run_at` below which it has already taken every job it could see, less
 transaction takes milliseconds). Claims read the index from there
 (`jobcore.queries`' `JOB_CLAIM`). And per (queue, priority, concurrency key), the
 same for the keys it served last (`KNOWN_KEYS` of them): keys take turns, but
-within a key the claim goes in `run_at` order too. Those are sent only while reading
-from the head is costly (a held horizon): a claim steps through each known key it
-passes, where from the head it steps only through keys with jobs.
+within a key the claim goes in `run_at` order too. Those are sent only while the
+checks of the heads (below) read past dead entries to find the heads (a held
+horizon): a claim steps through each known key it passes, where from the head it
+steps only through keys with jobs.
+
 A job can still appear below a floor: one whose transaction ran longer than the
 margin (a transactional enqueue), a job handed back or recovered (it keeps its
 `run_at`), a row another transaction held when the claim skipped it, a job
@@ -80,6 +82,11 @@ NO_KEYS: dict[str, list[Any]] = {
     "key_floors": [],
 }
 
+
+# Claim index entries a check of the heads may read per head (and per key it looks for)
+# before the keys' floors are worth sending: from the head, each probe lands on the first
+# live entry at once, bar a few a claim has just taken.
+DEAD_PER_HEAD = 10
 
 # A check of the heads reads each known key's head too: on a table without dead entries
 # about 10-20 µs a key, a few ms for `KNOWN_KEYS`. Whether reading from the head is costly
@@ -153,6 +160,7 @@ class ClaimFloors:
         # Per (queue, priority, key), as `micros`; the key served last comes last.
         self._keys: dict[tuple[str, int, str], int] = {}
         self._key_leases: int | None = None  # below every running job's lease, with a key
+        self._dead_heads = False  # whether the last check of the heads read past dead entries
         # Checks of the heads run while claims do: per floor, the last check that lowered it
         # (`generation` counts them), so a claim that read its floors before does not raise
         # it again past the job the check found.
@@ -162,7 +170,8 @@ class ClaimFloors:
 
     def params(self, queues: Iterable[str], *, sweep: bool) -> dict[str, Any]:
         """The claim's floor parameters for `queues` (the floors as `micros`); none at all
-        for a sweep, and the keys' only while reading from the head is costly. The key
+        for a sweep, and the keys' only while the checks of the heads read past dead
+        entries (`checked`). The key
         lease floor, which only makes KEY_CONCURRENCY's count cheaper, goes with every
         claim."""
         wanted = set(queues)
@@ -170,7 +179,7 @@ class ClaimFloors:
         keys = NO_KEYS
         if not sweep:
             known += [(k, f) for k, f in self._sent.items() if k[0] in wanted]
-            if self.sweeps.costly():
+            if self._dead_heads:
                 keys = self.keys(wanted)
                 # The keys' priorities are known too, their key-less jobs read from the head
                 # (a floor of None): a priority found by a probe would be read from its head.
@@ -203,6 +212,17 @@ class ClaimFloors:
         session before it (a statement's, a lock's and an idle transaction's time).
         So every running job's lease lies above the floor, from then on."""
         self._key_leases = micros(first - LEASE_MARGIN)
+
+    def checked(self, cost: float, at: float, *, keys: int, heads: int, entries: int) -> None:
+        """Take in a check of the heads that read `keys` keys' heads and found `heads`,
+        reading `entries` claim index entries in `cost` seconds, ending at `at`: the cost
+        paces the sweeps (`check_cost`), and the entries it read per head say whether
+        claims send the keys' floors (more than `DEAD_PER_HEAD`: a held horizon keeps dead
+        entries before the heads). Neither a claim's cost nor the check's says that: on a
+        busy machine a read from the head of a table without dead entries takes
+        milliseconds too, where the walk over known keys would only cost more."""
+        self.sweeps.measured(check_cost(cost, keys), at)
+        self._dead_heads = entries > DEAD_PER_HEAD * (heads + keys + 1)
 
     def keys(self, queues: Iterable[str]) -> dict[str, list[Any]]:
         """The known keys of `queues` and their floors, as parameters."""
@@ -243,9 +263,10 @@ class ClaimFloors:
                 self._keys[key] = min(old, floor)
             else:
                 self._keys[key] = floor if sweep or old is None else max(old, floor)
-        for key in list(self._keys)[: max(len(self._keys) - KNOWN_KEYS, 0)]:
-            del self._keys[key]
-            self._lowered.pop(key, None)
+        while len(self._keys) > KNOWN_KEYS:
+            oldest = next(iter(self._keys))
+            del self._keys[oldest]
+            self._lowered.pop(oldest, None)
 
     def _set(self, key: tuple[str, int], floor: datetime) -> None:
         if self._floors.get(key) != floor:

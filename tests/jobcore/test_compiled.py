@@ -50,7 +50,7 @@ def test_outcome_writes_take_leases_and_only_the_arrays_their_effects_need():
 
 
 def test_arguments_follow_the_compiled_sql_and_fill_the_constructs_own_literals():
-    claim = compiled.STATEMENTS["job_claim"]
+    claim = compiled.STATEMENTS["job_claim_key_floors"]
     assert claim.parameters == {
         "queues",
         "slots",

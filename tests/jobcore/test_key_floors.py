@@ -32,9 +32,10 @@ def taken(key: str | None, run_at: datetime, priority: int = 0) -> Any:
 
 
 def costly() -> ClaimFloors:
-    """Floors whose last read from the head was costly (a held horizon): claims send keys."""
+    """Floors whose last check of the heads read past dead entries (a held horizon): claims
+    send keys, and do not sweep."""
     floors = ClaimFloors()
-    floors.sweeps.measured(1.0, at=0.0)
+    floors.checked(1.0, 0.0, keys=0, heads=1, entries=1000)
     return floors
 
 
@@ -52,11 +53,14 @@ def test_a_keys_floor_rises_to_the_last_job_of_it_taken_and_only_a_sweep_lowers_
     assert floors.key_floor("q", 0, "a") == micros(T0 - SECOND)
 
 
-def test_the_keys_floors_are_sent_only_while_reading_from_the_head_is_costly():
+def test_the_keys_floors_are_sent_only_while_the_checks_read_past_dead_entries():
     floors = ClaimFloors()
     floors.learn_keys([taken("a", T0, priority=2)], sweep=False)
     assert floors.params(["q"], sweep=False)["key_floor_keys"] == []  # cheap: from the head
-    floors.sweeps.measured(0.5, at=0.0)
+    floors.sweeps.done(0.0, 0.5)  # a costly sweep: a claim, whose cost says nothing of that
+    floors.checked(0.5, 1.0, keys=1, heads=2, entries=4)  # a slow check, no dead entries
+    assert floors.params(["q"], sweep=False)["key_floor_keys"] == []
+    floors.checked(0.5, 2.0, keys=1, heads=2, entries=400)  # past dead entries
     sent = floors.params(["q"], sweep=False)
     assert (sent["key_floor_queues"], sent["key_floor_priorities"]) == (["q"], [2])
     assert (sent["key_floor_keys"], sent["key_floors"]) == (["a"], [micros(T0 - SECOND)])
@@ -156,7 +160,8 @@ async def read_by_a_claim(
 ) -> tuple[int, set]:
     """Entries of `index` (the claim index) a claim of 30 reads (dead ones included), and
     what it takes, in a transaction rolled back."""
-    sql = Compiled(queries.JOB_CLAIM)
+    keyed = bool(floors.get("key_floor_keys"))
+    sql = Compiled(queries.JOB_CLAIM_KEY_FLOORS if keyed else queries.JOB_CLAIM)
     params = {
         "queues": ["q"],
         "slots": [30],
@@ -195,6 +200,38 @@ async def test_under_a_held_horizon_a_keyed_claim_reads_only_past_its_keys_floor
     assert sweep > 3000, sweep  # the dead entries are there: the test can tell
     assert floored < 100, (floored, sweep)
     assert took == swept and len(took) == 30
+
+
+async def test_the_checks_of_the_heads_tell_a_held_horizon_from_a_busy_table(engine):
+    """The keys' floors are sent once a check of the heads reads past dead entries to find
+    them: not while 3,000 jobs of 30 keys are pending, only once they have run and moved
+    on under a held horizon."""
+
+    async def check(floors: ClaimFloors) -> None:
+        async with engine.connect() as conn:
+            read = await compiled.check_heads(await driver(conn), ["q"], floors.keys(["q"]))
+            await conn.commit()
+        floors.checked(
+            0.001,
+            0.0,
+            keys=len(floors.keys(["q"])["key_floor_keys"]),
+            heads=len(read.heads),
+            entries=read.entries,
+        )
+
+    floors, turns = ClaimFloors(), KeyTurns()
+    async with engine.connect() as holder:
+        await holder.execute(sa.text("SELECT txid_current()"))  # held until the block ends
+        await insert(engine, 30, 100, run_at="now() - interval '301 seconds' + i * interval '3 s'")
+        await claim(engine, floors, turns, 30)
+        await check(floors)
+        assert floors.params(["q"], sweep=False)["key_floor_keys"] == []
+        while jobs := await claim(engine, floors, turns, 25):
+            await complete(engine, jobs)
+        await insert(engine, 30, 1)
+        await check(floors)
+        assert len(floors.params(["q"], sweep=False)["key_floor_keys"]) == 30
+        await holder.rollback()
 
 
 async def test_known_keys_without_jobs_are_passed_over_and_the_keys_still_take_turns(engine):
@@ -299,7 +336,7 @@ async def test_racing_keyed_claimers_with_floors_take_every_job_once_stragglers_
     async def claimer(seed: int) -> None:
         rng = random.Random(seed)
         floors = ClaimFloors(sweeps=Sweeps(cheap=-1.0))
-        floors.sweeps.measured(1.0, at=0.0)  # costly: floored claims send their keys
+        floors.checked(1.0, 0.0, keys=0, heads=1, entries=1000)  # floored claims send keys
         turns = KeyTurns()
         checking = asyncio.create_task(checks(floors)) if found_by == "checks" else None
         idle_since: float | None = None

@@ -91,10 +91,11 @@ FLOORS = pytest.mark.parametrize("floors", [NO_FLOORS, FLOORED], ids=["sweep", "
 @FLOORS
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 async def test_claim_reads_the_partial_claim_index(engine, generic, floors):
+    """From the head, from the floors, and from the keys' floors too when floored."""
     await _fill(engine)
     plan = await _plan(
         engine,
-        queries.JOB_CLAIM,
+        queries.JOB_CLAIM_KEY_FLOORS if floors is FLOORED else queries.JOB_CLAIM,
         {
             "queues": ["default", "other"],
             "slots": [10, 5],
@@ -256,7 +257,15 @@ async def test_a_claim_that_skips_limited_types_reads_the_claim_index(engine, ge
         "limited": ["webhook"],
         **floors,
     }
-    for statement in (queries.JOB_CLAIM_UNLIMITED, queries.JOB_COMPLETE_AND_CLAIM_UNLIMITED):
+    statements = (
+        (
+            queries.JOB_CLAIM_UNLIMITED_KEY_FLOORS,
+            queries.JOB_COMPLETE_AND_CLAIM_UNLIMITED_KEY_FLOORS,
+        )
+        if floors is FLOORED
+        else (queries.JOB_CLAIM_UNLIMITED, queries.JOB_COMPLETE_AND_CLAIM_UNLIMITED)
+    )
+    for statement in statements:
         values = {**params, "ids": [new_id()], "tokens": [1], "results": [None]}
         plan = await _plan(engine, statement, values, generic)
         assert "jobs_claim_key_idx" in _index_scans(plan), plan

@@ -216,11 +216,10 @@ async def test_complete_and_claim_is_complete_then_claim_in_one_statement(engine
 
 # The claims' floor parameters as literals, none: a claim from the head, as a sweep.
 _NO_FLOORS = "'{}'::text[], '{}'::smallint[], '{}'::bigint[]"
-# No key limits, then no floors, no turns, no key floors, no overruns and no key lease
-# floor: the claim's parameters after its slots.
+# No key limits, then no floors, no turns, no overruns and no key lease floor: the claim's
+# parameters after its slots.
 _NO_KEYS = (
     f"'{{}}'::integer[], {_NO_FLOORS}, '{{}}'::text[], '{{}}'::smallint[], '{{}}'::text[],"
-    " '{}'::text[], '{}'::smallint[], '{}'::text[], '{}'::bigint[],"
     " '{}'::text[], '{}'::text[], '{}'::integer[], NULL::bigint"
 )
 
@@ -589,11 +588,12 @@ async def test_the_claims_learn_the_keys_floors_and_a_check_of_the_heads_lowers_
         await _backlog(engine, 2, "tenant-1", 0)
         assert len(await store.claim({"default": 4}, 60)) == 2
         assert store.floors.key_floor("default", 0, "tenant-1") is not None
-        store.floors.sweeps.measured(1.0, at=store.availability.now())  # costly: no sweeps
+        # As under a held horizon: the heads costly to read, claims do not sweep.
+        store.floors.checked(1.0, store.availability.now(), keys=0, heads=1, entries=1000)
         await _backlog(engine, 1, "tenant-1", 3600)  # handed back: below the floor
         assert await store.claim({"default": 4}, 60) == []
         await store.check_floors(["default"])
-        store.floors.sweeps.measured(1.0, at=store.availability.now())
+        store.floors.checked(1.0, store.availability.now(), keys=0, heads=1, entries=1000)
         (late,) = await store.claim({"default": 4}, 60)
         assert late.concurrency_key == "tenant-1"
     finally:

@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobcore import compiled, maintenance
 from jobcore.errors import describe
-from jobcore.floors import ClaimFloors, CountFloors, Sweeps, TypeFloors, check_cost
+from jobcore.floors import ClaimFloors, CountFloors, Sweeps, TypeFloors
 from jobcore.queries import RECOVER_BATCH
 from jobcore.rows import Claimed, Lease, LimitedClaim, Moved, Renewed, TableStats, TypeLimits
 from jobcore.runner import Driver
@@ -442,12 +442,13 @@ class PgJobStore:
         the key lease floor; the seconds the check took."""
         started = self.availability.now()
         keys = self.floors.keys(queues)
-        heads = await self._run("claim_heads", compiled.claim_heads, queues, keys)
+        read = await self._run("claim_heads", compiled.check_heads, queues, keys)
         ended = self.availability.now()
         cost = ended - started
-        self.floors.sweeps.measured(check_cost(cost, len(keys["key_floor_keys"])), ended)
-        self.floors.lower(heads)
-        self.type_floors.lower(heads)
+        known = len(keys["key_floor_keys"])
+        self.floors.checked(cost, ended, keys=known, heads=len(read.heads), entries=read.entries)
+        self.floors.lower(read.heads)
+        self.type_floors.lower(read.heads)
         keyed = list(key_limits_of(self._key_concurrency, queues))
         if keyed:
             first = await self._run(

@@ -154,6 +154,16 @@ def keys_present() -> str:
     )"""
 
 
+def _first_after(bound: str) -> str:
+    """The first key at hand after `bound` and where its first job is (SQL, a subquery of
+    `k`, `tid`): the index orders a key's jobs by run_at, id, so the entry the probe for the
+    key lands on is that job's."""
+    return (
+        f"(SELECT {KEY} AS k, ctid AS tid FROM jobqueue.jobs WHERE {_AT} AND {KEY} > {bound}"
+        f" ORDER BY {KEY}, run_at, id LIMIT 1)"
+    )
+
+
 def _next_key(bound: str, i: str) -> str:
     """The next key at hand after `bound` (SQL), where `i` is the place in `known_keys` of
     the first known key after it, and where that key's first job is: the first key in the
@@ -289,15 +299,27 @@ _LOOKED_AGAIN = f"SELECT CASE WHEN m > 0 THEN m + {SEEN_BEYOND} ELSE 0 END FROM 
 _AGAIN = f"SELECT k, tid FROM found OFFSET w.n LIMIT ({_LOOKED_AGAIN})"
 
 
-def _in_turn(skip: str) -> str:
-    """The jobs a claim takes at one priority of one queue, keys in turn (see above)."""
-    return f"""
-        WITH RECURSIVE last_turn AS MATERIALIZED (
-            SELECT (SELECT t.k FROM unnest(CAST(:turn_queues AS text[]),
-                                           CAST(:turn_priorities AS smallint[]),
-                                           CAST(:turns AS text[])) AS t(q, p, k)
-                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), {_KNOWN_KEYS}, after(k, tid, i, present) AS (
+def _walk_from_head() -> str:
+    """The CTEs `after` and `wrapped` (k, tid, present) of `_in_turn`: the keys at hand from
+    the last turn's key on, then from the first round to it, each read from its head."""
+    return f"""after(k, tid, present) AS (
+            SELECT CASE WHEN l.c IS NULL THEN {_NO_KEY} ELSE n.k END, n.tid, true
+            FROM last_turn AS l LEFT JOIN LATERAL {_first_after("l.c")} AS n ON true
+            UNION ALL
+            SELECT n.k, n.tid, true FROM after CROSS JOIN LATERAL {_first_after("after.k")} AS n
+        ), wrapped(k, tid, present) AS (
+            SELECT {_NO_KEY}, CAST(NULL AS tid), true WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, true FROM wrapped
+            CROSS JOIN LATERAL {_first_after("wrapped.k")} AS n
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        )"""
+
+
+def _walk_from_floors() -> str:
+    """`_walk_from_head`'s CTEs with the keys the claimer knows (`known_keys`), each looked
+    for from its floor, and rows for the known keys without jobs there (`present` false)."""
+    return f"""{_KNOWN_KEYS}, after(k, tid, i, present) AS (
             -- From '' (present), or from the last turn's key (served: not in this turn).
             SELECT coalesce(l.c, {_NO_KEY}), CAST(NULL AS tid),
                    {_known_after(f"coalesce(l.c, {_NO_KEY})")}, l.c IS NULL
@@ -312,7 +334,25 @@ def _in_turn(skip: str) -> str:
             SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
             CROSS JOIN LATERAL {_next_key("wrapped.k", "wrapped.i")} AS n
             WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), found AS MATERIALIZED (
+        )"""
+
+
+def _in_turn(skip: str, key_floors: bool) -> str:
+    """The jobs a claim takes at one priority of one queue, keys in turn (see above); with
+    `key_floors`, the known keys read from their floors."""
+    walk = _walk_from_floors() if key_floors else _walk_from_head()
+    key_floor = (
+        f"(SELECT {_KEY_FLOOR.format(k='shares.k')} FROM known_keys)"
+        if key_floors
+        else "CAST('-infinity' AS timestamptz)"
+    )
+    return f"""
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST(:turn_queues AS text[]),
+                                           CAST(:turn_priorities AS smallint[]),
+                                           CAST(:turns AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), {walk}, found AS MATERIALIZED (
             -- The keys in turn, read as far as the claim needs them: the first w.n, then,
             -- should some have no room, as many again and SEEN_BEYOND more.
             SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
@@ -342,9 +382,7 @@ def _in_turn(skip: str) -> str:
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE {_AT} AND {KEY} = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN {FLOOR}
-                                     ELSE (SELECT {_KEY_FLOOR.format(k="shares.k")}
-                                           FROM known_keys) END
+                  AND run_at >= CASE WHEN shares.k = '' THEN {FLOOR} ELSE {key_floor} END
                   AND run_at <= now(){skip}
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -389,8 +427,9 @@ _KEYS_SHARED = """(
     ) AS l)"""
 
 
-def _due_jobs(skip: str) -> Any:
-    """The jobs a claim takes; `skip` is a further condition on them ("" for none). Each
+def _due_jobs(skip: str, key_floors: bool = False) -> Any:
+    """The jobs a claim takes; `skip` is a further condition on them ("" for none); with
+    `key_floors`, the keys the claimer knows are read from their floors. Each
     priority's turn sees the room its key's KEY_CONCURRENCY leaves (`k_left`) but not what
     the higher priorities' took of the same key in this claim: of a key's jobs, only the
     first `k_left` in claim order across the priorities are kept (the others, locked
@@ -405,7 +444,7 @@ SELECT c.id FROM (
                 CAST(:key_limits AS integer[])) AS w(queue, n, key_limit)
     CROSS JOIN LATERAL ({PRIORITIES}
         SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
-        FROM priorities CROSS JOIN LATERAL ({_in_turn(skip)}
+        FROM priorities CROSS JOIN LATERAL ({_in_turn(skip, key_floors)}
         ) AS d
         WHERE priorities.p IS NOT NULL
         LIMIT w.n
@@ -470,6 +509,11 @@ def _claim(due: Any) -> Any:
 
 JOB_CLAIM = _claim(_due_jobs(""))
 JOB_CLAIM_PLAIN = _claim(_due_in_order(""))
+# The claim from the keys' floors, sent while a held horizon keeps dead entries before the
+# keys' heads (`jobcore.floors.ClaimFloors.params`). A statement of its own: its walk over
+# the keys costs each step more, and a claim that knows no key's floor walks them as
+# JOB_CLAIM does (over 1,000 keys under KEY_CONCURRENCY, a drain at 0.76 of the rate).
+JOB_CLAIM_KEY_FLOORS = _claim(_due_jobs("", key_floors=True))
 
 # KEY_CONCURRENCY's serialisation: a transaction-scoped advisory lock per queue with a key
 # limit (in key order, so two claimers cannot deadlock), taken before the claim statement
@@ -536,6 +580,14 @@ WHERE x.q = ANY(CAST(:queues AS text[]))"""
 )
 
 
+# The claim index's entries the scans of this transaction read so far, dead ones included:
+# read around a check of the heads, the number its reads visited per head they found says
+# whether a held horizon keeps dead entries there (`jobcore.floors.ClaimFloors.checked`).
+TABLE_COUNT_CLAIM_READS = sa.text(
+    "SELECT pg_stat_get_xact_tuples_returned(CAST('jobqueue.jobs_claim_key_idx' AS regclass)) AS n"
+).columns(sa.column("n", sa.BigInteger))
+
+
 # The earliest lease among the running jobs with a key of these queues, or now() if earlier
 # (or none is running), read in lease order off the claims' path from the key lease floor
 # it replaces (`key_lease_floor`; NULL: from the head), below which no lease lies: what a
@@ -581,6 +633,7 @@ def _complete_and_claim(claim: Any) -> Any:
 
 
 JOB_COMPLETE_AND_CLAIM = _complete_and_claim(JOB_CLAIM)
+JOB_COMPLETE_AND_CLAIM_KEY_FLOORS = _complete_and_claim(JOB_CLAIM_KEY_FLOORS)
 JOB_COMPLETE_AND_CLAIM_PLAIN = _complete_and_claim(JOB_CLAIM_PLAIN)
 
 # With per-type limits configured, the claims above skip the limited types (`:limited`);
@@ -588,5 +641,7 @@ JOB_COMPLETE_AND_CLAIM_PLAIN = _complete_and_claim(JOB_CLAIM_PLAIN)
 _UNLIMITED = " AND type <> ALL(CAST(:limited AS text[]))"
 JOB_CLAIM_UNLIMITED = _claim(_due_jobs(_UNLIMITED))
 JOB_COMPLETE_AND_CLAIM_UNLIMITED = _complete_and_claim(JOB_CLAIM_UNLIMITED)
+JOB_CLAIM_UNLIMITED_KEY_FLOORS = _claim(_due_jobs(_UNLIMITED, key_floors=True))
+JOB_COMPLETE_AND_CLAIM_UNLIMITED_KEY_FLOORS = _complete_and_claim(JOB_CLAIM_UNLIMITED_KEY_FLOORS)
 JOB_CLAIM_PLAIN_UNLIMITED = _claim(_due_in_order(_UNLIMITED))
 JOB_COMPLETE_AND_CLAIM_PLAIN_UNLIMITED = _complete_and_claim(JOB_CLAIM_PLAIN_UNLIMITED)

@@ -157,6 +157,790 @@ WHERE jobqueue.jobs.idempotency_key = ANY ($1::TEXT[]);
 SELECT pg_notify($1::VARCHAR, $2::VARCHAR) AS pg_notify_1;
 
 -- name: job_claim
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 overrun_queues, $16 overrun_keys, $17 overrun_counts, $18 key_lease_floor
+WITH due AS MATERIALIZED 
+(
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($9 AS text[]),
+                    CAST($10 AS smallint[]),
+                    CAST($11 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
+                                           CAST($13 AS smallint[]),
+                                           CAST($14 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k, tid, present) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid, true
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+            UNION ALL
+            SELECT n.k, n.tid, true FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), true WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, true FROM wrapped
+            CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid, present FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE present AND (k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now()))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($15 AS text[]),
+                               CAST($16 AS text[]),
+                               CAST($17 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($18 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($15 AS text[]),
+                               CAST($16 AS text[]),
+                               CAST($17 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($18 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), by_tid AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, j.id, j.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE ctid = shares.tid AND status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at <= now()
+                FOR UPDATE SKIP LOCKED
+            ) AS j
+            WHERE shares.share = 1 AND shares.tid IS NOT NULL
+        ), first AS MATERIALIZED (
+            SELECT k, share, k_left, id, run_at FROM by_tid UNION ALL
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now()
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+            WHERE shares.share > 1 OR shares.tid IS NULL OR NOT EXISTS (SELECT FROM by_tid WHERE by_tid.k = shares.k)
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
+            GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now()
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($6 AS text[]), CAST($8 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0)
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
+
+-- name: job_claim_unlimited
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 limited, $16 overrun_queues, $17 overrun_keys, $18 overrun_counts, $19 key_lease_floor
+WITH due AS MATERIALIZED 
+(
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($9 AS text[]),
+                    CAST($10 AS smallint[]),
+                    CAST($11 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
+                                           CAST($13 AS smallint[]),
+                                           CAST($14 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k, tid, present) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid, true
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+            UNION ALL
+            SELECT n.k, n.tid, true FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), true WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, true FROM wrapped
+            CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid, present FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE present AND (k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($16 AS text[]),
+                               CAST($17 AS text[]),
+                               CAST($18 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($19 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($16 AS text[]),
+                               CAST($17 AS text[]),
+                               CAST($18 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($19 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), first AS MATERIALIZED (
+            
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+            
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
+            GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now() AND type <> ALL(CAST($15 AS text[]))
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($6 AS text[]), CAST($8 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0)
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
+
+-- name: job_complete_and_claim
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 overrun_queues, $19 overrun_keys, $20 overrun_counts, $21 key_lease_floor
+WITH done AS 
+(UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
+due AS MATERIALIZED 
+(
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
+                CAST($11 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($12 AS text[]),
+                    CAST($13 AS smallint[]),
+                    CAST($14 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($15 AS text[]),
+                                           CAST($16 AS smallint[]),
+                                           CAST($17 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k, tid, present) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid, true
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+            UNION ALL
+            SELECT n.k, n.tid, true FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), true WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, true FROM wrapped
+            CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid, present FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE present AND (k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now()))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($18 AS text[]),
+                               CAST($19 AS text[]),
+                               CAST($20 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($21 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($18 AS text[]),
+                               CAST($19 AS text[]),
+                               CAST($20 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($21 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), by_tid AS MATERIALIZED (
+            SELECT shares.k, shares.share, shares.k_left, j.id, j.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE ctid = shares.tid AND status = 'pending' AND queue = w.queue AND priority = priorities.p AND run_at <= now()
+                FOR UPDATE SKIP LOCKED
+            ) AS j
+            WHERE shares.share = 1 AND shares.tid IS NOT NULL
+        ), first AS MATERIALIZED (
+            SELECT k, share, k_left, id, run_at FROM by_tid UNION ALL
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now()
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+            WHERE shares.share > 1 OR shares.tid IS NULL OR NOT EXISTS (SELECT FROM by_tid WHERE by_tid.k = shares.k)
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
+            GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now()
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($9 AS text[]), CAST($11 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0), 
+claimed AS 
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) COLLATE "C" AS concurrency_key 
+FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
+FROM claimed;
+
+-- name: job_complete_and_claim_unlimited
+-- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 limited, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts, $22 key_lease_floor
+WITH done AS 
+(UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
+due AS MATERIALIZED 
+(
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($9 AS text[]), CAST($10 AS integer[]),
+                CAST($11 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($12 AS text[]),
+                    CAST($13 AS smallint[]),
+                    CAST($14 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($15 AS text[]),
+                                           CAST($16 AS smallint[]),
+                                           CAST($17 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), after(k, tid, present) AS (
+            SELECT CASE WHEN l.c IS NULL THEN CAST('' AS text) COLLATE "C" ELSE n.k END, n.tid, true
+            FROM last_turn AS l LEFT JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > l.c ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n ON true
+            UNION ALL
+            SELECT n.k, n.tid, true FROM after CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+        ), wrapped(k, tid, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), true WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, true FROM wrapped
+            CROSS JOIN LATERAL (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS n
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid, present FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE present AND (k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($19 AS text[]),
+                               CAST($20 AS text[]),
+                               CAST($21 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($22 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($19 AS text[]),
+                               CAST($20 AS text[]),
+                               CAST($21 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($22 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), first AS MATERIALIZED (
+            
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE CAST('-infinity' AS timestamptz) END
+                  AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+            
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
+            GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now() AND type <> ALL(CAST($18 AS text[]))
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($9 AS text[]), CAST($11 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0), 
+claimed AS 
+(UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $4::INTEGER), locked_until=(now() + $5::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $6::BIGINT), claim_id=$7::UUID, leased_by=$8::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key)
+ SELECT true AS completed, done.id, CAST(NULL AS TEXT) AS type, CAST(NULL AS JSONB) AS payload, CAST(NULL AS INTEGER) AS attempts, CAST(NULL AS INTEGER) AS max_attempts, done.lease_token, CAST(NULL AS TEXT) AS queue, CAST(NULL AS FLOAT) AS timeout, CAST(NULL AS TEXT) AS traceparent, CAST(NULL AS SMALLINT) AS priority, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS run_at, CAST(NULL AS TEXT) COLLATE "C" AS concurrency_key 
+FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
+FROM claimed;
+
+-- name: job_claim_key_floors
 -- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 overrun_queues, $20 overrun_keys, $21 overrun_counts, $22 key_lease_floor
 WITH due AS MATERIALIZED 
 (
@@ -344,9 +1128,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
-                                           FROM known_keys) END
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz)) FROM known_keys) END
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -392,235 +1174,7 @@ WHERE c.nth <= c.k_left AND (
  UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
 FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
 
--- name: job_claim_unlimited
--- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 limited, $20 overrun_queues, $21 overrun_keys, $22 overrun_counts, $23 key_lease_floor
-WITH due AS MATERIALIZED 
-(
-SELECT c.id FROM (
-    SELECT j.id, j.k_left, row_number() OVER (
-               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
-    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
-                CAST($8 AS integer[])) AS w(queue, n, key_limit)
-    CROSS JOIN LATERAL (
-    WITH RECURSIVE known AS MATERIALIZED (
-        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
-               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
-                                  ORDER BY k.p DESC), '{}') AS fs
-        FROM unnest(CAST($9 AS text[]),
-                    CAST($10 AS smallint[]),
-                    CAST($11 AS bigint[])) AS k(q, p, f)
-        WHERE k.q = w.queue
-    ), priorities(p, f, i) AS (
-        SELECT n.p, n.f, n.i FROM known
-        CROSS JOIN LATERAL (SELECT * FROM (
-            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
-                SELECT priority FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue
-                  AND priority > coalesce(known.ps[1], -32768)
-                ORDER BY priority DESC LIMIT 1
-            ) AS g
-            UNION ALL
-            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
-        ) AS step LIMIT 1) AS n
-        UNION ALL
-        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
-        CROSS JOIN LATERAL (SELECT * FROM (
-            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
-                SELECT priority FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
-                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
-                ORDER BY priority DESC LIMIT 1
-            ) AS g
-            UNION ALL
-            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
-        ) AS step LIMIT 1) AS n
-    )
-        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
-        FROM priorities CROSS JOIN LATERAL (
-        WITH RECURSIVE last_turn AS MATERIALIZED (
-            SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
-                                           CAST($13 AS smallint[]),
-                                           CAST($14 AS text[])) AS t(q, p, k)
-                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
-        ), known_keys AS MATERIALIZED (
-            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
-                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
-                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
-            FROM unnest(CAST($15 AS text[]),
-                        CAST($16 AS smallint[]),
-                        CAST($17 AS text[]) COLLATE "C",
-                        CAST($18 AS bigint[])) AS x(q, p, k, f)
-            WHERE x.q = w.queue AND x.p = priorities.p
-        ), after(k, tid, i, present) AS (
-            -- From '' (present), or from the last turn's key (served: not in this turn).
-            SELECT coalesce(l.c, CAST('' AS text) COLLATE "C"), CAST(NULL AS tid),
-                   (SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > coalesce(l.c, CAST('' AS text) COLLATE "C") COLLATE "C"), l.c IS NULL
-            FROM last_turn AS l CROSS JOIN known_keys
-            UNION ALL
-            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
-            CROSS JOIN LATERAL (SELECT * FROM (
-            SELECT g.k, g.tid, after.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i] AND known_keys.ks[after.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
-            UNION ALL
-            SELECT g.k, g.tid, after.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND known_keys.ks[after.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
-            UNION ALL
-            SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
-            FROM (SELECT) AS one LEFT JOIN (
-                SELECT ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[after.i] AND run_at >= known_keys.fs[after.i]
-                ORDER BY run_at, id LIMIT 1) AS t ON true
-            WHERE known_keys.ks[after.i] IS NOT NULL
-        ) AS step LIMIT 1) AS n
-        ), wrapped(k, tid, i, present) AS (
-            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), 1, true
-            WHERE (SELECT c FROM last_turn) IS NOT NULL
-            UNION ALL
-            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
-            CROSS JOIN LATERAL (SELECT * FROM (
-            SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
-                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i] AND known_keys.ks[wrapped.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
-            UNION ALL
-            SELECT g.k, g.tid, wrapped.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND known_keys.ks[wrapped.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
-            UNION ALL
-            SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
-            FROM (SELECT) AS one LEFT JOIN (
-                SELECT ctid AS tid FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[wrapped.i] AND run_at >= known_keys.fs[wrapped.i]
-                ORDER BY run_at, id LIMIT 1) AS t ON true
-            WHERE known_keys.ks[wrapped.i] IS NOT NULL
-        ) AS step LIMIT 1) AS n
-            WHERE wrapped.k < (SELECT c FROM last_turn)
-        ), found AS MATERIALIZED (
-            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
-            -- should some have no room, as many again and SEEN_BEYOND more.
-            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
-                                UNION ALL
-                                SELECT k, tid, present FROM wrapped
-                                WHERE k <= (SELECT c FROM last_turn)) AS f
-            -- '' takes a turn only with a due job past its floor (read from there).
-            WHERE present AND (k <> '' OR EXISTS (
-                SELECT FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))))
-            LIMIT 2 * w.n + 16
-        ), ask1 AS MATERIALIZED (
-            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
-        ), room1 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM (
-                -- The keys and their limits less this claimer's overruns, in turn order.
-                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
-                       array_agg(w.key_limit - coalesce((
-                           SELECT sum(o.n) FROM unnest(
-                               CAST($20 AS text[]),
-                               CAST($21 AS text[]),
-                               CAST($22 AS integer[])) AS o(q, k, n)
-                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                                 ORDER BY a.nth) AS rooms,
-                       -- '' takes a slot of the claim's without a lock.
-                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
-                                                    WHERE k = '')::integer AS wanted
-                FROM ask1 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
-                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($23 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
-            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
-        ), seen1 AS MATERIALIZED (
-            SELECT a.k, a.tid, a.nth,
-                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
-                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
-                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
-            FROM ask1 AS a
-        ), short AS MATERIALIZED (
-            -- The keys of the first w.n without room: as many keys with room are looked for
-            -- among the next m + SEEN_BEYOND.
-            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
-        ), ask2 AS MATERIALIZED (
-            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
-        ), room2 AS MATERIALIZED (
-            SELECT r.k, r.k_left FROM (
-                -- The keys and their limits less this claimer's overruns, in turn order.
-                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
-                       array_agg(w.key_limit - coalesce((
-                           SELECT sum(o.n) FROM unnest(
-                               CAST($20 AS text[]),
-                               CAST($21 AS text[]),
-                               CAST($22 AS integer[])) AS o(q, k, n)
-                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
-                                 ORDER BY a.nth) AS rooms,
-                       -- '' takes a slot of the claim's without a lock.
-                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
-                                                    WHERE k = '')::integer AS wanted
-                FROM ask2 AS a WHERE a.k <> ''
-            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
-                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($23 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
-            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
-        ), seen2 AS MATERIALIZED (
-            SELECT a.k, a.tid, a.nth,
-                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
-                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
-                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
-            FROM ask2 AS a
-        ), keys AS MATERIALIZED (
-            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
-            WHERE k_left > 0 ORDER BY nth LIMIT w.n
-        ), shares AS MATERIALIZED (
-            SELECT k, tid, k_left,
-                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
-                   AS share
-            FROM keys
-        ), first AS MATERIALIZED (
-            
-            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
-            FROM shares CROSS JOIN LATERAL (
-                SELECT id, run_at FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
-                                           FROM known_keys) END
-                  AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))
-                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
-            ) AS f
-            
-        ), filled AS MATERIALIZED (
-            -- Only when every key had its turn (fewer keys with room than slots, and every
-            -- key seen): a key not reached yet comes before a second turn of one that was.
-            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
-                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
-            FROM first WHERE (SELECT count(*) FROM keys) < w.n
-                         AND ((SELECT count(*) FROM seen1) < w.n
-                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
-            GROUP BY k, share, k_left
-            HAVING count(*) = share AND count(*) < k_left
-        ), more AS MATERIALIZED (
-            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
-                SELECT id, run_at FROM jobqueue.jobs
-                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
-                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
-                  AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))
-                ORDER BY run_at, id
-                LIMIT least(filled.k_left - filled.taken,
-                            ceil((w.n - (SELECT count(*) FROM first))
-                                 / (SELECT count(*) FROM filled)::float8)::integer)
-                FOR UPDATE SKIP LOCKED
-            ) AS m
-            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
-        )
-        SELECT id, k, k_left, run_at FROM first
-        UNION ALL SELECT id, k, k_left, run_at FROM more
-        ) AS d
-        WHERE priorities.p IS NOT NULL
-        LIMIT w.n
-    ) AS j
-) AS c
-WHERE c.nth <= c.k_left AND (
-    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
-        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
-        FROM unnest(CAST($6 AS text[]), CAST($8 AS integer[])) AS q(queue, n)
-        WHERE q.n IS NOT NULL
-        ORDER BY k
-    ) AS l) >= 0)
- UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
-FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
-
--- name: job_complete_and_claim
+-- name: job_complete_and_claim_key_floors
 -- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 overrun_queues, $23 overrun_keys, $24 overrun_counts, $25 key_lease_floor
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
@@ -810,9 +1364,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
-                                           FROM known_keys) END
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz)) FROM known_keys) END
                   AND run_at <= now()
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -862,7 +1414,233 @@ FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payloa
 FROM done UNION ALL SELECT false AS anon_1, claimed.id, claimed.type, claimed.payload, claimed.attempts, claimed.max_attempts, claimed.lease_token, claimed.queue, claimed.timeout, claimed.traceparent, claimed.priority, claimed.run_at, claimed.concurrency_key 
 FROM claimed;
 
--- name: job_complete_and_claim_unlimited
+-- name: job_claim_unlimited_key_floors
+-- parameters: $1 attempts_1=1, $2 lease_seconds, $3 lease_token_1=1, $4 claim, $5 holder, $6 queues, $7 slots, $8 key_limits, $9 floor_queues, $10 floor_priorities, $11 floors, $12 turn_queues, $13 turn_priorities, $14 turns, $15 key_floor_queues, $16 key_floor_priorities, $17 key_floor_keys, $18 key_floors, $19 limited, $20 overrun_queues, $21 overrun_keys, $22 overrun_counts, $23 key_lease_floor
+WITH due AS MATERIALIZED 
+(
+SELECT c.id FROM (
+    SELECT j.id, j.k_left, row_number() OVER (
+               PARTITION BY w.queue, j.k ORDER BY j.p DESC, j.run_at, j.id) AS nth
+    FROM unnest(CAST($6 AS text[]), CAST($7 AS integer[]),
+                CAST($8 AS integer[])) AS w(queue, n, key_limit)
+    CROSS JOIN LATERAL (
+    WITH RECURSIVE known AS MATERIALIZED (
+        SELECT coalesce(array_agg(k.p ORDER BY k.p DESC), '{}') AS ps,
+               coalesce(array_agg(CAST('epoch' AS timestamptz) + k.f * INTERVAL '1 microsecond'
+                                  ORDER BY k.p DESC), '{}') AS fs
+        FROM unnest(CAST($9 AS text[]),
+                    CAST($10 AS smallint[]),
+                    CAST($11 AS bigint[])) AS k(q, p, f)
+        WHERE k.q = w.queue
+    ), priorities(p, f, i) AS (
+        SELECT n.p, n.f, n.i FROM known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, 1 AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue
+                  AND priority > coalesce(known.ps[1], -32768)
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[1], known.fs[1], 1 + 1 WHERE known.ps[1] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        UNION ALL
+        SELECT n.p, n.f, n.i FROM priorities CROSS JOIN known
+        CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.priority AS p, CAST(NULL AS timestamptz) AS f, priorities.i AS i FROM (
+                SELECT priority FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority < priorities.p
+                  AND priority > coalesce(known.ps[priorities.i], -32768) AND coalesce(known.ps[priorities.i], -32768) < priorities.p - 1
+                ORDER BY priority DESC LIMIT 1
+            ) AS g
+            UNION ALL
+            SELECT known.ps[priorities.i], known.fs[priorities.i], priorities.i + 1 WHERE known.ps[priorities.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+    )
+        SELECT d.id, d.k, d.k_left, d.run_at, priorities.p
+        FROM priorities CROSS JOIN LATERAL (
+        WITH RECURSIVE last_turn AS MATERIALIZED (
+            SELECT (SELECT t.k FROM unnest(CAST($12 AS text[]),
+                                           CAST($13 AS smallint[]),
+                                           CAST($14 AS text[])) AS t(q, p, k)
+                    WHERE t.q = w.queue AND t.p = priorities.p LIMIT 1) COLLATE "C" AS c
+        ), known_keys AS MATERIALIZED (
+            SELECT coalesce(array_agg(x.k ORDER BY x.k COLLATE "C"), '{}') AS ks,
+                   coalesce(array_agg(CAST('epoch' AS timestamptz) + x.f * INTERVAL '1 microsecond'
+                                      ORDER BY x.k COLLATE "C"), '{}') AS fs
+            FROM unnest(CAST($15 AS text[]),
+                        CAST($16 AS smallint[]),
+                        CAST($17 AS text[]) COLLATE "C",
+                        CAST($18 AS bigint[])) AS x(q, p, k, f)
+            WHERE x.q = w.queue AND x.p = priorities.p
+        ), after(k, tid, i, present) AS (
+            -- From '' (present), or from the last turn's key (served: not in this turn).
+            SELECT coalesce(l.c, CAST('' AS text) COLLATE "C"), CAST(NULL AS tid),
+                   (SELECT coalesce(min(n), cardinality(known_keys.ks) + 1) FROM unnest(known_keys.ks) WITH ORDINALITY AS u(k, n) WHERE u.k > coalesce(l.c, CAST('' AS text) COLLATE "C") COLLATE "C"), l.c IS NULL
+            FROM last_turn AS l CROSS JOIN known_keys
+            UNION ALL
+            SELECT n.k, n.tid, n.i, n.present FROM after CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, after.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND coalesce(concurrency_key, '') < known_keys.ks[after.i] AND known_keys.ks[after.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, after.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > after.k AND known_keys.ks[after.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT known_keys.ks[after.i], t.tid, after.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[after.i] AND run_at >= known_keys.fs[after.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[after.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+        ), wrapped(k, tid, i, present) AS (
+            SELECT CAST('' AS text) COLLATE "C", CAST(NULL AS tid), 1, true
+            WHERE (SELECT c FROM last_turn) IS NOT NULL
+            UNION ALL
+            SELECT n.k, n.tid, n.i, n.present FROM wrapped CROSS JOIN known_keys
+            CROSS JOIN LATERAL (SELECT * FROM (
+            SELECT g.k, g.tid, wrapped.i AS i, true AS present FROM (
+                SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND coalesce(concurrency_key, '') < known_keys.ks[wrapped.i] AND known_keys.ks[wrapped.i] IS NOT NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT g.k, g.tid, wrapped.i, true FROM (SELECT coalesce(concurrency_key, '') AS k, ctid AS tid FROM jobqueue.jobs WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') > wrapped.k AND known_keys.ks[wrapped.i] IS NULL ORDER BY coalesce(concurrency_key, ''), run_at, id LIMIT 1) AS g
+            UNION ALL
+            SELECT known_keys.ks[wrapped.i], t.tid, wrapped.i + 1, t.tid IS NOT NULL
+            FROM (SELECT) AS one LEFT JOIN (
+                SELECT ctid AS tid FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = known_keys.ks[wrapped.i] AND run_at >= known_keys.fs[wrapped.i]
+                ORDER BY run_at, id LIMIT 1) AS t ON true
+            WHERE known_keys.ks[wrapped.i] IS NOT NULL
+        ) AS step LIMIT 1) AS n
+            WHERE wrapped.k < (SELECT c FROM last_turn)
+        ), found AS MATERIALIZED (
+            -- The keys in turn, read as far as the claim needs them: the first w.n, then,
+            -- should some have no room, as many again and SEEN_BEYOND more.
+            SELECT k, tid FROM (SELECT k, tid, present FROM after WHERE k IS NOT NULL
+                                UNION ALL
+                                SELECT k, tid, present FROM wrapped
+                                WHERE k <= (SELECT c FROM last_turn)) AS f
+            -- '' takes a turn only with a due job past its floor (read from there).
+            WHERE present AND (k <> '' OR EXISTS (
+                SELECT FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = '' AND run_at >= coalesce(priorities.f, CAST('-infinity' AS timestamptz)) AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))))
+            LIMIT 2 * w.n + 16
+        ), ask1 AS MATERIALIZED (
+            SELECT k, tid, 0 + row_number() OVER () AS nth FROM (SELECT k, tid FROM found LIMIT w.n) AS f
+        ), room1 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($20 AS text[]),
+                               CAST($21 AS text[]),
+                               CAST($22 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST(w.n AS integer) - (SELECT count(*) FROM ask1
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask1 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($23 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen1 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room1 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask1 AS a
+        ), short AS MATERIALIZED (
+            -- The keys of the first w.n without room: as many keys with room are looked for
+            -- among the next m + SEEN_BEYOND.
+            SELECT count(*) AS m FROM seen1 WHERE k_left <= 0
+        ), ask2 AS MATERIALIZED (
+            SELECT k, tid, w.n + row_number() OVER () AS nth FROM (SELECT k, tid FROM found OFFSET w.n LIMIT (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short)) AS f
+        ), room2 AS MATERIALIZED (
+            SELECT r.k, r.k_left FROM (
+                -- The keys and their limits less this claimer's overruns, in turn order.
+                SELECT array_agg(a.k ORDER BY a.nth) AS ks,
+                       array_agg(w.key_limit - coalesce((
+                           SELECT sum(o.n) FROM unnest(
+                               CAST($20 AS text[]),
+                               CAST($21 AS text[]),
+                               CAST($22 AS integer[])) AS o(q, k, n)
+                           WHERE o.q = w.queue AND o.k = a.k), 0)::integer
+                                 ORDER BY a.nth) AS rooms,
+                       -- '' takes a slot of the claim's without a lock.
+                       CAST((SELECT m FROM short) AS integer) - (SELECT count(*) FROM ask2
+                                                    WHERE k = '')::integer AS wanted
+                FROM ask2 AS a WHERE a.k <> ''
+            ) AS x CROSS JOIN LATERAL jobqueue.key_rooms(
+                w.queue, x.ks, x.rooms, x.wanted, coalesce(CAST('epoch' AS timestamptz) + CAST($23 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))) AS r
+            WHERE w.key_limit IS NOT NULL AND x.ks IS NOT NULL AND x.wanted > 0
+        ), seen2 AS MATERIALIZED (
+            SELECT a.k, a.tid, a.nth,
+                   CASE WHEN a.k = '' OR w.key_limit IS NULL THEN w.n
+                        ELSE coalesce((SELECT r.k_left FROM room2 AS r
+                                       WHERE r.k = a.k COLLATE "C"), 0) END AS k_left
+            FROM ask2 AS a
+        ), keys AS MATERIALIZED (
+            SELECT k, tid, k_left FROM (SELECT * FROM seen1 UNION ALL SELECT * FROM seen2) AS s
+            WHERE k_left > 0 ORDER BY nth LIMIT w.n
+        ), shares AS MATERIALIZED (
+            SELECT k, tid, k_left,
+                   least(ceil(w.n / (SELECT count(*) FROM keys)::float8)::integer, k_left)
+                   AS share
+            FROM keys
+        ), first AS MATERIALIZED (
+            
+            SELECT shares.k, shares.share, shares.k_left, f.id, f.run_at
+            FROM shares CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz)) FROM known_keys) END
+                  AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))
+                ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
+            ) AS f
+            
+        ), filled AS MATERIALIZED (
+            -- Only when every key had its turn (fewer keys with room than slots, and every
+            -- key seen): a key not reached yet comes before a second turn of one that was.
+            SELECT k, k_left, count(*) AS taken, max(run_at) AS last_run_at,
+                   (array_agg(id ORDER BY run_at DESC, id DESC))[1] AS last_id
+            FROM first WHERE (SELECT count(*) FROM keys) < w.n
+                         AND ((SELECT count(*) FROM seen1) < w.n
+                              OR (SELECT count(*) FROM seen2) < (SELECT CASE WHEN m > 0 THEN m + 16 ELSE 0 END FROM short))
+            GROUP BY k, share, k_left
+            HAVING count(*) = share AND count(*) < k_left
+        ), more AS MATERIALIZED (
+            SELECT m.id, filled.k, filled.k_left, m.run_at FROM filled CROSS JOIN LATERAL (
+                SELECT id, run_at FROM jobqueue.jobs
+                WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = filled.k
+                  AND (run_at, id) > (filled.last_run_at, filled.last_id)
+                  AND run_at <= now() AND type <> ALL(CAST($19 AS text[]))
+                ORDER BY run_at, id
+                LIMIT least(filled.k_left - filled.taken,
+                            ceil((w.n - (SELECT count(*) FROM first))
+                                 / (SELECT count(*) FROM filled)::float8)::integer)
+                FOR UPDATE SKIP LOCKED
+            ) AS m
+            LIMIT greatest(w.n - (SELECT count(*) FROM first), 0)
+        )
+        SELECT id, k, k_left, run_at FROM first
+        UNION ALL SELECT id, k, k_left, run_at FROM more
+        ) AS d
+        WHERE priorities.p IS NOT NULL
+        LIMIT w.n
+    ) AS j
+) AS c
+WHERE c.nth <= c.k_left AND (
+    SELECT count(pg_advisory_xact_lock_shared(l.k)) FROM (
+        SELECT DISTINCT hashtextextended('jobqueue.keys:' || q.queue, 0) AS k
+        FROM unnest(CAST($6 AS text[]), CAST($8 AS integer[])) AS q(queue, n)
+        WHERE q.n IS NOT NULL
+        ORDER BY k
+    ) AS l) >= 0)
+ UPDATE jobqueue.jobs SET status='processing', attempts=(jobqueue.jobs.attempts + $1::INTEGER), locked_until=(now() + $2::FLOAT * interval '1 second'), lease_token=(jobqueue.jobs.lease_token + $3::BIGINT), claim_id=$4::UUID, leased_by=$5::VARCHAR, updated_at=now() WHERE jobqueue.jobs.id = ANY (array((SELECT due.id 
+FROM due))) RETURNING jobqueue.jobs.id, jobqueue.jobs.type, jobqueue.jobs.payload, jobqueue.jobs.attempts, jobqueue.jobs.max_attempts, jobqueue.jobs.lease_token, jobqueue.jobs.queue, jobqueue.jobs.timeout, jobqueue.jobs.traceparent, jobqueue.jobs.priority, jobqueue.jobs.run_at, jobqueue.jobs.concurrency_key;
+
+-- name: job_complete_and_claim_unlimited_key_floors
 -- parameters: $1 ids, $2 tokens, $3 results, $4 attempts_1=1, $5 lease_seconds, $6 lease_token_1=1, $7 claim, $8 holder, $9 queues, $10 slots, $11 key_limits, $12 floor_queues, $13 floor_priorities, $14 floors, $15 turn_queues, $16 turn_priorities, $17 turns, $18 key_floor_queues, $19 key_floor_priorities, $20 key_floor_keys, $21 key_floors, $22 limited, $23 overrun_queues, $24 overrun_keys, $25 overrun_counts, $26 key_lease_floor
 WITH done AS 
 (UPDATE jobqueue.jobs SET status='completed', locked_until=NULL, last_error=NULL, result=CAST(o.result AS JSONB), finished_at=now(), updated_at=now() FROM unnest($1::UUID[], $2::BIGINT[], $3::TEXT[]) AS o(id, token, result) WHERE jobqueue.jobs.id = o.id AND jobqueue.jobs.status = 'processing' AND jobqueue.jobs.lease_token = o.token RETURNING jobqueue.jobs.id, jobqueue.jobs.lease_token, CASE WHEN (jobqueue.jobs.awaited AND jobqueue.jobs.status IN ('cancelled', 'completed', 'dead_letter', 'failed')) THEN pg_notify('jobqueue_finished', CAST(jobqueue.jobs.id AS TEXT)) END AS woke), 
@@ -1044,9 +1822,7 @@ SELECT c.id FROM (
             FROM shares CROSS JOIN LATERAL (
                 SELECT id, run_at FROM jobqueue.jobs
                 WHERE status = 'pending' AND queue = w.queue AND priority = priorities.p AND coalesce(concurrency_key, '') = shares.k
-                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz))
-                                     ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz))
-                                           FROM known_keys) END
+                  AND run_at >= CASE WHEN shares.k = '' THEN coalesce(priorities.f, CAST('-infinity' AS timestamptz)) ELSE (SELECT coalesce(known_keys.fs[array_position(known_keys.ks, shares.k)], CAST('-infinity' AS timestamptz)) FROM known_keys) END
                   AND run_at <= now() AND type <> ALL(CAST($22 AS text[]))
                 ORDER BY run_at, id LIMIT shares.share FOR UPDATE SKIP LOCKED
             ) AS f
@@ -1638,6 +2414,10 @@ SELECT least((SELECT locked_until FROM jobqueue.jobs
                 AND concurrency_key IS NOT NULL AND queue = ANY(CAST($1 AS text[]))
                 AND locked_until >= coalesce(CAST('epoch' AS timestamptz) + CAST($2 AS bigint) * INTERVAL '1 microsecond', CAST('-infinity' AS timestamptz))
               ORDER BY locked_until LIMIT 1), now()) AS first;
+
+-- name: table_count_claim_reads
+-- parameters: (none)
+SELECT pg_stat_get_xact_tuples_returned(CAST('jobqueue.jobs_claim_key_idx' AS regclass)) AS n;
 
 -- name: job_set_outcome_complete
 -- parameters: $1 ids, $2 tokens, $3 results
