@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -242,6 +243,29 @@ async def test_under_a_held_horizon_a_floored_claim_reads_only_past_its_floor(en
     assert floored < 40, (floored, sweep)
 
 
+async def until_drained(
+    take: Callable[[], Awaitable[list[Any]]], claimed: list[Any], expected: int, done: asyncio.Event
+) -> None:
+    """Run `take()` (a claim: the jobs it took) until `claimed`, shared by the racing
+    claimers, holds `expected` jobs, then set `done`; fail if it takes nothing for 10 s
+    while some are still missing."""
+    loop = asyncio.get_running_loop()
+    idle_since: float | None = None
+    while True:
+        jobs = await take()
+        claimed.extend(job.id for job in jobs)
+        if jobs:
+            idle_since = None
+        elif len(claimed) >= expected:
+            done.set()
+            return
+        elif idle_since is None:
+            idle_since = loop.time()
+        elif loop.time() - idle_since > 10:
+            raise AssertionError("jobs left behind")
+        await asyncio.sleep(0)
+
+
 @pytest.mark.parametrize("found_by", ["sweeps", "checks"])
 async def test_racing_claimers_with_floors_take_every_job_once_stragglers_included(
     engine, found_by
@@ -266,27 +290,19 @@ async def test_racing_claimers_with_floors_take_every_job_once_stragglers_includ
         cheap = 10.0 if found_by == "sweeps" else -1.0
         floors = ClaimFloors(sweeps=Sweeps(ratio=20, max_interval=0.2, cheap=cheap))
         checking = asyncio.create_task(checks(floors)) if found_by == "checks" else None
-        idle_since: float | None = None
         loop = asyncio.get_running_loop()
-        while True:
+
+        async def take() -> list[Any]:
             sweep = floors.sweeps.due(loop.time())
             started = loop.time()
             jobs = await _claim(engine, floors, rng.randint(1, 20), sweep=sweep)
             if sweep:
                 floors.sweeps.done(started, loop.time())
-            claimed.extend(job.id for job in jobs)
-            if jobs:
-                idle_since = None
-            elif len(claimed) >= expected:
-                done.set()
-                if checking is not None:
-                    await checking
-                return
-            elif idle_since is None:
-                idle_since = loop.time()
-            elif loop.time() - idle_since > 10:
-                raise AssertionError("jobs left behind")
-            await asyncio.sleep(0)
+            return jobs
+
+        await until_drained(take, claimed, expected, done)
+        if checking is not None:
+            await checking
 
     async def stragglers() -> None:
         for _ in range(10):

@@ -21,6 +21,7 @@ from jobcore.ids import new_id
 from jobcore.runner import Compiled
 from jobcore.states import Operation
 from jobcore.turns import KeyTurns
+from tests.jobcore.test_floors import until_drained
 from tests.pg import driver, entries_read
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -135,12 +136,24 @@ async def insert(engine, keys: int, per_key: int, *, run_at: str = "now()") -> N
 
 
 async def claim(
-    engine, floors: ClaimFloors, turns: KeyTurns, n: int, *, sweep: bool = False
+    engine,
+    floors: ClaimFloors,
+    turns: KeyTurns,
+    n: int,
+    *,
+    sweep: bool = False,
+    key_limit: int | None = None,
 ) -> list[Any]:
+    """A claim of `n` jobs of queue `q` (under KEY_CONCURRENCY `key_limit`), from which
+    the floors and turns learn."""
     async with engine.connect() as conn:
-        raw = await driver(conn)
         jobs = await compiled.claim(
-            raw, {"q": n}, 60, floors=floors.params(["q"], sweep=sweep), turns=turns.params(["q"])
+            await driver(conn),
+            {"q": n},
+            60,
+            floors=floors.params(["q"], sweep=sweep),
+            turns=turns.params(["q"]),
+            key_limits=None if key_limit is None else {"q": key_limit},
         )
         await conn.commit()
     floors.learn([job for job in jobs if job.concurrency_key is None], sweep=sweep)
@@ -282,23 +295,10 @@ async def test_key_concurrency_holds_for_keys_read_from_their_floors(engine):
     await complete(engine, got)
     await insert(engine, 3, 3)
 
-    async def limited() -> list[Any]:
-        async with engine.connect() as conn:
-            jobs = await compiled.claim(
-                await driver(conn),
-                {"q": 6},
-                60,
-                floors=floors.params(["q"], sweep=False),
-                turns=turns.params(["q"]),
-                key_limits={"q": 1},
-            )
-            await conn.commit()
-        turns.learn(jobs)
-        return jobs
-
     assert floors.params(["q"], sweep=False)["key_floor_keys"] == ["k00", "k01", "k02"]
-    assert sorted(job.concurrency_key for job in await limited()) == ["k00", "k01", "k02"]
-    assert await limited() == []
+    got = await claim(engine, floors, turns, 6, key_limit=1)
+    assert sorted(job.concurrency_key for job in got) == ["k00", "k01", "k02"]
+    assert await claim(engine, floors, turns, 6, key_limit=1) == []
 
 
 async def _insert_key(engine, key: str, run_at: str) -> None:
@@ -339,24 +339,14 @@ async def test_racing_keyed_claimers_with_floors_take_every_job_once_stragglers_
         floors.checked(1.0, 0.0, keys=0, heads=1, entries=1000)  # floored claims send keys
         turns = KeyTurns()
         checking = asyncio.create_task(checks(floors)) if found_by == "checks" else None
-        idle_since: float | None = None
-        loop = asyncio.get_running_loop()
-        while True:
+
+        async def take() -> list[Any]:
             sweep = found_by == "sweeps" and rng.random() < 0.1
-            jobs = await claim(engine, floors, turns, rng.randint(1, 20), sweep=sweep)
-            claimed.extend(job.id for job in jobs)
-            if jobs:
-                idle_since = None
-            elif len(claimed) >= expected:
-                done.set()
-                if checking is not None:
-                    await checking
-                return
-            elif idle_since is None:
-                idle_since = loop.time()
-            elif loop.time() - idle_since > 10:
-                raise AssertionError("jobs left behind")
-            await asyncio.sleep(0)
+            return await claim(engine, floors, turns, rng.randint(1, 20), sweep=sweep)
+
+        await until_drained(take, claimed, expected, done)
+        if checking is not None:
+            await checking
 
     async def stragglers() -> None:
         for _ in range(10):
@@ -435,13 +425,5 @@ async def test_a_lease_that_ran_out_still_counts_against_its_key_until_recovered
     assert floors.params(["q"], sweep=False)["key_lease_floor"] < micros(
         datetime.now(UTC) - timedelta(minutes=60)
     )
-    async with engine.connect() as conn:
-        got = await compiled.claim(
-            await driver(conn),
-            {"q": 4},
-            60,
-            floors=floors.params(["q"], sweep=False),
-            key_limits={"q": 1},
-        )
-        await conn.commit()
+    got = await claim(engine, floors, KeyTurns(), 4, key_limit=1)
     assert [job.concurrency_key for job in got] == ["k01"]
