@@ -120,11 +120,6 @@ class Sweeps:
         self._last = float("-inf")
         self.cost = 0.0  # what the last read from the head took, a sweep's or a check's
 
-    def costly(self) -> bool:
-        """Whether the last read from the head cost more than reading it on a table
-        without dead entries would."""
-        return self.cost > self._cheap
-
     def due(self, now: float) -> bool:
         if self.cost <= self._cheap:
             return now >= self._next
